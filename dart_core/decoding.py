@@ -1,0 +1,229 @@
+"""The decoding loop: draft -> verify -> accept -> commit, one StepTrace per step.
+
+    engine = SpeculativeEngine(target, drafter)          # drafter=None: vanilla decoding
+    for trace in engine.stream(prompt_ids, config): ...  # live steps; returns a GenerationResult
+    result = engine.generate(prompt_ids, config)         # the same loop, collected
+
+Vanilla decoding is this very loop with a root-only tree, so speculative and plain
+decoding share every line that could make their outputs differ.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Generator, Sequence
+
+import torch
+
+from .config import ConfigError, GenerationConfig
+from .drafters.base import AcceptedStep, Drafter, Proposal
+from .models.target import TargetModel
+from .sampling import accept_greedy, accept_sampling, warp_probs
+from .trace import STAGES, StepTrace
+from .tree import DraftTree
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerationStats:
+    """tau = tokens committed by verify steps / verify steps (prefill excluded, bonus included);
+    tokens_per_s = new tokens / wall time from request to last token (prefill included)."""
+    new_tokens: int = 0
+    steps: int = 0
+    tau: float = 0.0
+    prefill_s: float = 0.0
+    wall_s: float = 0.0
+    tokens_per_s: float = 0.0
+    stage_s: dict[str, float] = field(default_factory=lambda: {s: 0.0 for s in STAGES})
+    stop_reason: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]           # answer tokens (EOS included when reached)
+    text: str                   # decoded answer, cut before EOS
+    stats: GenerationStats
+    traces: list[StepTrace]
+
+
+class SpeculativeEngine:
+    """One engine = one target session (its own KV cache) + an optional drafter."""
+
+    def __init__(self, target: TargetModel, drafter: Drafter | None = None, name: str | None = None):
+        self.target = target
+        self.drafter = drafter
+        self.name = name or (drafter.name if drafter is not None else "vanilla")
+        self._session = None
+        self._session_capacity = -1
+
+    # ------------------------------------------------------------------ helpers
+    def _sync(self, config: GenerationConfig) -> None:
+        if config.profile_stages and self.target.device.type == "cuda":
+            torch.cuda.synchronize(self.target.device)
+
+    def _session_for(self, capacity: int):
+        # Reuse the preallocated cache across requests when it is big enough.
+        if self._session is None or self._session_capacity < capacity:
+            self._session = self.target.new_session(capacity)
+            self._session_capacity = capacity
+        self._session.reset()
+        return self._session
+
+    def _validate(self, prompt_ids: Sequence[int], config: GenerationConfig) -> list[int]:
+        config.validate()
+        ids = [int(t) for t in prompt_ids]
+        if not ids:
+            raise ConfigError("the prompt is empty: give at least one token")
+        if len(ids) >= config.max_length:
+            raise ConfigError(f"the prompt has {len(ids)} tokens but max_length is {config.max_length}: "
+                              "shorten the prompt or raise max_length (--max-length)")
+        vocab = self.target.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise ConfigError(f"prompt token ids must lie in [0, {vocab}); got {min(ids)}..{max(ids)}")
+        return ids
+
+    # ------------------------------------------------------------------ the loop
+    def stream(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None
+               ) -> Generator[StepTrace, None, GenerationResult]:
+        config = config or GenerationConfig()
+        prompt = self._validate(prompt_ids, config)
+        drafter = self.drafter
+        want_aux = bool(drafter is not None and drafter.needs_aux)
+        tree_nodes = drafter.max_tree_nodes if drafter is not None else 1
+        session = self._session_for(config.max_length + tree_nodes)
+        eos = set(self.target.eos_token_ids)
+        generator = None
+        if not config.greedy:
+            generator = torch.Generator(device="cpu")
+            if config.seed is not None:
+                generator.manual_seed(config.seed)
+            else:
+                generator.seed()
+
+        stats = GenerationStats()
+        traces: list[StepTrace] = []
+        t_start = time.perf_counter()
+        out = session.prefill(prompt, want_aux=want_aux)
+        first = self._choose(out.logits[-1], config, generator)
+        self._sync(config)
+        stats.prefill_s = time.perf_counter() - t_start
+        answer = [first]
+        if drafter is not None:
+            drafter.begin(prompt, out.aux)
+        stop = self._stop_reason(answer, len(prompt), config, eos)
+
+        while stop is None:
+            remaining = min(config.max_new_tokens - len(answer), config.max_length - len(prompt) - len(answer))
+            context = prompt + answer
+            t0 = time.perf_counter()
+            proposal = drafter.propose(context) if drafter is not None else Proposal(DraftTree.root_only(answer[-1]))
+            tree = proposal.tree
+            if int(tree.tokens[0]) != answer[-1]:
+                raise RuntimeError(f"drafter {self.name!r} proposed a tree rooted at token {int(tree.tokens[0])}, "
+                                   f"expected the last committed token {answer[-1]}")
+            # Drafts deeper than the tokens we may still emit can never be used: drop them.
+            tree = tree.truncated(max_depth=remaining - 1, max_nodes=session.capacity - session.length)
+            self._sync(config)
+            t1 = time.perf_counter()
+            vout = session.verify(tree, want_aux=want_aux)
+            self._sync(config)
+            t2 = time.perf_counter()
+
+            children = tree.children()
+            if config.greedy:
+                target_argmax = vout.logits.argmax(-1).tolist()
+                acc = accept_greedy(tree, target_argmax, children)
+                node_probs = None
+            else:
+                node_probs = warp_probs(vout.logits, config.temperature, config.top_k, config.top_p)
+                target_argmax = node_probs.argmax(-1).tolist()
+                acc = accept_sampling(tree, node_probs, children, generator)
+            emitted = [int(tree.tokens[n]) for n in acc.accepted_nodes[1:]] + [acc.bonus_token]
+            session.commit(acc.accepted_nodes)
+            if drafter is not None:
+                aux = vout.aux[acc.accepted_nodes] if want_aux else None
+                drafter.observe(AcceptedStep([int(tree.tokens[n]) for n in acc.accepted_nodes],
+                                             acc.bonus_token, aux))
+            self._sync(config)
+            t3 = time.perf_counter()
+
+            # Cut at the first EOS inside the emitted tokens and at the length limits.
+            for i, tok in enumerate(emitted):
+                if tok in eos:
+                    emitted = emitted[: i + 1]
+                    break
+            emitted = emitted[:remaining]
+            position = len(answer)
+            answer.extend(emitted)
+            stop = self._stop_reason(answer, len(prompt), config, eos)
+
+            timings = {"draft_forward": proposal.draft_forward_s,
+                       "tree_build": (t1 - t0) - proposal.draft_forward_s,
+                       "verify": t2 - t1, "commit": t3 - t2}
+            for k, v in timings.items():
+                stats.stage_s[k] += v
+            stats.steps += 1
+            trace = StepTrace(
+                step=stats.steps, position=position, tree=tree, accepted_nodes=acc.accepted_nodes,
+                emitted_tokens=emitted, bonus_token=acc.bonus_token,
+                node_target_prob=_node_target_probs(tree, vout.logits, node_probs),
+                node_target_argmax=target_argmax, timings=timings, candidates=proposal.candidates,
+                mode="greedy" if config.greedy else "sampling", stop_reason=stop)
+            traces.append(trace)
+            yield trace
+
+        stats.wall_s = time.perf_counter() - t_start
+        stats.new_tokens = len(answer)
+        stats.tau = (len(answer) - 1) / stats.steps if stats.steps else 0.0
+        stats.tokens_per_s = stats.new_tokens / stats.wall_s if stats.wall_s > 0 else 0.0
+        stats.stop_reason = stop
+        return GenerationResult(tokens=answer, text=self.decode_answer(answer), stats=stats, traces=traces)
+
+    def generate(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None) -> GenerationResult:
+        gen = self.stream(prompt_ids, config)
+        while True:
+            try:
+                next(gen)
+            except StopIteration as done:
+                return done.value
+
+    # ------------------------------------------------------------------ small pieces
+    def _choose(self, logits: torch.Tensor, config: GenerationConfig, generator) -> int:
+        if config.greedy:
+            return int(logits.argmax())
+        probs = warp_probs(logits, config.temperature, config.top_k, config.top_p)
+        return int(torch.multinomial(probs, 1, generator=generator))
+
+    @staticmethod
+    def _stop_reason(answer: list[int], prompt_len: int, config: GenerationConfig, eos: set[int]) -> str | None:
+        if answer[-1] in eos:
+            return "eos"
+        if len(answer) >= config.max_new_tokens:
+            return "max_new_tokens"
+        if prompt_len + len(answer) >= config.max_length:
+            return "max_length"
+        return None
+
+    def decode_answer(self, tokens: Sequence[int]) -> str:
+        eos = set(self.target.eos_token_ids)
+        cut = next((i for i, t in enumerate(tokens) if t in eos), len(tokens))
+        return self.target.tokenizer.decode(list(tokens[:cut]), skip_special_tokens=True)
+
+
+def _node_target_probs(tree: DraftTree, logits: torch.Tensor, probs: torch.Tensor | None) -> list[float]:
+    """Per node, the target's probability of the node's token at its parent (root: 1.0)."""
+    if len(tree) == 1:
+        return [1.0]
+    parents = torch.from_numpy(tree.parents[1:])
+    toks = torch.from_numpy(tree.tokens[1:])
+    if probs is None:  # greedy: report the plain softmax (temperature 1)
+        rows = logits[parents]
+        p = torch.exp(rows.gather(1, toks.view(-1, 1)).view(-1) - torch.logsumexp(rows, dim=-1))
+    else:
+        p = probs[parents].gather(1, toks.view(-1, 1)).view(-1)
+    return [1.0] + p.tolist()

@@ -1,0 +1,75 @@
+"""Prompt lookup drafting: propose what followed earlier occurrences of the latest n-gram.
+
+For n from ``max_ngram`` down to ``min_ngram``, find earlier places in the context
+where its last n tokens occur; the tokens that followed each match (up to
+``num_pred_tokens``) are candidate continuations. Several matches that disagree make
+a branching tree: their continuations are merged into a prefix tree whose node score
+is log(share of matches that pass through the node), so the verifier visits the
+best-supported branch first. No model forward: all time is ``tree_build``.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Sequence
+
+import numpy as np
+
+from ..tree import DraftTree
+from .base import AcceptedStep, Proposal
+
+
+class PromptLookupDrafter:
+    name = "prompt_lookup"
+    needs_aux = False
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, num_pred_tokens: int = 10,
+                 max_matches: int = 8, max_tree_nodes: int = 61):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        if num_pred_tokens < 1 or max_matches < 1 or max_tree_nodes < 2:
+            raise ValueError("num_pred_tokens and max_matches must be >= 1 and max_tree_nodes >= 2")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.num_pred_tokens, self.max_matches = num_pred_tokens, max_matches
+        self.max_tree_nodes = max_tree_nodes
+
+    def begin(self, prompt_ids, prefill_aux) -> None:
+        return None
+
+    def observe(self, step: AcceptedStep) -> None:
+        return None
+
+    def _continuations(self, ctx: np.ndarray) -> list[np.ndarray]:
+        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+            if len(ctx) <= n:
+                continue
+            pattern = ctx[-n:]
+            # Windows starting at i cover ctx[i:i+n]; only i + n < len(ctx) leave a continuation.
+            windows = np.lib.stride_tricks.sliding_window_view(ctx[:-1], n)
+            starts = np.flatnonzero((windows == pattern).all(axis=1))
+            if starts.size:
+                starts = starts[::-1][: self.max_matches]  # most recent first
+                return [ctx[s + n: s + n + self.num_pred_tokens] for s in starts]
+        return []
+
+    def propose(self, context: Sequence[int]) -> Proposal:
+        t0 = time.perf_counter()
+        ctx = np.asarray(context, dtype=np.int64)
+        conts = self._continuations(ctx)
+        tokens, parents, counts = [int(ctx[-1])], [-1], [len(conts)]
+        child: dict[tuple[int, int], int] = {}
+        for cont in conts:  # most recent match first, so its branch gets the lower indices
+            node = 0
+            for tok in cont.tolist():
+                key = (node, tok)
+                if key not in child:
+                    if len(tokens) >= self.max_tree_nodes:
+                        break
+                    child[key] = len(tokens)
+                    tokens.append(tok); parents.append(node); counts.append(0)
+                node = child[key]
+                counts[node] += 1
+        total = max(len(conts), 1)
+        scores = [0.0] + [math.log(c / total) for c in counts[1:]]
+        tree = DraftTree.from_parents(tokens, parents, scores)
+        return Proposal(tree=tree, tree_build_s=time.perf_counter() - t0)

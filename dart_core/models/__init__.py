@@ -1,0 +1,1 @@
+"""Target model loading and the tree-verifying target wrapper."""

@@ -1,0 +1,106 @@
+"""Resolve a target model from a name: the bundled default, a local directory, a .gguf file or a Hub id."""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from ..templates import guess_template_name
+from .bundled import BUNDLED_ALIASES, prepare_bundled_model
+from .target import TargetModel
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+
+
+class ModelLoadError(ValueError):
+    """The model could not be found or is not a supported causal LM."""
+
+
+def cpu_supports_bf16() -> bool:
+    """True when the CPU has native bf16 matmuls (AVX512-BF16 or AMX)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_device(device: str | None) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"--device {device} asked for CUDA but no GPU is visible; use --device cpu")
+    return dev
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if cpu_supports_bf16() else torch.float32
+    names = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+             "half": torch.float16, "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
+    if dtype not in names:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; use one of auto, bfloat16, float16, float32 (--dtype)")
+    return names[dtype]
+
+
+def resolve_model_path(name_or_path: str | None) -> tuple[str, dict]:
+    """Return (path or Hub id, extra from_pretrained kwargs) for a model reference."""
+    if name_or_path is None or name_or_path in BUNDLED_ALIASES:
+        return str(prepare_bundled_model()), {}
+    p = Path(name_or_path).expanduser()
+    if p.suffix == ".gguf":
+        if not p.is_file():
+            raise ModelLoadError(f"GGUF file {p} does not exist; check the path")
+        return str(p.parent), {"gguf_file": p.name}
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise ModelLoadError(f"{p} is a directory but has no config.json; point to a Hugging Face model "
+                                 "directory (config.json + weights + tokenizer)")
+        return str(p), {}
+    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") != 1:
+        raise ModelLoadError(f"model {name_or_path!r} is not a local directory, a .gguf file or a Hub id "
+                             "(owner/name); check --base-model-name-or-path")
+    return name_or_path, {}
+
+
+def load_tokenizer(name_or_path: str | None = None):
+    from transformers import AutoTokenizer
+    path, extra = resolve_model_path(name_or_path)
+    return AutoTokenizer.from_pretrained(path, **extra)
+
+
+def load_target(name_or_path: str | None = None, *, dtype: str | torch.dtype | None = "auto",
+                device: str | None = "auto", template_name: str | None = None,
+                attn_implementation: str = "sdpa") -> TargetModel:
+    """Load a Llama / Qwen2 / Qwen3 causal LM as a TargetModel (None = the bundled SmolLM2-135M)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    path, extra = resolve_model_path(name_or_path)
+    offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+    try:
+        config = AutoConfig.from_pretrained(path, **extra)
+    except (OSError, ValueError) as exc:
+        hint = " (HF_HUB_OFFLINE=1 is set: only models already in the Hub cache load)" if offline else ""
+        raise ModelLoadError(f"could not load model {name_or_path!r}{hint}: {exc}") from exc
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelLoadError(f"model type {config.model_type!r} is not supported; targets must be one of "
+                             f"{', '.join(SUPPORTED_MODEL_TYPES)} causal LMs")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation,
+                                                 **extra).to(dev)
+    tokenizer = AutoTokenizer.from_pretrained(path, **extra)
+    template = template_name or guess_template_name(config.model_type)
+    name = name_or_path or "bundled:SmolLM2-135M-Instruct"
+    logger.info("target %s: %s, %d layers, dtype %s, device %s", name, config.model_type,
+                config.num_hidden_layers, torch_dtype, dev)
+    return TargetModel(model, tokenizer, name=name, template_name=template)

@@ -1,0 +1,73 @@
+"""Chat templates by name (``TEMPLATE_REGISTRY``), rendered to token ids without jinja.
+
+Each template turns a list of ``{"role", "content"}`` messages into the exact prompt
+string the model was trained on; ``encode_chat`` tokenizes it without adding BOS or
+other special tokens (the templates spell every special token out).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+Message = dict  # {"role": "system"|"user"|"assistant", "content": str}
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """ChatML-style template: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message.
+
+    default_system   system message inserted when the conversation has none (None = no system turn)
+    assistant_prefix text after the generation prompt's ``<|im_start|>assistant\\n``
+                     (Qwen3 with thinking disabled puts an empty think block there)
+    stop_strings     the end-of-turn marker(s) that end an answer
+    """
+    name: str
+    default_system: str | None
+    assistant_prefix: str = ""
+    stop_strings: tuple[str, ...] = ("<|im_end|>",)
+
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+        if not messages:
+            raise ValueError("a chat needs at least one message; pass [{'role': 'user', 'content': ...}]")
+        parts = []
+        if self.default_system is not None and messages[0]["role"] != "system":
+            parts.append(f"<|im_start|>system\n{self.default_system}<|im_end|>\n")
+        for m in messages:
+            if m.get("role") not in ("system", "user", "assistant"):
+                raise ValueError(f"unknown chat role {m.get('role')!r}; use 'system', 'user' or 'assistant'")
+            parts.append(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n")
+        if add_generation_prompt:
+            parts.append(f"<|im_start|>assistant\n{self.assistant_prefix}")
+        return "".join(parts)
+
+
+TEMPLATE_REGISTRY: dict[str, ChatTemplate] = {
+    # SmolLM2-Instruct: ChatML with a fixed default system prompt (from its tokenizer config).
+    "smollm2": ChatTemplate(
+        name="smollm2",
+        default_system="You are a helpful AI assistant named SmolLM, trained by Hugging Face"),
+    # Qwen3 (the DART seeds' family), non-thinking mode: no default system prompt and an
+    # empty think block, as Qwen3's template renders enable_thinking=False.
+    "qwen": ChatTemplate(name="qwen", default_system=None, assistant_prefix="<think>\n\n</think>\n\n"),
+    # Qwen2 / Qwen2.5 instruct models.
+    "qwen2": ChatTemplate(name="qwen2", default_system="You are a helpful assistant."),
+}
+
+
+def get_template(name: str) -> ChatTemplate:
+    try:
+        return TEMPLATE_REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown chat template {name!r}; choose one of {sorted(TEMPLATE_REGISTRY)} "
+                         "(--template-name)") from None
+
+
+def guess_template_name(model_type: str) -> str:
+    """Default template for a target architecture (``config.model_type``)."""
+    return {"qwen3": "qwen", "qwen2": "qwen2"}.get(model_type, "smollm2")
+
+
+def encode_chat(tokenizer, template: ChatTemplate, messages: Sequence[Message],
+                add_generation_prompt: bool = True) -> list[int]:
+    text = template.render(messages, add_generation_prompt=add_generation_prompt)
+    return list(tokenizer.encode(text, add_special_tokens=False))

@@ -1,0 +1,111 @@
+"""StepTrace: what one speculative step did, recorded for the app, the benchmark and tests.
+
+The trace is the only thing the UI and the benchmark read from the engine. It is a
+plain dataclass that round-trips through JSON (``to_dict`` / ``from_dict``), so a run
+recorded on a GPU can be replayed elsewhere. ``TRACE_VERSION`` is bumped whenever a
+field changes meaning; readers refuse versions they do not know.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .tree import DraftTree
+
+TRACE_VERSION = 1
+
+# The four stages, named the same in traces, the benchmark and the app.
+STAGES = ("draft_forward", "tree_build", "verify", "commit")
+
+
+@dataclass
+class ScoredCandidates:
+    """Every candidate a drafter scored in one step, kept or pruned (struct of arrays).
+
+    ``parent`` indexes into this same candidate list (-1 = the tree root), so a pruned
+    candidate's ancestry stays visible. ``logit_term`` and ``ngram_term`` are the
+    weighted contributions to ``score`` (DART); drafters without an N-gram term leave
+    it at 0. ``node`` is the candidate's index in the DraftTree, or -1 when pruned.
+    """
+    token: list[int] = field(default_factory=list)
+    parent: list[int] = field(default_factory=list)
+    depth: list[int] = field(default_factory=list)
+    logit_term: list[float] = field(default_factory=list)
+    ngram_term: list[float] = field(default_factory=list)
+    score: list[float] = field(default_factory=list)
+    kept: list[bool] = field(default_factory=list)
+    node: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.token)
+
+    def append(self, *, token: int, parent: int, depth: int, logit_term: float, ngram_term: float,
+               score: float, kept: bool, node: int) -> None:
+        self.token.append(int(token)); self.parent.append(int(parent)); self.depth.append(int(depth))
+        self.logit_term.append(float(logit_term)); self.ngram_term.append(float(ngram_term))
+        self.score.append(float(score)); self.kept.append(bool(kept)); self.node.append(int(node))
+
+
+@dataclass
+class StepTrace:
+    """One draft -> verify -> accept -> commit round.
+
+    position          number of answer tokens emitted before this step
+    tree              the verified draft tree (node 0 = root, already emitted)
+    candidates        every candidate the drafter scored (None for drafters that score none)
+    accepted_nodes    tree node indices on the accepted path, root first
+    emitted_tokens    tokens this step added to the answer: accepted drafts, then the bonus token
+    bonus_token       the target's own token after the accepted path (sampled or argmax)
+    stop_reason       None while decoding continues; "eos", "max_new_tokens" or "max_length" on the last step
+    node_target_prob  per node: the target's (warped) probability of the node's token at its parent (root: 1)
+    node_target_argmax per node: the target's most likely next token after the node
+    timings           seconds per stage (keys = STAGES)
+    """
+    step: int
+    position: int
+    tree: DraftTree
+    accepted_nodes: list[int]
+    emitted_tokens: list[int]
+    bonus_token: int
+    node_target_prob: list[float]
+    node_target_argmax: list[int]
+    timings: dict[str, float]
+    candidates: ScoredCandidates | None = None
+    mode: str = "greedy"
+    stop_reason: str | None = None
+    version: int = TRACE_VERSION
+
+    @property
+    def accepted_drafts(self) -> int:
+        """Drafted tokens accepted this step (root and bonus excluded)."""
+        return len(self.accepted_nodes) - 1
+
+    @property
+    def acceptance_length(self) -> int:
+        """Tokens this verify step added (accepted drafts + bonus): the per-step tau."""
+        return len(self.emitted_tokens)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["tree"] = self.tree.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "StepTrace":
+        version = d.get("version")
+        if version != TRACE_VERSION:
+            raise ValueError(f"trace version {version!r} is not supported (this build reads version "
+                             f"{TRACE_VERSION}); re-export the trace with this version of dart_core")
+        d = dict(d)
+        d["tree"] = DraftTree.from_dict(d["tree"])
+        if d.get("candidates") is not None:
+            d["candidates"] = ScoredCandidates(**d["candidates"])
+        return cls(**d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, s: str) -> "StepTrace":
+        return cls.from_dict(json.loads(s))

@@ -1,0 +1,79 @@
+"""Tiny random target models for tests: a few layers, hidden 64, a byte-level BPE tokenizer.
+
+    path = make_tiny_model_dir(tmp_path, model_type="llama")   # or "qwen3"
+    target = load_target(str(path), dtype="float32", device="cpu")
+
+The directory holds ``config.json`` + weights + a ``PreTrainedTokenizerFast`` that
+``AutoTokenizer`` loads offline. The tokenizer is byte-level, so any text encodes,
+and it knows the ChatML markers (``<|im_start|>``, ``<|im_end|>``) the chat templates
+spell out; ``<|im_end|>`` is the model's EOS. Weights are seeded (same seed -> same
+model) and drawn with a wide ``initializer_range`` so logits are far from ties and
+fp32 argmax comparisons between differently shaped forwards are stable.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+_CORPUS = [
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face.",
+    "Compose an engaging travel blog post about a recent trip to Hawaii.",
+    "Write a Python function that returns the sum of a list of numbers.",
+    "def add(a, b):\n    return a + b\n",
+    "The quick brown fox jumps over the lazy dog. The dog sleeps.",
+    "What is 12 times 7? The answer is 84. Explain your reasoning step by step.",
+    "system user assistant question answer the of and to in is that for it with as on",
+]
+
+
+def make_tiny_tokenizer(vocab_size: int = 320):
+    """A byte-level BPE ``PreTrainedTokenizerFast`` trained on a few sentences (vocab_size ids in all)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=None, eos_token="<|im_end|>",
+                                   unk_token=None, pad_token="<|endoftext|>")
+
+
+def make_tiny_model_dir(tmp_path, model_type: str = "llama", *, seed: int = 0, num_hidden_layers: int = 4,
+                        initializer_range: float = 0.5, vocab_size: int = 320, name: str | None = None) -> Path:
+    """Save a tiny random ``model_type`` ("llama" or "qwen3") causal LM + tokenizer under ``tmp_path``.
+
+    Returns the model directory (``tmp_path / name``, default ``tiny-{model_type}-{seed}``).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if model_type not in ("llama", "qwen3"):
+        raise ValueError(f"model_type must be 'llama' or 'qwen3', got {model_type!r}")
+    out = Path(tmp_path) / (name or f"tiny-{model_type}-{seed}")
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = make_tiny_tokenizer(vocab_size)
+    n_vocab = len(tokenizer)  # the trainer may stop short of vocab_size
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    common = dict(hidden_size=64, num_hidden_layers=num_hidden_layers, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=128, vocab_size=n_vocab,
+                  max_position_embeddings=2048, initializer_range=initializer_range,
+                  eos_token_id=eos, pad_token_id=pad, bos_token_id=None, tie_word_embeddings=False)
+    if model_type == "llama":
+        from transformers import LlamaConfig
+        config = LlamaConfig(**common)
+    else:
+        from transformers import Qwen3Config
+        config = Qwen3Config(head_dim=16, **common)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.eos_token_id = eos
+    model.generation_config.pad_token_id = pad
+    model.generation_config.bos_token_id = None
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
