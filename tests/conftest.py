@@ -28,3 +28,17 @@ def bundled_fp32():
 def bundled_bf16():
     from dart_core.models.loader import load_target
     return load_target(None, dtype="bfloat16", device="cpu")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread_for_tiny_models(request):
+    """Tiny-model tests run on one thread: their ops are too small to split, and two OpenMP threads
+    on a busy 2-core machine wait on each other (10x slower). Bundled-model tests keep every core."""
+    import torch
+    if request.node.get_closest_marker("bundled"):
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -1,0 +1,135 @@
+"""What does verifying a whole draft tree cost, relative to one plain decoding step?
+
+    python benchmarks/tree_cost.py                          # bundled SmolLM2-135M, bf16 and fp32
+    python benchmarks/tree_cost.py --nodes 8,16,32,61 --prefix 300 --reps 30 --threads 2
+
+After a prefix of ``--prefix`` tokens (default 300) is in the KV cache, it times
+``TargetSession.verify`` on a 1-node tree (the root only: a vanilla step) and on a
+random tree of ``--nodes`` nodes (default 61 = DART's 60-node budget plus the root;
+depth at most ``--max-depth``), alternating the two so load drifts hit both alike.
+Each timed call includes what a real step pays inside verify (tree mask and position
+ids, the forward); the cache is rolled back to the prefix between calls. Prints the
+median ms of each and their ratio: the speculative step must accept more than
+``ratio`` tokens on average to beat vanilla decoding. A measurement, not a test: no
+thresholds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dart_core.machine import describe_machine  # noqa: E402
+from dart_core.models.loader import load_target  # noqa: E402
+from dart_core.tree import DraftTree  # noqa: E402
+
+
+def random_tree(n: int, vocab: int, max_depth: int, rng: np.random.Generator) -> DraftTree:
+    """A random tree of ``n`` nodes (root included) no deeper than ``max_depth``."""
+    parents, depths = [-1], [0]
+    for _ in range(1, n):
+        open_nodes = [i for i, d in enumerate(depths) if d < max_depth]
+        p = int(rng.choice(open_nodes))
+        parents.append(p)
+        depths.append(depths[p] + 1)
+    tokens = rng.integers(0, vocab, size=n).tolist()
+    return DraftTree.from_parents(tokens, parents)
+
+
+def time_verify(session, tree: DraftTree, prefix_len: int, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    session.verify(tree)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    dt = time.perf_counter() - t0
+    session.commit([0])                 # close the verify (keeps the root) ...
+    session.cache.truncate(prefix_len)  # ... and roll back to the prefix
+    return dt
+
+
+def measure(model: str | None, dtype: str, device: str, prefix: int, sizes: list[int], max_depth: int,
+            reps: int, warmup: int, seed: int) -> dict:
+    target = load_target(model, dtype=dtype, device=device)
+    rng = np.random.default_rng(seed)
+    vocab = target.vocab_size
+    trees = {n: random_tree(n, vocab, max_depth, rng) for n in sizes}
+    one = DraftTree.root_only(int(rng.integers(0, vocab)))
+    session = target.new_session(prefix + max(sizes) + 1)
+    session.prefill(rng.integers(0, vocab, size=prefix).tolist())
+    dev = target.device
+    for _ in range(warmup):
+        time_verify(session, one, prefix, dev)
+        for tree in trees.values():
+            time_verify(session, tree, prefix, dev)
+    t_one: list[float] = []
+    t_tree: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(reps):  # interleaved
+        t_one.append(time_verify(session, one, prefix, dev))
+        for n, tree in trees.items():
+            t_tree[n].append(time_verify(session, tree, prefix, dev))
+    one_ms = 1000 * statistics.median(t_one)
+    out = {"dtype": str(target.dtype).replace("torch.", ""), "device": str(dev), "model": target.name,
+           "prefix": prefix, "one_token_ms": one_ms, "trees": {}}
+    for n in sizes:
+        ms = 1000 * statistics.median(t_tree[n])
+        out["trees"][n] = {"nodes": n, "max_depth": int(trees[n].max_depth), "median_ms": ms, "ratio": ms / one_ms}
+    del session, target
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="target (default: the bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--dtypes", default="bfloat16,float32", help="comma-separated dtypes to measure")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--nodes", default="61", help="comma-separated tree sizes, root included (default 61)")
+    p.add_argument("--max-depth", type=int, default=8, help="deepest draft level of the random trees")
+    p.add_argument("--prefix", type=int, default=300, help="tokens already in the KV cache")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="also write the results here")
+    args = p.parse_args(argv)
+    try:
+        sizes = sorted({int(x) for x in args.nodes.split(",") if x.strip()})
+    except ValueError:
+        p.error(f"--nodes must be comma-separated integers, got {args.nodes!r}")
+    if not sizes or min(sizes) < 2:
+        p.error("--nodes sizes must be >= 2 (the 1-node step is always measured)")
+    if args.prefix < 1 or args.reps < 1 or args.max_depth < 1:
+        p.error("--prefix, --reps and --max-depth must be >= 1")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+
+    machine = describe_machine(args.device)
+    print(f"# tree verification cost: {machine['cpu_model']}"
+          + (f", {machine['gpu']}" if machine.get("gpu") else "")
+          + f", {machine['torch_threads']} threads, load average {machine['load_average']}, prefix {args.prefix}")
+    print("| dtype | nodes | max depth | 1-token step ms | tree ms | ratio |")
+    print("|---|---:|---:|---:|---:|---:|")
+    results = []
+    for dtype in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
+        r = measure(args.model, dtype, args.device, args.prefix, sizes, args.max_depth, args.reps, args.warmup,
+                    args.seed)
+        results.append(r)
+        for t in r["trees"].values():
+            print(f"| {r['dtype']} | {t['nodes']} | {t['max_depth']} | {r['one_token_ms']:.1f} | "
+                  f"{t['median_ms']:.1f} | {t['ratio']:.2f}x |", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": machine, "results": results}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

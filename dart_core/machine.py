@@ -1,0 +1,118 @@
+"""What machine a benchmark ran on, and how fast it moves memory.
+
+    describe_machine(device="cpu", dtype="bfloat16")   # CPU model, threads, load, versions, ...
+    measure_memory_bandwidth_gbs()                      # best-of-N GB/s reading a large tensor
+
+Decoding one token at batch size 1 reads every weight once, so a decoder is
+memory-bound: ``weight bytes x target forwards / s`` ("bandwidth achieved", as
+gpt-fast prints it) compared with what this machine can move shows how close the
+loop runs to the hardware limit.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _memory_total_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)  # kB -> GiB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except Exception:  # noqa: BLE001 - a missing optional package is just "not installed"
+        return None
+
+
+def describe_machine(device: str | torch.device | None = None, dtype: str | torch.dtype | None = None) -> dict:
+    """A JSON-ready description of the machine, taken now (load average included)."""
+    from .models.loader import cpu_supports_bf16
+
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # not available on every platform
+        load = None
+    info = {
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "cpu_bf16": cpu_supports_bf16(),
+        "memory_gib": _memory_total_gib(),
+        "torch_threads": torch.get_num_threads(),
+        "device": str(dev),
+        "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
+        "dtype": str(dtype).replace("torch.", "") if dtype is not None else None,
+        "load_average": load,  # 1, 5, 15 minutes
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": _version("transformers"),
+    }
+    return info
+
+
+def measure_memory_bandwidth_gbs(size_mib: int | None = None, repeats: int = 5,
+                                 device: str | torch.device | None = None, kind: str = "read") -> float:
+    """Best-of-``repeats`` memory bandwidth in GB/s (1e9 bytes/s) over a large buffer.
+
+    kind="read": sum the buffer (bytes moved = size), the access pattern of streaming
+    weights through a matmul; kind="copy": copy it (bytes moved = 2 x size: read +
+    write). The buffer (default 256 MiB on CPU, 1 GiB on GPU) is far larger than any
+    cache, so this is DRAM / HBM bandwidth as the current torch thread count achieves it.
+    """
+    if kind not in ("read", "copy"):
+        raise ValueError(f"kind must be 'read' or 'copy', got {kind!r}")
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if size_mib is None:
+        size_mib = 1024 if dev.type == "cuda" else 256
+    if size_mib <= 0 or repeats <= 0:
+        raise ValueError(f"size_mib and repeats must be positive, got {size_mib}, {repeats}")
+    n = size_mib * 2**20 // 4
+    src = torch.ones(n, dtype=torch.float32, device=dev)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # touch every page before timing
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    best = float("inf")
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        if kind == "copy":
+            dst.copy_(src)
+        else:
+            src.sum()
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    del src, dst
+    gbs = (2 if kind == "copy" else 1) * n * 4 / best / 1e9
+    logger.info("memory bandwidth (%s, %d MiB, %d threads): %.1f GB/s", kind, size_mib, torch.get_num_threads(),
+                gbs)
+    return gbs

@@ -1,0 +1,249 @@
+"""The benchmark CLI, run in-process on a tiny random Llama: report fields, greedy identity, bad input."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dart_core import bench
+from dart_core.bench import AnswerRecord, BenchInputError, first_divergence, load_questions, summarize
+from dart_core.trace import STAGES
+from tiny_models import make_tiny_model_dir
+
+QUESTIONS = [
+    {"question_id": "t/1", "category": "writing",
+     "turns": ["Write a short poem about the sea.", "Now make every line rhyme."]},
+    {"question_id": 2, "category": "coding", "turns": ["def add(a, b): return a + b. Explain add."]},
+    {"question_id": "t/3", "category": "writing",
+     "turns": ["The quick brown fox jumps over the lazy dog. The quick brown fox", "Again, shorter."]},
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    # A narrower init than the default makes the random model repeat itself, so prompt lookup's
+    # drafts get accepted (tau > 1) and identity is checked on multi-token steps too.
+    return make_tiny_model_dir(tmp_path_factory.mktemp("bench"), "llama", initializer_range=0.1)
+
+
+@pytest.fixture()
+def questions_file(tmp_path):
+    p = tmp_path / "questions.jsonl"
+    p.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS), encoding="utf-8")
+    return p
+
+
+def _run(argv, capsys):
+    code = bench.main([str(a) for a in argv])
+    assert code == 0
+    return capsys.readouterr()
+
+
+def _common(tiny_dir, questions_file):
+    # One thread: the test machine is shared, and oversubscribed OpenMP threads crawl.
+    return ["--questions", questions_file, "--base-model-name-or-path", tiny_dir, "--dtype", "float32",
+            "--device", "cpu", "--threads", "1", "--bandwidth-mib", "8", "--no-progress"]
+
+
+def test_bench_greedy_report(tiny_dir, questions_file, tmp_path, capsys):
+    out_json, out_md = tmp_path / "r" / "bench.json", tmp_path / "bench.md"
+    res = _run(_common(tiny_dir, questions_file) + [
+        "--methods", "hf_generate,vanilla,prompt_lookup", "--turns", "all", "--max-new-tokens", "12",
+        "--json", out_json, "--markdown", out_md], capsys)
+    report = json.loads(out_json.read_text())
+
+    assert report["settings"]["n_questions"] == 3 and report["settings"]["greedy"] is True
+    m = report["machine"]
+    for key in ("cpu_model", "torch_threads", "dtype", "device", "load_average", "torch", "transformers"):
+        assert key in m, key
+    assert m["torch_threads"] == 1 and m["dtype"] == "float32" and m["device"] == "cpu"
+    assert m["memory_bandwidth_gbs"]["read"] > 0 and m["memory_bandwidth_gbs"]["copy"] > 0
+    assert report["target"]["weight_bytes"] > 0
+
+    methods = report["methods"]
+    assert list(methods) == ["hf_generate", "vanilla", "prompt_lookup"]
+    n_answers = sum(len(q["turns"]) for q in QUESTIONS)  # --turns all
+    for name, r in methods.items():
+        assert r["answers"] == n_answers and len(report["answers"][name]) == n_answers
+        assert r["tokens_per_s"] > 0 and r["speedup_vs_vanilla"] > 0
+        assert r["bandwidth_gbs"] > 0 and r["bandwidth_fraction"] > 0
+        assert set(r["stage_ms_per_step"]) == set(STAGES)
+        assert set(r["per_category"]) == {"writing", "coding"}
+        # fp32 greedy: every method's answers are token-for-token vanilla's
+        assert r["identical_to_vanilla"] is True, r["divergences"]
+        assert r["n_divergent"] == 0 and r["divergences"] == []
+    assert methods["vanilla"]["speedup_vs_vanilla"] == pytest.approx(1.0)
+    assert methods["hf_generate"]["tau"] is None and methods["hf_generate"]["stage_ms_per_step"]["verify"] is None
+    for name in ("vanilla", "prompt_lookup"):
+        assert methods[name]["tau"] >= 1.0
+        assert methods[name]["stage_ms_per_step"]["verify"] > 0
+    assert methods["vanilla"]["tau"] == pytest.approx(1.0)
+    assert methods["prompt_lookup"]["tau"] > 1.0  # drafts were accepted, and answers still equal vanilla's
+    # A later turn's prompt holds the method's own first answer, so it is longer than the first turn's.
+    turns = [a for a in report["answers"]["vanilla"] if a["question_id"] == "t/1"]
+    assert [a["turn"] for a in turns] == [1, 2] and turns[1]["prompt_tokens"] > turns[0]["prompt_tokens"]
+    assert all(a["new_tokens"] == len(a["tokens"]) <= 12 for a in report["answers"]["hf_generate"])
+
+    # The Markdown table: on stdout, one row per method, and written with --markdown.
+    assert "| method | tok/s | speedup | tau |" in res.out
+    for name in methods:
+        assert f"| {name} |" in res.out
+    assert out_md.read_text() == res.out
+    assert "Traceback" not in res.err
+
+
+def test_bench_sampling_without_vanilla(tiny_dir, questions_file, tmp_path, capsys):
+    out_json = tmp_path / "s.json"
+    _run(_common(tiny_dir, questions_file) + [
+        "--methods", "prompt_lookup,hf_generate", "--limit", "1", "--max-new-tokens", "6",
+        "--temperature", "0.8", "--top-k", "20", "--seed", "3", "--json", out_json], capsys)
+    report = json.loads(out_json.read_text())
+    assert report["settings"]["n_questions"] == 1 and report["settings"]["greedy"] is False
+    for r in report["methods"].values():
+        assert r["speedup_vs_vanilla"] is None       # no vanilla in --methods
+        assert r["identical_to_vanilla"] is None     # only defined for greedy
+        assert r["new_tokens"] > 0
+    assert report["methods"]["prompt_lookup"]["tau"] >= 1.0
+
+
+def test_bench_max_length_edge_identical(tiny_dir, questions_file, tmp_path, capsys):
+    """Answers cut by max_length (prompt + answer) stop at the same token in every method."""
+    out_json = tmp_path / "m.json"
+    _run(_common(tiny_dir, questions_file) + [
+        "--methods", "hf_generate,vanilla,prompt_lookup", "--max-new-tokens", "30", "--max-length", "110",
+        "--json", out_json], capsys)
+    report = json.loads(out_json.read_text())
+    for name, r in report["methods"].items():
+        assert r["identical_to_vanilla"] is True, (name, r["divergences"])
+        assert r["stop_reasons"].get("max_length", 0) >= 1, (name, r["stop_reasons"])
+        for a in report["answers"][name]:
+            assert a["prompt_tokens"] + a["new_tokens"] <= 110
+
+
+# ------------------------------------------------------------------------------------------- bad input
+def _fails(argv, capsys, *needles):
+    with pytest.raises(SystemExit) as exc:
+        bench.main([str(a) for a in argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("python -m dart_core.bench: error:"), err
+    for needle in needles:
+        assert needle in last, (needle, last)
+    return last
+
+
+def test_bad_json_line_names_file_and_line(tmp_path, capsys):
+    p = tmp_path / "bad.jsonl"
+    p.write_text(json.dumps(QUESTIONS[0]) + "\n" + '{"question_id": 5, "category": "x", "turns": ["hi"]\n')
+    _fails(["--questions", p], capsys, f"{p}:2", "not valid JSON")
+
+
+def test_missing_field_names_file_line_and_field(tmp_path, capsys):
+    p = tmp_path / "missing.jsonl"
+    p.write_text("\n" + json.dumps({"question_id": 1, "turns": ["hi"]}) + "\n")
+    _fails(["--questions", p], capsys, f"{p}:2", "category")
+
+
+@pytest.mark.parametrize("row, needle", [
+    ({"question_id": 1, "category": "x", "turns": []}, "turns"),
+    ({"question_id": 1, "category": "x", "turns": "hi"}, "turns"),
+    ({"question_id": [1], "category": "x", "turns": ["hi"]}, "question_id"),
+    (["not", "an", "object"], "JSON object"),
+])
+def test_bad_rows(tmp_path, row, needle):
+    p = tmp_path / "q.jsonl"
+    p.write_text(json.dumps(row) + "\n")
+    with pytest.raises(BenchInputError, match=needle):
+        load_questions(p)
+
+
+def test_duplicate_ids_and_empty_file(tmp_path):
+    p = tmp_path / "dup.jsonl"
+    p.write_text(json.dumps(QUESTIONS[0]) + "\n" + json.dumps(QUESTIONS[0]) + "\n")
+    with pytest.raises(BenchInputError, match="repeats line 1"):
+        load_questions(p)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(BenchInputError, match="no questions"):
+        load_questions(empty)
+
+
+def test_limit_reads_only_k_questions(questions_file):
+    qs = load_questions(questions_file, limit=2)
+    assert [q.question_id for q in qs] == ["t/1", "2"]   # integer ids become strings
+    assert qs[0].turns == QUESTIONS[0]["turns"]
+
+
+def test_unknown_method_lists_valid_ones(questions_file, capsys):
+    last = _fails(["--questions", questions_file, "--methods", "vanilla,medusa"], capsys, "medusa")
+    for name in bench.METHODS:
+        assert name in last
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--limit", "0"], "--limit"),
+    (["--limit", "-3"], "--limit"),
+    (["--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--temperature", "-1"], "--temperature"),
+    (["--methods", "vanilla,vanilla"], "more than once"),
+    (["--template-name", "nope"], "--template-name"),
+    (["--base-model-name-or-path", "/no/such/model"], "/no/such/model"),
+])
+def test_bad_flags(questions_file, capsys, argv, needle):
+    _fails(["--questions", questions_file, "--bandwidth-mib", "0", *argv], capsys, needle)
+
+
+def test_missing_question_file(tmp_path, capsys):
+    _fails(["--questions", tmp_path / "nope.jsonl"], capsys, "nope.jsonl", "does not exist")
+
+
+# ------------------------------------------------------------------------------------------- summaries
+def _rec(qid, turn, tokens, category="c", steps=None):
+    steps = len(tokens) - 1 if steps is None else steps
+    return AnswerRecord(question_id=qid, category=category, turn=turn, prompt_tokens=5, new_tokens=len(tokens),
+                        wall_s=0.5, steps=steps, target_forwards=steps + 1,
+                        stage_s={s: 0.001 * steps for s in STAGES}, stop_reason="max_new_tokens", text="",
+                        tokens=list(tokens))
+
+
+class _Runner:
+    def __init__(self, speculative):
+        self.speculative = speculative
+
+
+def test_first_divergence():
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 4], [1, 2, 3]) == 2
+    assert first_divergence([1, 2], [1, 2, 3]) == 2   # one answer stopped early (e.g. EOS)
+    assert first_divergence([], [7]) == 0
+
+
+def test_summarize_reports_divergences_and_tau():
+    records = {
+        "vanilla": [_rec("a", 1, [1, 2, 3, 4]), _rec("a", 2, [5, 6]), _rec("b", 1, [7, 8, 9], category="d")],
+        # 4 tokens in 2 verify steps (3 committed after the prefill token) -> tau 1.5 for "a"/1
+        "fast": [_rec("a", 1, [1, 2, 3, 4], steps=2), _rec("a", 2, [5, 0]), _rec("b", 1, [7, 8, 9], category="d")],
+    }
+    runners = {"vanilla": _Runner(True), "fast": _Runner(True)}
+    s = summarize(records, runners, weight_bytes=10**9, machine_bandwidth_gbs=10.0, greedy=True)
+    assert s["vanilla"]["identical_to_vanilla"] is True
+    fast = s["fast"]
+    assert fast["identical_to_vanilla"] is False and fast["n_divergent"] == 1
+    assert fast["divergences"] == [{"question_id": "a", "turn": 2, "position": 1, "token": 0, "vanilla_token": 6}]
+    assert fast["tau"] == pytest.approx((3 + 1 + 2) / (2 + 1 + 2))
+    assert fast["stage_ms_per_step"]["verify"] == pytest.approx(1.0)
+    # weight bytes x forwards / s: 8 forwards in 1.5 s of 1 GB each
+    assert fast["bandwidth_gbs"] == pytest.approx(8 / 1.5) and fast["bandwidth_fraction"] == pytest.approx(8 / 15)
+    assert fast["per_category"]["d"]["speedup_vs_vanilla"] == pytest.approx(1.0)
+    assert fast["per_category"]["d"]["tau"] == pytest.approx(1.0)
+    # sampling: identity is not defined
+    s = summarize(records, runners, weight_bytes=1, machine_bandwidth_gbs=None, greedy=False)
+    assert s["fast"]["identical_to_vanilla"] is None and s["fast"]["bandwidth_fraction"] is None
+
+
+def test_registry_rejects_duplicates_and_lists_methods():
+    assert {"hf_generate", "vanilla", "prompt_lookup"} <= set(bench.METHODS)
+    with pytest.raises(ValueError, match="twice"):
+        bench.register_method(bench.MethodSpec("vanilla", lambda target, args: None))
