@@ -1,0 +1,196 @@
+"""Benchmark of the native core: N-gram query latency, pruning latency per tree, table build
+throughput, bytes per node and open time. Prints a Markdown table; figures are measured in
+this run on this machine (nothing is asserted).
+
+    python benchmarks/bench_native.py [--table assets/ngram/smollm2-135m-instruct.dngram]
+                                      [--data ../shared/data] [--tokenizer bundled]
+
+Query latency is one context (the last order-1 tokens) against 25 candidates, as in the
+DART paper ("6 us per query"); it is reported for the native loop alone and for a call
+from Python (argument conversion included). Pruning is one tree from 9 rows x 25 at the
+defaults (paper: about 2 ms); "end to end" includes building the DraftTree and the
+ScoredCandidates lists of all 4,025 candidates.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from dart_core import ngram  # noqa: E402
+from dart_core.ngram import NgramStore  # noqa: E402
+from dart_core.pruning import PruningConfig, prune_dart_tree, prune_dart_tree_reference  # noqa: E402
+
+
+def load_responses(data: Path, limit: int) -> list[list[int]]:
+    path = data / "distill" / "smollm2-135m-instruct.jsonl.gz"
+    if not path.is_file():
+        return []
+    out = []
+    with gzip.open(path, "rt") as f:
+        for line in f:
+            out.append(json.loads(line)["response_ids"])
+            if len(out) >= limit:
+                break
+    return out
+
+
+def best_of(fn, repeats: int = 5):
+    """Minimum over repeats of fn() (seconds per operation, or a {'wall', 'cpu'} dict from the
+    native benchmarks): the least-disturbed measurement."""
+    results = [fn() for _ in range(repeats)]
+    if isinstance(results[0], dict):
+        return {k: min(r[k] for r in results) for k in ("wall", "cpu")}
+    return min(results)
+
+
+def thread_cpu_loop(fn, n: int) -> tuple[float, float]:
+    """(wall, this thread's CPU) seconds per call of fn over n calls."""
+    w0, c0 = time.perf_counter(), time.thread_time()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - w0) / n, (time.thread_time() - c0) / n
+
+
+def make_queries(store: NgramStore, docs: list[list[int]], n: int, rng) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Contexts from real text; 'likely' candidates = the 25 most frequent continuations of the
+    context's last token (hits at several back-off levels), 'random' = uniform ids (mostly misses)."""
+    ctx_len = max(store.order - 1, 1)
+    contexts, likely = [], []
+    while len(contexts) < n:
+        if docs:
+            d = docs[int(rng.integers(len(docs)))]
+            if len(d) <= ctx_len:
+                continue
+            i = int(rng.integers(ctx_len, len(d)))
+            ctx = d[i - ctx_len:i]
+        else:
+            ctx = rng.integers(0, store.vocab_size, size=ctx_len).tolist()
+        _, _, toks, counts = store.continuations(ctx[-1:])
+        top = toks[np.argsort(-counts, kind="stable")[:25]].tolist()
+        top += rng.integers(0, store.vocab_size, size=25 - len(top)).tolist()
+        contexts.append(ctx)
+        likely.append(top)
+    rand = rng.integers(0, store.vocab_size, size=(n, 25))
+    return np.array(contexts, dtype=np.int64), np.array(likely, dtype=np.int64), rand.astype(np.int64)
+
+
+def bench_queries(store: NgramStore, contexts, likely, rand) -> list[tuple[str, str]]:
+    rows = []
+    for name, cands in (("likely candidates", likely), ("random candidates", rand)):
+        t = best_of(lambda: store._native.bench_query(contexts, cands, 3))
+        def py_loop():
+            w0, c0 = time.perf_counter(), time.thread_time()
+            for c, k in zip(contexts, cands):
+                store.query(c, k)
+            return {"wall": (time.perf_counter() - w0) / len(contexts), "cpu": (time.thread_time() - c0) / len(contexts)}
+        t_py = best_of(py_loop)
+        rows.append((f"N-gram query, {name}: native, per query (per candidate)",
+                     f"{t['cpu'] * 1e6:.2f} us ({t['cpu'] * 1e9 / 25:.0f} ns) CPU; {t['wall'] * 1e6:.2f} us wall "
+                     f"(paper: 6 us)"))
+        rows.append((f"N-gram query, {name}: one call from Python", f"{t_py['cpu'] * 1e6:.2f} us CPU; "
+                                                                    f"{t_py['wall'] * 1e6:.2f} us wall"))
+    return rows
+
+
+def bench_pruning(store: NgramStore, contexts, likely, rng) -> list[tuple[str, str]]:
+    cfg = PruningConfig()
+    native = ngram.require_native()
+    trees = []
+    for i in range(20):  # 9 levels x 25 plausible tokens with drafter-like logits
+        logits = np.sort(rng.normal(size=(9, 25)).astype(np.float32) * 3, axis=1)[:, ::-1].copy()
+        tokens = likely[rng.integers(len(likely), size=9)]
+        trees.append((logits, tokens, contexts[i].tolist()))
+    def native_only():
+        runs = [native.bench_prune(lg, tk, np.array(ctx[-(store.order - 1):]), store._native, np.array([2]),
+                                   cfg.top_k, cfg.beam_width, cfg.budget, cfg.level_decay, cfg.logit_decay,
+                                   cfg.ngram_weight, cfg.eps, 20) for lg, tk, ctx in trees]
+        return {k: statistics.mean(r[k] for r in runs) for k in ("wall", "cpu")}
+    def end_to_end():
+        w0, c0 = time.perf_counter(), time.thread_time()
+        for lg, tk, ctx in trees:
+            prune_dart_tree(lg, tk, ctx, store, [2], cfg)
+        return {"wall": (time.perf_counter() - w0) / len(trees), "cpu": (time.thread_time() - c0) / len(trees)}
+    t_native, t_e2e = best_of(native_only), best_of(end_to_end)
+    lg, tk, ctx = trees[0]
+    t0 = time.thread_time()
+    prune_dart_tree_reference(lg, tk, ctx, store, [2], cfg)
+    t_ref = time.thread_time() - t0
+    fmt = lambda t: f"{t['cpu'] * 1e3:.3f} ms CPU; {t['wall'] * 1e3:.3f} ms wall"  # noqa: E731
+    return [("Pruning per tree (9 x 25, beam 20, budget 60): native", fmt(t_native) + " (paper: 2 ms)"),
+            ("Pruning per tree: end to end from Python (tree + 4,025-candidate trace)", fmt(t_e2e)),
+            ("Pruning per tree: pure-Python reference", f"{t_ref * 1e3:.1f} ms CPU")]
+
+
+def bench_build(data: Path, tokenizer_name: str | None) -> list[tuple[str, str]]:
+    rows = []
+    distill = data / "distill" / "smollm2-135m-instruct.jsonl.gz"
+    with tempfile.TemporaryDirectory() as tmp:
+        if distill.is_file():
+            s = ngram.build_ngram_table([distill], Path(tmp) / "d.dngram", None, vocab_size=49152, fingerprint="bench",
+                                        order=4, progress=False)
+            rows.append(("Build from token ids (distill, order 4): tokens/s",
+                         f"{s['tokens_per_second']:,} ({s['total_tokens']:,} tokens, {s['node_count']:,} nodes, "
+                         f"{s['seconds']:.1f} s)"))
+        corpus = data / "corpus" / "TheAlgorithms-Python.jsonl.gz"
+        if tokenizer_name and corpus.is_file():
+            tok = ngram.load_tokenizer(tokenizer_name)
+            s = ngram.build_ngram_table([corpus], Path(tmp) / "c.dngram", tok, order=4, progress=False)
+            rows.append(("Build from text incl. tokenization (order 4): tokens/s",
+                         f"{s['tokens_per_second']:,} ({s['total_tokens']:,} tokens, {s['seconds']:.1f} s)"))
+    return rows
+
+
+def bench_open(path: Path, store: NgramStore) -> list[tuple[str, str]]:
+    def opens(verify):
+        def run():
+            t0 = time.perf_counter()
+            for _ in range(20):
+                NgramStore.open(path, verify=verify)
+            return (time.perf_counter() - t0) / 20
+        return best_of(run)
+    info = store.info()
+    n = info["node_count"]
+    original = 16 + 24 * n + 12 * (n - 1)  # the same trie in the original .trie layout
+    return [("Table", f"{path.name}: order {info['order']}, {n:,} nodes, {info['file_size'] / 1e6:.1f} MB"),
+            ("Bytes per node on disk (original .trie layout: same trie)",
+             f"{info['bytes_per_node']:.2f}  ({original / n:.1f}; the original's RAM is 3-4x that)"),
+            ("Open (mmap + header check)", f"{opens(False) * 1e6:.0f} us"),
+            ("Open with full checksum + structure check", f"{opens(True) * 1e3:.1f} ms")]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--table", type=Path, default=ngram.default_table_path())
+    ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    ap.add_argument("--tokenizer", default=None, help="also time building from text (e.g. 'bundled' or a dir)")
+    ap.add_argument("--queries", type=int, default=2000)
+    ap.add_argument("--skip-build", action="store_true")
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    store = NgramStore.open(args.table)
+    docs = load_responses(args.data, 2000)
+    contexts, likely, rand = make_queries(store, docs, args.queries, rng)
+    rows = bench_open(args.table, store) + bench_queries(store, contexts, likely, rand)
+    rows += bench_pruning(store, contexts, likely, rng)
+    if not args.skip_build:
+        rows += bench_build(args.data, args.tokenizer)
+    print(f"\nnative core benchmark (OpenMP: {ngram.require_native().has_openmp()}; CPU = this thread's CPU "
+          f"time, wall = elapsed, best of 5)\n")
+    print("| measure | value |\n|---|---|")
+    for k, v in rows:
+        print(f"| {k} | {v} |")
+
+
+if __name__ == "__main__":
+    main()

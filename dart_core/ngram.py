@@ -1,0 +1,319 @@
+"""N-gram store: the Python face of the native memory-mapped table (``native/src/ngram_*``).
+
+A table (``.dngram``) holds the counts of every n-gram (n = 1..order) of a token corpus as a
+breadth-first trie with sorted children; it is opened by mmap in O(1) and queried with the
+original DART per-candidate back-off (DESIGN.md section 6)::
+
+    store = NgramStore.open("assets/ngram/smollm2-135m-instruct.dngram",
+                            expected_fingerprint=tokenizer_fingerprint(tokenizer))
+    probs, matched = store.query(context_ids, candidate_ids)
+
+Command line (``python -m dart_core.ngram --help``)::
+
+    build   count a corpus into a table      info    print a table's header and sources
+    query   show P(candidates | context)     import  convert an original DART .trie
+
+Every problem with a file raises :class:`NgramFormatError` (a ``ValueError``) saying which
+file, what is wrong and which command rebuilds it; a table built for another tokenizer
+raises :class:`NgramTokenizerMismatch`.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+try:  # the extension is built by `pip install -e .`; a clear error at use, not at import
+    from . import _native
+except ImportError as _err:  # pragma: no cover - exercised only on a broken install
+    _native = None
+    _NATIVE_IMPORT_ERROR: ImportError | None = _err
+else:
+    _NATIVE_IMPORT_ERROR = None
+
+log = logging.getLogger(__name__)
+
+#: Tables up to this size are checksummed on open by default (a few ms); larger ones
+#: (imported full tables) open in O(1) and can be checked with ``info --verify``.
+VERIFY_ON_OPEN_MAX_BYTES = 256 << 20
+
+#: File name of the bundled default table (for the bundled SmolLM2-135M-Instruct target).
+DEFAULT_TABLE_NAME = "smollm2-135m-instruct.dngram"
+
+REBUILD_HINT = ("rebuild it with `python -m dart_core.ngram build --tokenizer MODEL --corpus FILES... --out TABLE` "
+                "(or convert an original DART .trie with `python -m dart_core.ngram import`)")
+
+
+class NgramFormatError(ValueError):
+    """A table (or original .trie) is truncated, corrupted, of another format version, or
+    otherwise unreadable. The message names the file and how to rebuild it."""
+
+
+class NgramTokenizerMismatch(NgramFormatError):
+    """The table was built with another tokenizer than the one it is used with."""
+
+
+def require_native():
+    """The compiled extension, or an ImportError that says how to build it."""
+    if _native is None:
+        raise ImportError("dart_core._native (the C++ N-gram store and pruner) is not built: run "
+                          "`pip install -e .` in the repository (needs a C++17 compiler)") from _NATIVE_IMPORT_ERROR
+    return _native
+
+
+def default_table_path() -> Path:
+    """Where the bundled default table lives in a source checkout (``assets/ngram/``)."""
+    return Path(__file__).resolve().parent.parent / "assets" / "ngram" / DEFAULT_TABLE_NAME
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A stable SHA-256 (hex) of a tokenizer's vocabulary (token <-> id, added tokens included)
+    and its special tokens: two tokenizers with the same fingerprint map ids to the same text,
+    so an N-gram table built with one is valid for the other."""
+    vocab = tokenizer.get_vocab()
+    specials = sorted({str(t) for t in getattr(tokenizer, "all_special_tokens", [])})
+    payload = json.dumps({"vocab": sorted(((int(i), str(t)) for t, i in vocab.items())), "special": specials},
+                         ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+def tokenizer_vocab_size(tokenizer: Any) -> int:
+    """Number of ids a tokenizer can produce (base vocabulary plus added tokens)."""
+    return max(len(tokenizer), max(tokenizer.get_vocab().values()) + 1)
+
+
+def _as_ids(x: Sequence[int] | np.ndarray) -> np.ndarray:
+    arr = np.asarray(x)
+    if arr.dtype != np.int64:
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"token ids must be integers, got dtype {arr.dtype}")
+        arr = arr.astype(np.int64)
+    return arr.reshape(-1)
+
+
+class NgramStore:
+    """A read-only, memory-mapped N-gram table. Use :meth:`open`."""
+
+    def __init__(self, native: Any, path: str):
+        self._native = native
+        self.path = path
+        self._header = native.header()
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, expected_fingerprint: str | None = None,
+             verify: bool | None = None) -> "NgramStore":
+        """Map the table at ``path``.
+
+        The header is always checked (magic, version, sizes: a truncated file fails here);
+        the body checksum and structure are checked when ``verify`` is True, or when it is
+        None and the file is at most ``VERIFY_ON_OPEN_MAX_BYTES``. ``expected_fingerprint``
+        (from :func:`tokenizer_fingerprint`) refuses a table built for another tokenizer.
+        """
+        native_mod = require_native()
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"N-gram table {path} does not exist; {REBUILD_HINT}")
+        if verify is None:
+            verify = os.path.getsize(path) <= VERIFY_ON_OPEN_MAX_BYTES
+        try:
+            native = native_mod.NgramStore(path, bool(verify))
+        except native_mod.FormatError as e:
+            raise NgramFormatError(f"{path}: {e}; {REBUILD_HINT}") from None
+        store = cls(native, path)
+        if expected_fingerprint is not None and store.fingerprint != expected_fingerprint:
+            raise NgramTokenizerMismatch(
+                f"{path} was built for a tokenizer with fingerprint {store.fingerprint[:16] or '(none)'}..., but the "
+                f"target's tokenizer has fingerprint {expected_fingerprint[:16]}...; its token ids mean other text. "
+                f"Build a table for this tokenizer: `python -m dart_core.ngram build --tokenizer MODEL "
+                f"--corpus FILES... --out TABLE`, or pass --ngram none to run without one")
+        return store
+
+    # ------------------------------------------------------------------ header
+    @property
+    def order(self) -> int:
+        return int(self._header["order"])
+
+    @property
+    def node_count(self) -> int:
+        return int(self._header["node_count"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._header["vocab_size"])
+
+    @property
+    def fingerprint(self) -> str:
+        return str(self._header["fingerprint"])
+
+    def info(self) -> dict[str, Any]:
+        """Header fields, bytes per node and the builder's metadata (sources, command)."""
+        d = dict(self._header)
+        d["path"] = self.path
+        d["bytes_per_node"] = d["file_size"] / max(1, d["node_count"])
+        try:
+            d["metadata"] = json.loads(self._native.metadata() or "{}")
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            d["metadata"] = {"error": "metadata is not valid JSON"}
+        return d
+
+    def verify(self) -> None:
+        """Check the body checksum and structure (O(file size)); raises NgramFormatError."""
+        try:
+            self._native.verify()
+        except require_native().FormatError as e:
+            raise NgramFormatError(f"{self.path}: {e}; {REBUILD_HINT}") from None
+
+    # ------------------------------------------------------------------ queries
+    def query(self, context: Sequence[int], candidates: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """``P(x | context)`` for each candidate x with the original per-candidate back-off:
+        for len = min(order-1, len(context)) down to 1, candidates not matched yet that
+        continue the last ``len`` context tokens get count(suffix + x) / count(suffix).
+
+        Returns ``(probs float64 [n], matched_len int32 [n])``; never-matched candidates get
+        0 and 0. Token ids outside ``[0, vocab_size)`` raise ValueError. Releases the GIL.
+        """
+        try:
+            return self._native.query(_as_ids(context), _as_ids(candidates))
+        except require_native().FormatError as e:
+            raise NgramFormatError(f"{self.path}: {e}") from None
+
+    def continuations(self, context: Sequence[int]) -> tuple[int, int, np.ndarray, np.ndarray]:
+        """Children of the longest suffix of ``context`` in the table:
+        ``(matched_len, suffix_count, tokens [m], counts [m])``."""
+        return self._native.continuations(_as_ids(context))
+
+    def __repr__(self) -> str:
+        return (f"NgramStore({self.path!r}, order={self.order}, nodes={self.node_count:,}, "
+                f"vocab={self.vocab_size})")
+
+
+# The builder and importer live in ngram_build.py; re-exported here as the public face.
+from .ngram_build import build_ngram_table, import_original_trie, load_tokenizer  # noqa: E402
+
+
+# ---------------------------------------------------------------------------------- CLI
+def _cmd_build(args: argparse.Namespace) -> None:
+    tokenizer = load_tokenizer(args.tokenizer)
+    stats = build_ngram_table(args.corpus, args.out, tokenizer, order=args.order, min_count=args.min_count,
+                              vocab_size=args.vocab_size, chunk_tokens=args.chunk_tokens, max_docs=args.max_docs, tmp_dir=args.tmp_dir,
+                              tokenizer_name=args.tokenizer, command=" ".join(["python -m dart_core.ngram"] + sys.argv[1:]))
+    print(json.dumps(stats, indent=2))
+
+
+def _cmd_import(args: argparse.Namespace) -> None:
+    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
+    stats = import_original_trie(args.src, args.out, tokenizer, vocab_size=args.vocab_size,
+                                 fingerprint=args.fingerprint, min_count=args.min_count, tmp_dir=args.tmp_dir,
+                                 command=" ".join(["python -m dart_core.ngram"] + sys.argv[1:]))
+    print(json.dumps(stats, indent=2))
+
+
+def _cmd_info(args: argparse.Namespace) -> None:
+    store = NgramStore.open(args.table, verify=False)
+    if args.verify:
+        store.verify()
+    info = store.info()
+    if args.verify:
+        info["verified"] = True
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return
+    meta = info.pop("metadata")
+    for k, v in info.items():
+        print(f"{k:>16}: {v}")
+    print(f"{'metadata':>16}: {json.dumps(meta, indent=2)}")
+
+
+def _cmd_query(args: argparse.Namespace) -> None:
+    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
+    store = NgramStore.open(args.table, expected_fingerprint=tokenizer_fingerprint(tokenizer) if tokenizer else None)
+    if args.text is not None:
+        if tokenizer is None:
+            raise ValueError("--text needs --tokenizer")
+        context = tokenizer.encode(args.text, add_special_tokens=False)
+    else:
+        context = args.ids or []
+    show = (lambda t: repr(tokenizer.decode([int(t)]))) if tokenizer else str
+    print(f"context ids: {context[-(store.order - 1):] if store.order > 1 else []} (last order-1 used)")
+    if args.candidates:
+        probs, matched = store.query(context, args.candidates)
+        for t, p, m in zip(args.candidates, probs, matched):
+            print(f"  {int(t):>8} {show(t):<20} P={p:.6f} matched_len={int(m)}")
+        return
+    m, ctx_count, toks, counts = store.continuations(context)
+    if m == 0:
+        print("no suffix of the context is in the table")
+        return
+    print(f"longest matched suffix: {m} tokens, seen {ctx_count} times; top continuations:")
+    for i in np.argsort(-counts, kind="stable")[:args.top]:
+        print(f"  {int(toks[i]):>8} {show(toks[i]):<20} P={counts[i] / ctx_count:.6f} ({int(counts[i])})")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dart_core.ngram", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    b = sub.add_parser("build", help="count token n-grams of corpora into a table")
+    b.add_argument("--tokenizer", required=True, help="local dir, Hub id, or 'bundled' for the bundled target")
+    b.add_argument("--corpus", nargs="+", required=True,
+                   help="text (.txt[.gz]) or JSON lines (.jsonl[.gz]: 'response_ids', 'text' or 'response' field); "
+                        "PATH@K counts a file K times (a mixture weight)")
+    b.add_argument("--order", type=int, default=4, help="n-gram order (1..8); default 4")
+    b.add_argument("--min-count", type=int, default=1, help="drop n-grams seen fewer times (and their continuations)")
+    b.add_argument("--out", required=True, help="table to write (written atomically)")
+    b.add_argument("--chunk-tokens", type=int, default=1 << 23,
+                   help="tokens counted in memory before spilling a sorted run (peak RAM ~ order x this x 16 B)")
+    b.add_argument("--vocab-size", type=int, default=None,
+                   help="ids the table accepts (default: the tokenizer's); give the model's padded vocabulary size "
+                        "if its drafter can propose ids past the tokenizer's")
+    b.add_argument("--max-docs", type=int, default=None, help="stop after this many documents (for quick tests)")
+    b.add_argument("--tmp-dir", default=None, help="where sorted run files go (default: the system temp dir; needs ~order x tokens x 16 B)")
+    b.set_defaults(func=_cmd_build)
+
+    i = sub.add_parser("info", help="print a table's header, sizes and build metadata")
+    i.add_argument("table")
+    i.add_argument("--verify", action="store_true", help="also check the checksum and structure")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(func=_cmd_info)
+
+    q = sub.add_parser("query", help="show P(candidates | context) or the top continuations of a context")
+    q.add_argument("table")
+    q.add_argument("--tokenizer", help="tokenizer for --text and for printing tokens (also checks the fingerprint)")
+    src = q.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text", help="context as text")
+    src.add_argument("--ids", type=int, nargs="*", help="context as token ids")
+    q.add_argument("--candidates", type=int, nargs="*", help="candidate ids (default: list continuations)")
+    q.add_argument("--top", type=int, default=10)
+    q.set_defaults(func=_cmd_query)
+
+    im = sub.add_parser("import", help="convert an original DART .trie (streaming) into a table")
+    im.add_argument("src")
+    im.add_argument("--out", required=True)
+    im.add_argument("--tokenizer", help="the tokenizer the .trie was built with (sets vocab size and fingerprint)")
+    im.add_argument("--vocab-size", type=int, default=None, help="instead of --tokenizer")
+    im.add_argument("--fingerprint", default=None, help="with --vocab-size: fingerprint to record")
+    im.add_argument("--min-count", type=int, default=1)
+    im.add_argument("--tmp-dir", default=None)
+    im.set_defaults(func=_cmd_import)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        args.func(args)
+    except (NgramFormatError, FileNotFoundError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    # Run the canonical module's main, so its exception classes are the ones callers catch.
+    from dart_core.ngram import main as _main
+    sys.exit(_main())

@@ -1,0 +1,235 @@
+"""DART tree pruning (DESIGN.md section 5): from the drafter's per-level top-k logits to a
+draft tree, scoring each candidate by its logit and N-gram log-probabilities.
+
+For tree level l (row l of the inputs; level 0 = children of the root):
+
+    p_l       = softmax over the row's top_k logits only
+    w_lvl(l)  = (l + 1) ** -level_decay          w_logit(l) = logit_decay ** l
+    logit_term = w_lvl(l) * (w_logit(l) * min(0, log(p_l(x) + eps)))
+    ngram_term = w_lvl(l) * (ngram_weight * min(0, log(P_ng(x | ctx) + eps)))   (0 at level 0)
+    score(c + x) = score(c) + (logit_term + ngram_term)
+
+where ctx = the last (order - 1) tokens of context ++ c. Each level expands every beam
+candidate by each of the row's tokens; the next beam is the best ``beam_width`` candidates
+of the level that do not end in an EOS id (EOS nodes are never expanded). Every expansion
+is recorded; the tree keeps the best ``budget`` of them (the root is extra) in the total
+order (score desc, depth asc, insertion index asc). Terms are clamped at 0 so a child never
+outscores its parent (in the original's float32, log(1 + 1e-10) rounds to 0 by itself);
+with the depth tie-break every kept node's parent is kept too, even when scores tie.
+
+Insertion index: candidates are numbered level by level; within a level by the parent's
+rank in the beam, then by column (columns sorted by logit, ties in input order).
+
+Two implementations compute exactly the same floating-point operations: the native one
+(``native/src/pruner.cpp``, the default) and :func:`prune_dart_tree_reference` (pure Python,
+for tests and reading).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from .trace import ScoredCandidates
+from .tree import DraftTree
+
+
+@dataclass
+class PruningConfig:
+    """Every knob of the DART pruner; defaults are the paper's / original code's.
+
+    top_k         tokens per level taken from each row (the row's best by logit)
+    beam_width    candidates expanded per level
+    budget        drafted nodes kept in the tree, root excluded (61 nodes verified at 60)
+    level_decay   w_lvl(l) = (l + 1) ** -level_decay
+    logit_decay   w_logit(l) = logit_decay ** l
+    ngram_weight  weight of the N-gram log-probability (levels >= 1); 0 disables it
+    eps           added to probabilities before the log
+    """
+    top_k: int = 25
+    beam_width: int = 20
+    budget: int = 60
+    level_decay: float = 0.7
+    logit_decay: float = 0.9
+    ngram_weight: float = 0.5
+    eps: float = 1e-10
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field to change."""
+        def bad(name: str, rule: str) -> ValueError:
+            return ValueError(f"PruningConfig.{name}={getattr(self, name)!r}: {rule}")
+        for name in ("top_k", "beam_width"):
+            if int(getattr(self, name)) < 1:
+                raise bad(name, "must be >= 1")
+        if int(self.budget) < 0:
+            raise bad("budget", "must be >= 0")
+        if not math.isfinite(self.level_decay):
+            raise bad("level_decay", "must be finite")
+        for name in ("logit_decay", "ngram_weight"):
+            v = float(getattr(self, name))
+            if not (math.isfinite(v) and v >= 0):
+                raise bad(name, "must be finite and >= 0 (a negative weight would let scores rise along a path)")
+        if not (math.isfinite(self.eps) and self.eps > 0):
+            raise bad("eps", "must be finite and > 0")
+
+    def level_weight(self, level: int) -> float:
+        return (level + 1) ** -self.level_decay
+
+    def logit_weight(self, level: int) -> float:
+        return self.logit_decay ** level
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _context_tail(context: Sequence[int], store: Any) -> np.ndarray:
+    """The last tokens of the context the pruner needs: order-1 for N-gram queries (at least
+    one: the root)."""
+    n = max(int(store.order) - 1, 1) if store is not None else 1
+    tail = np.asarray(context[-n:] if len(context) >= n else context, dtype=np.int64).reshape(-1)
+    if tail.size == 0:
+        raise ValueError("context is empty: it must end with the tree root token")
+    return tail
+
+
+def _check_inputs(topk_logits: Any, topk_tokens: Any) -> tuple[np.ndarray, np.ndarray]:
+    logits = np.ascontiguousarray(topk_logits, dtype=np.float32)
+    tokens = np.ascontiguousarray(topk_tokens, dtype=np.int64)
+    if logits.ndim != 2 or logits.shape != tokens.shape:
+        raise ValueError(f"topk_logits {logits.shape} and topk_tokens {tokens.shape} must both be [D+1, k]")
+    return logits, tokens
+
+
+def prune_dart_tree(topk_logits: np.ndarray, topk_tokens: np.ndarray, context: Sequence[int], store: Any,
+                    eos_token_ids: Sequence[int], config: PruningConfig | None = None,
+                    backend: str = "native") -> tuple[DraftTree, ScoredCandidates]:
+    """Prune the drafter's top-k tokens into a DART draft tree.
+
+    topk_logits    [D+1, k] float32  raw logits of each level's top-k tokens
+    topk_tokens    [D+1, k] int64    their target-vocabulary token ids
+    context        committed tokens; the last one is the tree root
+    store          NgramStore (or None: no N-gram term); ``backend="python"`` also takes a
+                   ReferenceNgram or anything with ``order`` and ``query(context, candidates)``
+    eos_token_ids  ids that end a path (scored and kept, never expanded)
+    Returns the tree (node 0 = root, then kept candidates best first) and every scored
+    candidate (kept or pruned) for the trace.
+    """
+    config = config or PruningConfig()
+    if backend == "python":
+        return prune_dart_tree_reference(topk_logits, topk_tokens, context, store, eos_token_ids, config)
+    if backend != "native":
+        raise ValueError(f"backend must be 'native' or 'python', got {backend!r}")
+    from .ngram import NgramStore, require_native
+
+    native = require_native()
+    if store is not None and not isinstance(store, NgramStore):
+        raise TypeError(f"the native pruner needs an NgramStore, got {type(store).__name__}; use backend='python'")
+    config.validate()
+    logits, tokens = _check_inputs(topk_logits, topk_tokens)
+    r = native.prune_dart_tree(logits, tokens, _context_tail(context, store),
+                               None if store is None else store._native,
+                               np.asarray(list(eos_token_ids), dtype=np.int64), int(config.top_k),
+                               int(config.beam_width), int(config.budget), float(config.level_decay),
+                               float(config.logit_decay), float(config.ngram_weight), float(config.eps))
+    tree = DraftTree(tokens=r["tree_tokens"], parents=r["tree_parents"], depths=r["tree_depths"],
+                     scores=r["tree_scores"])
+    cands = ScoredCandidates(token=r["token"].tolist(), parent=r["parent"].tolist(), depth=r["depth"].tolist(),
+                             logit_term=r["logit_term"].tolist(), ngram_term=r["ngram_term"].tolist(),
+                             score=r["score"].tolist(), kept=r["kept"].astype(bool).tolist(),
+                             node=r["node"].tolist())
+    return tree, cands
+
+
+def _clamped_log(x: float, eps: float) -> float:
+    v = math.log(x + eps)
+    return 0.0 if v > 0.0 else v
+
+
+def prune_dart_tree_reference(topk_logits: np.ndarray, topk_tokens: np.ndarray, context: Sequence[int],
+                              store: Any, eos_token_ids: Sequence[int],
+                              config: PruningConfig | None = None) -> tuple[DraftTree, ScoredCandidates]:
+    """Pure-Python DART pruner: the same operations, in the same order, as the native one."""
+    config = config or PruningConfig()
+    config.validate()
+    logits, tokens = _check_inputs(topk_logits, topk_tokens)
+    ctx_tail = [int(t) for t in _context_tail(context, store)]
+    rows, k = logits.shape
+    kk = min(k, int(config.top_k))
+    eos = {int(t) for t in eos_token_ids}
+    use_ngram = store is not None and config.ngram_weight != 0.0
+    if store is not None and getattr(store, "vocab_size", None) is not None:
+        vocab = int(store.vocab_size)
+        bad = [int(t) for t in tokens.reshape(-1).tolist() + ctx_tail if not 0 <= int(t) < vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} outside the N-gram table's vocabulary [0, {vocab})")
+
+    # Per row: the kk best columns (stable), their tokens and clamped log-softmax terms.
+    sel_tokens: list[list[int]] = []
+    sel_lp: list[list[float]] = []
+    for r in range(rows):
+        row = [float(x) for x in logits[r]]
+        if any(math.isnan(x) or x == math.inf for x in row):
+            raise ValueError(f"topk_logits[{r}] holds NaN or +inf")
+        if any(int(t) < 0 for t in tokens[r]):
+            raise ValueError("topk_tokens holds a negative token id")
+        cols = sorted(range(k), key=lambda j: -row[j])  # Python's sort is stable
+        m = row[cols[0]]
+        if m == -math.inf:
+            raise ValueError(f"topk_logits[{r}] is all -inf")
+        e = [math.exp(row[cols[j]] - m) for j in range(kk)]
+        s = 0.0
+        for v in e:
+            s += v
+        sel_tokens.append([int(tokens[r, cols[j]]) for j in range(kk)])
+        sel_lp.append([_clamped_log(v / s, config.eps) for v in e])
+
+    cands = ScoredCandidates()
+    ctx_len = max(int(store.order), 2) - 1 if use_ngram else 0
+    beam: list[int] = [-1]          # candidate indices; -1 = the root
+    beam_score: list[float] = [0.0]
+    for level in range(rows):
+        if not beam:
+            break
+        w_lvl = (level + 1) ** -config.level_decay
+        w_logit = config.logit_decay ** level
+        level_begin = len(cands)
+        for b, parent in enumerate(beam):
+            ngram_here = use_ngram and level > 0
+            if ngram_here:
+                path = []
+                c = parent
+                while c >= 0:
+                    path.append(cands.token[c])
+                    c = cands.parent[c]
+                query_ctx = (ctx_tail + path[::-1])[-ctx_len:]
+                probs, _ = store.query(query_ctx, sel_tokens[level])
+            for j in range(kk):
+                lt = w_lvl * (w_logit * sel_lp[level][j])
+                nt = w_lvl * (config.ngram_weight * _clamped_log(float(probs[j]), config.eps)) if ngram_here else 0.0
+                cands.append(token=sel_tokens[level][j], parent=parent, depth=level + 1, logit_term=lt,
+                             ngram_term=nt, score=beam_score[b] + (lt + nt), kept=False, node=-1)
+        level_ids = [c for c in range(level_begin, len(cands)) if cands.token[c] not in eos]
+        level_ids.sort(key=lambda c: (-cands.score[c], c))
+        beam = level_ids[:int(config.beam_width)]
+        beam_score = [cands.score[c] for c in beam]
+
+    order = sorted(range(len(cands)), key=lambda c: (-cands.score[c], cands.depth[c], c))
+    keep = order[:int(config.budget)]
+    tokens_out, parents_out, depths_out, scores_out = [ctx_tail[-1]], [-1], [0], [0.0]
+    for rank, c in enumerate(keep):
+        cands.kept[c] = True
+        cands.node[c] = rank + 1
+        p = cands.parent[c]
+        parent_node = 0 if p < 0 else cands.node[p]
+        assert parent_node >= 0, "a kept candidate's parent was pruned"
+        tokens_out.append(cands.token[c])
+        parents_out.append(parent_node)
+        depths_out.append(cands.depth[c])
+        scores_out.append(cands.score[c])
+    tree = DraftTree(tokens=tokens_out, parents=parents_out, depths=depths_out, scores=scores_out)
+    return tree, cands

@@ -1,0 +1,42 @@
+// The DART tree pruner (DESIGN.md section 5): beam search over the drafter's per-level
+// top-k tokens, scored by level-weighted logit and N-gram log-probabilities, then the best
+// `budget` nodes of all scored candidates form the draft tree.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "ngram_store.hpp"
+
+namespace dart {
+
+// Every knob of the pruner (mirrors dart_core.pruning.PruningConfig).
+struct PruneParams {
+  int64_t top_k = 25;         // tokens per level (the first top_k columns by logit)
+  int64_t beam_width = 20;    // candidates expanded per level
+  int64_t budget = 60;        // drafted nodes kept, root excluded
+  double level_decay = 0.7;   // w_lvl(l) = (l + 1) ^ -level_decay
+  double logit_decay = 0.9;   // w_logit(l) = logit_decay ^ l
+  double ngram_weight = 0.5;  // w_ng (no N-gram term at level 0)
+  double eps = 1e-10;         // added before each log
+};
+
+// Struct-of-arrays result. Candidates are in insertion order: level by level, within a
+// level by the parent's beam rank, then by column (descending logit).
+struct PruneResult {
+  std::vector<int64_t> token, parent, depth, node;  // parent: candidate index, -1 = root; node: tree index or -1
+  std::vector<double> logit_term, ngram_term, score;
+  std::vector<uint8_t> kept;
+  std::vector<int64_t> tree_tokens, tree_parents, tree_depths;  // node 0 = root
+  std::vector<double> tree_scores;
+};
+
+// logits/tokens: row-major [rows, k]; context: committed tokens (at least the root, which is
+// the last one; only the last order-1 matter); store may be null (no N-gram term);
+// eos: token ids that are never expanded. Throws std::invalid_argument on bad input.
+PruneResult prune_tree(const float* logits, const int64_t* tokens, size_t rows, size_t k, const int64_t* context,
+                       size_t n_context, const NgramStore* store, const int64_t* eos, size_t n_eos,
+                       const PruneParams& params);
+
+}  // namespace dart

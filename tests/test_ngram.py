@@ -1,0 +1,291 @@
+"""N-gram store: native table vs the pure-Python reference, the builder's inputs, the .trie
+importer, and bad files (truncated, corrupted, other version, other tokenizer)."""
+from __future__ import annotations
+
+import gzip
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dart_core import ngram
+from dart_core.ngram import NgramFormatError, NgramStore, NgramTokenizerMismatch
+from dart_core.ngram_reference import ReferenceNgram, table_checksum, write_original_trie
+
+native = ngram.require_native()
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def build_native(tmp_path: Path, docs: list[list[int]], order: int, vocab: int, min_count: int = 1,
+                 chunk_tokens: int = 1 << 20, fingerprint: str = "test-fp", name: str = "t.dngram") -> Path:
+    """Build a table straight from token-id documents with the native builder."""
+    out = tmp_path / name
+    work = tmp_path / (name + ".work")
+    work.mkdir(exist_ok=True)
+    b = native.TableBuilder(order, vocab, str(work), chunk_tokens)
+    flat = np.array([t for d in docs for t in d], dtype=np.int64)
+    b.add_documents(flat, np.array([len(d) for d in docs], dtype=np.int64), vocab)
+    b.finish(str(out), min_count, fingerprint, json.dumps({"test": True}))
+    return out
+
+
+def assert_same_answers(store, ref: ReferenceNgram, contexts, candidates) -> None:
+    for ctx in contexts:
+        p1, m1 = store.query(ctx, candidates)
+        p2, m2 = ref.query(ctx, candidates)
+        assert m1.tolist() == m2.tolist(), f"matched lengths differ for context {ctx}"
+        assert p1.tolist() == p2.tolist(), f"probabilities differ for context {ctx}"
+
+
+docs_strategy = st.lists(st.lists(st.integers(0, 6), min_size=0, max_size=30), min_size=1, max_size=6)
+
+
+# ---------------------------------------------------------------------------- equivalence
+@SETTINGS
+@given(docs=docs_strategy, order=st.integers(1, 5), min_count=st.integers(1, 3), chunk=st.integers(1, 40),
+       contexts=st.lists(st.lists(st.integers(0, 7), max_size=6), min_size=1, max_size=6),
+       candidates=st.lists(st.integers(0, 7), max_size=12))
+def test_native_matches_reference(tmp_path_factory, docs, order, min_count, chunk, contexts, candidates):
+    tmp = tmp_path_factory.mktemp("eq")
+    path = build_native(tmp, docs, order, vocab=8, min_count=min_count, chunk_tokens=chunk)
+    store = NgramStore.open(path, verify=True)
+    ref = ReferenceNgram.from_sequences(docs, order, min_count=min_count, vocab_size=8)
+    assert store.node_count == ref.node_count
+    assert store.order == order and store.vocab_size == 8
+    assert_same_answers(store, ref, contexts + [d[-6:] for d in docs], candidates + list(range(8)))
+    # The reference reader of the file format sees exactly the reference counts.
+    assert ReferenceNgram.from_table_file(path).counts == ref.counts
+
+
+def test_original_example_backoff(tmp_path):
+    # The example in fvliang/DART's trie code: order 3, context (2, 3).
+    docs = [[1, 2, 3, 2, 2, 1, 3, 2, 3, 1, 2]]
+    store = NgramStore.open(build_native(tmp_path, docs, order=3, vocab=4))
+    probs, matched = store.query([2, 3], [1, 2, 3])
+    assert probs.tolist() == [0.5, 0.5, 0.0]     # "2 3" occurs twice, followed by 2 and by 1
+    assert matched.tolist() == [2, 2, 0]         # 3 never follows "2 3" nor "3": unmatched, P = 0
+    probs, matched = store.query([9 % 4, 1], [2, 3])  # context (1, 1) unseen: back off to (1)
+    assert matched.tolist() == [1, 1] and probs.tolist() == [2 / 3, 1 / 3]
+
+
+def test_empty_context_and_candidates(tmp_path):
+    store = NgramStore.open(build_native(tmp_path, [[1, 2, 3]], order=3, vocab=4))
+    p, m = store.query([], [1, 2])
+    assert p.tolist() == [0.0, 0.0] and m.tolist() == [0, 0]
+    p, m = store.query([1, 2], [])
+    assert p.shape == (0,) and m.dtype == np.int32
+    # "2 3" and "3" occur but end the document: no continuations, so nothing is matched.
+    assert store.continuations([2, 3])[0] == 0
+    matched, count, toks, counts = store.continuations([0, 1])  # (0, 1) unseen: back off to (1)
+    assert (matched, count, toks.tolist(), counts.tolist()) == (1, 1, [2], [1])
+
+
+def test_out_of_range_ids_raise(tmp_path):
+    store = NgramStore.open(build_native(tmp_path, [[1, 2, 3]], order=3, vocab=4))
+    with pytest.raises(ValueError, match="outside the table's vocabulary"):
+        store.query([1, 4], [1])
+    with pytest.raises(ValueError, match="outside"):
+        store.query([1], [-1])
+    with pytest.raises(ValueError):
+        native.TableBuilder(2, 4, str(tmp_path), 100).add_documents(np.array([5]), np.array([1]), 4)
+
+
+# ---------------------------------------------------------------------------- builder inputs
+class TinyTokenizer:
+    """A whitespace word-level tokenizer with the attributes the builder uses."""
+
+    def __init__(self, words: list[str]):
+        self.vocab = {w: i for i, w in enumerate(["<eos>"] + words)}
+        self.all_special_tokens = ["<eos>"]
+        self.name_or_path = "tiny"
+
+    def get_vocab(self):
+        return dict(self.vocab)
+
+    def __len__(self):
+        return len(self.vocab)
+
+    def encode(self, text, add_special_tokens=False):
+        return [self.vocab[w] for w in text.split()]
+
+
+def test_build_from_files(tmp_path):
+    tok = TinyTokenizer(["a", "b", "c", "d"])
+    ids_file = tmp_path / "distill.jsonl.gz"
+    with gzip.open(ids_file, "wt") as f:
+        f.write(json.dumps({"response_ids": [1, 2, 3, 0], "response": "ignored"}) + "\n")
+        f.write(json.dumps({"response": "a a b"}) + "\n")
+        f.write(json.dumps({"other": 1}) + "\n")  # no usable field: skipped
+    text_file = tmp_path / "corpus.jsonl"
+    text_file.write_text(json.dumps({"text": "c d a b"}) + "\n\n")
+    plain = tmp_path / "notes.txt"
+    plain.write_text("d d d\n")
+    out = tmp_path / "sub" / "t.dngram"
+    stats = ngram.build_ngram_table([ids_file, text_file, plain], out, tok, order=3, progress=False,
+                                    chunk_tokens=3, command="test")
+    docs = [[1, 2, 3, 0], [1, 1, 2], [3, 4, 1, 2], [4, 4, 4]]
+    ref = ReferenceNgram.from_sequences(docs, 3, vocab_size=5)
+    store = NgramStore.open(out, expected_fingerprint=ngram.tokenizer_fingerprint(tok))
+    assert stats["node_count"] == store.node_count == ref.node_count
+    assert stats["total_tokens"] == 14
+    assert_same_answers(store, ref, [[1], [1, 2], [4, 4], [3, 4], [2]], list(range(5)))
+    meta = store.info()["metadata"]
+    assert [s["documents"] for s in meta["sources"]] == [2, 1, 1] and meta["sources"][0]["skipped"] == 1
+    assert meta["command"] == "test" and meta["order"] == 3
+
+
+def test_text_input_without_tokenizer_is_refused(tmp_path):
+    f = tmp_path / "c.jsonl"
+    f.write_text(json.dumps({"text": "a b"}) + "\n")
+    with pytest.raises(ValueError, match="tokenizer"):
+        ngram.build_ngram_table([f], tmp_path / "t.dngram", None, vocab_size=5, progress=False)
+
+
+def test_fingerprint_is_stable_and_discriminates():
+    a, b = TinyTokenizer(["x", "y"]), TinyTokenizer(["y", "x"])
+    assert ngram.tokenizer_fingerprint(a) == ngram.tokenizer_fingerprint(TinyTokenizer(["x", "y"]))
+    assert ngram.tokenizer_fingerprint(a) != ngram.tokenizer_fingerprint(b)
+    assert len(ngram.tokenizer_fingerprint(a)) == 64
+
+
+def test_wrong_tokenizer_is_refused(tmp_path):
+    path = build_native(tmp_path, [[1, 2]], order=2, vocab=4, fingerprint="a" * 64)
+    NgramStore.open(path, expected_fingerprint="a" * 64)
+    with pytest.raises(NgramTokenizerMismatch, match="another tokenizer|other text"):
+        NgramStore.open(path, expected_fingerprint="b" * 64)
+
+
+# ---------------------------------------------------------------------------- bad files
+@pytest.fixture(scope="module")
+def good_table(tmp_path_factory) -> bytes:
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(0, 50, size=int(rng.integers(5, 60))).tolist() for _ in range(30)]
+    return build_native(tmp_path_factory.mktemp("good"), docs, order=4, vocab=50).read_bytes()
+
+
+def _reopen(tmp_path: Path, data: bytes, verify=True) -> NgramStore:
+    p = tmp_path / "bad.dngram"
+    p.write_bytes(data)
+    return NgramStore.open(p, verify=verify)
+
+
+@pytest.mark.parametrize("keep", [0, 7, 100, 511, 512, 1000, -1])
+def test_truncated_table_raises(tmp_path, good_table, keep):
+    data = good_table[:keep] if keep >= 0 else good_table[:len(good_table) + keep]
+    with pytest.raises(NgramFormatError, match="bad.dngram"):
+        _reopen(tmp_path, data, verify=False)  # caught by the header alone, even without verify
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pos=st.integers(0, 10**9), value=st.integers(1, 255))
+def test_any_mutated_byte_is_caught(tmp_path, good_table, pos, value):
+    data = bytearray(good_table)
+    pos %= len(data)
+    data[pos] ^= value
+    with pytest.raises(NgramFormatError):
+        _reopen(tmp_path, bytes(data), verify=True)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pos=st.integers(512, 10**9), value=st.integers(1, 255),
+       ctx=st.lists(st.integers(0, 49), max_size=4), cands=st.lists(st.integers(0, 49), max_size=25))
+def test_unverified_corruption_never_crashes(tmp_path, good_table, pos, value, ctx, cands):
+    # Without verify a body mutation goes unnoticed at open, but every read is bounds-checked:
+    # queries return numbers or raise NgramFormatError, never read outside the mapping.
+    data = bytearray(good_table)
+    data[512 + (pos - 512) % (len(data) - 512)] ^= value
+    store = _reopen(tmp_path, bytes(data), verify=False)
+    try:
+        p, m = store.query(ctx, cands)
+        assert p.shape == (len(cands),)
+        store.continuations(ctx)
+    except NgramFormatError:
+        pass
+    with pytest.raises(NgramFormatError, match="checksum"):
+        store.verify()
+
+
+def _patch_header(data: bytes, offset: int, fmt: str, value) -> bytes:
+    b = bytearray(data)
+    struct.pack_into(fmt, b, offset, value)
+    struct.pack_into("<Q", b, 504, table_checksum(bytes(b[:504])))  # keep the header checksum valid
+    return bytes(b)
+
+
+def test_wrong_version_and_magic(tmp_path, good_table):
+    with pytest.raises(NgramFormatError, match="version 2"):
+        _reopen(tmp_path, _patch_header(good_table, 8, "<I", 2))
+    with pytest.raises(NgramFormatError, match="not a DART N-gram table.*import"):
+        _reopen(tmp_path, b"XXXXXXXX" + good_table[8:])
+    with pytest.raises(NgramFormatError, match="inconsistent"):
+        _reopen(tmp_path, _patch_header(good_table, 32, "<Q", 10**6))   # node_count
+    with pytest.raises(NgramFormatError, match="rebuild it with"):
+        _reopen(tmp_path, good_table + b"\0")
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="build"):
+        NgramStore.open(tmp_path / "nope.dngram")
+
+
+# ---------------------------------------------------------------------------- .trie import
+@SETTINGS
+@given(docs=docs_strategy, order=st.integers(1, 4), min_count=st.integers(1, 2))
+def test_import_original_trie(tmp_path_factory, docs, order, min_count):
+    tmp = tmp_path_factory.mktemp("trie")
+    write_original_trie(tmp / "x.trie", docs, order)
+    ref = ReferenceNgram.from_sequences(docs, order, vocab_size=8)
+    assert ReferenceNgram.from_original_trie(tmp / "x.trie").counts == ref.counts  # the writer is faithful
+    stats = ngram.import_original_trie(tmp / "x.trie", tmp / "x.dngram", vocab_size=8, fingerprint="fp",
+                                       min_count=min_count, progress=False, chunk_records=5)
+    store = NgramStore.open(tmp / "x.dngram", expected_fingerprint="fp")
+    ref = ReferenceNgram.from_sequences(docs, order, min_count=min_count, vocab_size=8)
+    assert stats["node_count"] == ref.node_count == store.node_count
+    assert_same_answers(store, ref, [d[-4:] for d in docs] + [[0], [1, 2], []], list(range(8)))
+
+
+def test_import_rejects_bad_trie(tmp_path):
+    write_original_trie(tmp_path / "x.trie", [[1, 2, 3, 1, 2]], 3)
+    data = (tmp_path / "x.trie").read_bytes()
+    cases = {"trunc.trie": data[:-5], "short.trie": data[:10], "junk.trie": b"\x07" * 200,
+             "tail.trie": data + b"\0\0"}
+    for name, blob in cases.items():
+        (tmp_path / name).write_bytes(blob)
+        with pytest.raises(NgramFormatError):
+            ngram.import_original_trie(tmp_path / name, tmp_path / "o.dngram", vocab_size=4, progress=False)
+    with pytest.raises(NgramFormatError, match="outside the vocabulary"):
+        ngram.import_original_trie(tmp_path / "x.trie", tmp_path / "o.dngram", vocab_size=3, progress=False)
+    assert not (tmp_path / "o.dngram").exists()  # a failed import leaves no table behind
+
+
+# ---------------------------------------------------------------------------- CLI
+def test_cli_info_query_and_errors(tmp_path, capsys):
+    path = build_native(tmp_path, [[1, 2, 3, 1, 2, 4]], order=3, vocab=5)
+    assert ngram.main(["info", str(path), "--verify"]) == 0
+    assert "verified" in capsys.readouterr().out
+    assert ngram.main(["query", str(path), "--ids", "1", "2"]) == 0
+    assert "P=0.500000" in capsys.readouterr().out     # "1 2" -> 3 and 4, once each
+    assert ngram.main(["query", str(path), "--ids", "1", "2", "--candidates", "3", "4"]) == 0
+    (tmp_path / "bad.dngram").write_bytes(b"junk")
+    assert ngram.main(["info", str(tmp_path / "bad.dngram")]) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_input_weight_multiplies_counts(tmp_path):
+    f = tmp_path / "ids.jsonl"
+    f.write_text(json.dumps({"response_ids": [1, 2, 1, 3]}) + "\n")
+    g = tmp_path / "more.jsonl"
+    g.write_text(json.dumps({"response_ids": [1, 3]}) + "\n")
+    ngram.build_ngram_table([f"{f}@3", g], tmp_path / "w.dngram", None, vocab_size=4, fingerprint="fp",
+                            order=2, min_count=3, progress=False)
+    ref = ReferenceNgram.from_sequences([[1, 2, 1, 3]] * 3 + [[1, 3]], 2, min_count=3, vocab_size=4)
+    store = NgramStore.open(tmp_path / "w.dngram")
+    assert store.node_count == ref.node_count
+    assert_same_answers(store, ref, [[1], [2], [3]], [0, 1, 2, 3])   # P(3 | 1) = 4/7, P(2 | 1) = 3/7
+    assert store.info()["metadata"]["sources"][0]["weight"] == 3
+    with pytest.raises(ValueError, match="positive"):
+        ngram.build_ngram_table([f"{f}@0"], tmp_path / "x.dngram", None, vocab_size=4, progress=False)

@@ -1,0 +1,218 @@
+"""DART tree pruner: native vs pure-Python reference (hypothesis), and the rules of DESIGN.md
+section 5 on hand-written cases: weights, no N-gram term at level 0, the total-order
+tie-break, EOS never expanded, budgets larger than the candidate space."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dart_core import ngram
+from dart_core.ngram import NgramStore
+from dart_core.ngram_reference import ReferenceNgram
+from dart_core.pruning import PruningConfig, prune_dart_tree, prune_dart_tree_reference
+
+native = ngram.require_native()
+VOCAB = 6
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    """Native tables of orders 1..4 over a small vocabulary, so that hits, misses and
+    P = 1 continuations all happen."""
+    rng = np.random.default_rng(1)
+    docs = [rng.integers(0, VOCAB, size=int(rng.integers(3, 25))).tolist() for _ in range(12)] + [[0, 1, 2, 3] * 3]
+    tmp = tmp_path_factory.mktemp("stores")
+    out = {}
+    for order in (1, 2, 3, 4):
+        b = native.TableBuilder(order, VOCAB, str(tmp), 1 << 16)
+        b.add_documents(np.array([t for d in docs for t in d]), np.array([len(d) for d in docs]), VOCAB)
+        b.finish(str(tmp / f"o{order}.dngram"), 1, "fp", json.dumps({}))
+        out[order] = NgramStore.open(tmp / f"o{order}.dngram")
+    out["docs"] = docs
+    return out
+
+
+def assert_same(a, b) -> None:
+    (tree_a, cand_a), (tree_b, cand_b) = a, b
+    for field in ("token", "parent", "depth", "logit_term", "ngram_term", "score", "kept", "node"):
+        assert getattr(cand_a, field) == getattr(cand_b, field), f"candidates.{field} differ"
+    for field in ("tokens", "parents", "depths", "scores"):
+        assert getattr(tree_a, field).tolist() == getattr(tree_b, field).tolist(), f"tree.{field} differs"
+
+
+def check_invariants(tree, cands, config, eos) -> None:
+    n = len(cands)
+    assert len(tree) == min(config.budget, n) + 1
+    assert sum(cands.kept) == len(tree) - 1
+    for i in range(n):
+        p = cands.parent[i]
+        if p >= 0:
+            assert cands.token[p] not in eos, "an EOS candidate was expanded"
+            assert cands.depth[i] == cands.depth[p] + 1
+            assert cands.score[i] <= cands.score[p], "a child outscored its parent"
+            if cands.kept[i]:
+                assert cands.kept[p], "a kept candidate's parent was pruned"
+        else:
+            assert cands.depth[i] == 1
+        if cands.depth[i] == 1:
+            assert cands.ngram_term[i] == 0.0, "no N-gram term at level 0"
+        if cands.kept[i]:
+            node = cands.node[i]
+            assert tree.tokens[node] == cands.token[i] and tree.scores[node] == cands.score[i]
+        else:
+            assert cands.node[i] == -1
+
+
+# A few distinct values make ties likely; -inf gives p = 0.
+logit_values = st.sampled_from([0.0, 0.0, 1.0, 2.5, -3.0, 7.0, -math.inf])
+
+
+@st.composite
+def pruning_case(draw):
+    rows = draw(st.integers(1, 5))
+    k = draw(st.integers(1, 7))
+    logits = np.array([[draw(logit_values) for _ in range(k)] for _ in range(rows)], dtype=np.float32)
+    for r in range(rows):  # a row must have a finite maximum
+        if not np.isfinite(logits[r]).any():
+            logits[r, draw(st.integers(0, k - 1))] = draw(st.sampled_from([0.0, 1.0]))
+    tokens = np.array([[draw(st.integers(0, VOCAB - 1)) for _ in range(k)] for _ in range(rows)], dtype=np.int64)
+    context = draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=5))
+    eos = draw(st.lists(st.integers(0, VOCAB - 1), max_size=2))
+    config = PruningConfig(top_k=draw(st.integers(1, 8)), beam_width=draw(st.integers(1, 5)),
+                           budget=draw(st.integers(0, 60)),
+                           level_decay=draw(st.sampled_from([0.7, 0.0, 1.3])),
+                           logit_decay=draw(st.sampled_from([0.9, 1.0, 0.0])),
+                           ngram_weight=draw(st.sampled_from([0.5, 0.0, 2.0])),
+                           eps=draw(st.sampled_from([1e-10, 1e-3])))
+    store_key = draw(st.sampled_from([None, 1, 2, 3, 4]))
+    return logits, tokens, context, eos, config, store_key
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=pruning_case())
+def test_native_matches_reference(stores, case):
+    logits, tokens, context, eos, config, store_key = case
+    store = None if store_key is None else stores[store_key]
+    got = prune_dart_tree(logits, tokens, context, store, eos, config)
+    want = prune_dart_tree_reference(logits, tokens, context, store, eos, config)
+    assert_same(got, want)
+    check_invariants(*got, config, set(eos))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=pruning_case())
+def test_reference_store_gives_the_same_tree(stores, case):
+    # The Python pruner on the Python store == the Python pruner on the native store.
+    logits, tokens, context, eos, config, store_key = case
+    if store_key is None:
+        return
+    ref_store = ReferenceNgram.from_sequences(stores["docs"], store_key, vocab_size=VOCAB)
+    assert_same(prune_dart_tree_reference(logits, tokens, context, ref_store, eos, config),
+                prune_dart_tree_reference(logits, tokens, context, stores[store_key], eos, config))
+
+
+def test_defaults_are_the_papers():
+    c = PruningConfig()
+    assert (c.top_k, c.beam_width, c.budget, c.level_decay, c.logit_decay, c.ngram_weight, c.eps) == \
+        (25, 20, 60, 0.7, 0.9, 0.5, 1e-10)
+    assert c.level_weight(0) == 1.0 and c.level_weight(1) == 2 ** -0.7 and c.logit_weight(2) == 0.81
+
+
+@pytest.mark.parametrize("field,value", [("top_k", 0), ("beam_width", 0), ("budget", -1), ("eps", 0.0),
+                                         ("ngram_weight", -0.1), ("logit_decay", float("nan"))])
+def test_bad_config_names_the_field(field, value):
+    with pytest.raises(ValueError, match=f"PruningConfig.{field}"):
+        PruningConfig(**{field: value})
+
+
+def test_hand_computed_scores_without_ngram():
+    # Two levels, two tokens each; no store. Level 0: p = softmax(0, ln 3) = (1/4, 3/4),
+    # columns sorted by logit: token 11 (3/4) first. Level 1 weights: w_lvl = 2^-0.7, w_logit = 0.9.
+    logits = np.array([[0.0, math.log(3)], [math.log(4), 0.0]], dtype=np.float32)
+    tokens = np.array([[10, 11], [20, 21]])
+    cfg = PruningConfig(beam_width=1, budget=10)
+    tree, c = prune_dart_tree(logits, tokens, [5], None, [], cfg)
+    l3, l4 = float(np.float32(math.log(3))), float(np.float32(math.log(4)))  # the float32 inputs
+    e = [1.0, math.exp(0.0 - l3)]                 # exp(logit - max), best column first
+    assert c.token[:2] == [11, 10]
+    assert c.score[0] == math.log(e[0] / (e[0] + e[1]) + 1e-10)   # level 0: w_lvl = w_logit = 1
+    # Only the best level-0 candidate (11) is expanded (beam 1): two level-1 children.
+    assert c.parent[2:] == [0, 0] and c.token[2:] == [20, 21]
+    e = [1.0, math.exp(0.0 - l4)]
+    assert c.logit_term[2] == 2 ** -0.7 * (0.9 * math.log(e[0] / (e[0] + e[1]) + 1e-10))
+    assert c.score[2] == c.score[0] + (c.logit_term[2] + 0.0)
+    assert tree.tokens.tolist()[0] == 5 and len(tree) == 5  # budget 10 > 4 candidates: all kept
+
+
+def test_ties_keep_parents_and_follow_the_total_order(stores):
+    # Every logit equal and P_ng = 1 everywhere along 0 -> 1 -> 2 -> 3 ("0 1 2 3" repeats in
+    # the corpus): many candidates tie; the tie-break is depth first, then insertion index.
+    k = 3
+    logits = np.zeros((4, k), dtype=np.float32)
+    tokens = np.array([[1, 4, 5], [2, 4, 5], [3, 4, 5], [0, 4, 5]])
+    cfg = PruningConfig(budget=4, beam_width=2)
+    tree, c = prune_dart_tree(logits, tokens, [0], stores[4], [], cfg)
+    assert_same((tree, c), prune_dart_tree_reference(logits, tokens, [0], stores[4], [], cfg))
+    # Level 0 has no N-gram term: its three candidates tie at log(1/3); they come first (depth asc),
+    # in insertion order, then the best level-1 candidate.
+    assert tree.tokens.tolist()[:4] == [0, 1, 4, 5]
+    assert tree.parents.tolist()[:4] == [-1, 0, 0, 0]
+    check_invariants(tree, c, cfg, set())
+
+
+def test_eos_is_scored_and_kept_but_never_expanded():
+    logits = np.array([[5.0, 0.0], [1.0, 0.0], [1.0, 0.0]], dtype=np.float32)
+    tokens = np.array([[2, 7], [2, 8], [9, 8]])   # 2 is EOS and is the best token at level 0
+    tree, c = prune_dart_tree(logits, tokens, [1], None, [2], PruningConfig(budget=100))
+    assert c.token[0] == 2 and c.kept[0] and c.node[0] == 1   # EOS is kept (it is the best guess)
+    assert 0 not in c.parent                                   # ... but nothing grows from it
+    assert all(c.token[c.parent[i]] != 2 for i in range(len(c)) if c.parent[i] >= 0)
+
+
+def test_all_eos_stops_the_search():
+    logits = np.zeros((3, 2), dtype=np.float32)
+    tokens = np.array([[2, 3], [4, 5], [4, 5]])
+    tree, c = prune_dart_tree(logits, tokens, [1], None, [2, 3], PruningConfig())
+    assert len(c) == 2 and len(tree) == 3
+
+
+def test_budget_zero_and_empty_rows():
+    logits = np.zeros((2, 3), dtype=np.float32)
+    tokens = np.arange(6).reshape(2, 3)
+    tree, c = prune_dart_tree(logits, tokens, [9], None, [], PruningConfig(budget=0))
+    assert len(tree) == 1 and tree.tokens.tolist() == [9] and not any(c.kept)
+    tree, c = prune_dart_tree(np.zeros((0, 3), np.float32), np.zeros((0, 3), np.int64), [9], None, [])
+    assert len(tree) == 1 and len(c) == 0
+
+
+def test_bad_inputs_raise(stores):
+    z = np.zeros((2, 3), dtype=np.float32)
+    t = np.arange(6).reshape(2, 3)
+    for backend in ("native", "python"):
+        with pytest.raises(ValueError, match="root"):
+            prune_dart_tree(z, t, [], None, [], backend=backend)
+        with pytest.raises(ValueError, match="NaN"):
+            prune_dart_tree(np.full((2, 3), np.nan, np.float32), t, [1], None, [], backend=backend)
+        with pytest.raises(ValueError, match=r"\[D\+1, k\]"):
+            prune_dart_tree(z, t[:1], [1], None, [], backend=backend)
+        with pytest.raises(ValueError, match="vocabulary"):
+            prune_dart_tree(z, t + 100, [1], stores[3], [], backend=backend)
+    with pytest.raises(TypeError, match="backend='python'"):
+        prune_dart_tree(z, t, [1], ReferenceNgram.from_sequences([[1]], 2), [])
+
+
+def test_default_sized_tree(stores):
+    # D+1 = 9 rows of 25 at the defaults: 25 + 8 * 20 * 25 candidates, 61 nodes.
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(9, 25)).astype(np.float32) * 3
+    tokens = rng.integers(0, VOCAB, size=(9, 25))
+    tree, c = prune_dart_tree(logits, tokens, [0, 1, 2], stores[4], [2])
+    assert len(c) == 25 + 8 * 20 * 25  # every level has more than 20 non-EOS candidates here
+    assert len(tree) == 61
+    check_invariants(tree, c, PruningConfig(), {2})
+    assert_same((tree, c), prune_dart_tree_reference(logits, tokens, [0, 1, 2], stores[4], [2]))
