@@ -138,10 +138,10 @@ def prune_dart_tree(topk_logits: np.ndarray, topk_tokens: np.ndarray, context: S
                                float(config.logit_decay), float(config.ngram_weight), float(config.eps))
     tree = DraftTree(tokens=r["tree_tokens"], parents=r["tree_parents"], depths=r["tree_depths"],
                      scores=r["tree_scores"])
-    cands = ScoredCandidates(token=r["token"].tolist(), parent=r["parent"].tolist(), depth=r["depth"].tolist(),
-                             logit_term=r["logit_term"].tolist(), ngram_term=r["ngram_term"].tolist(),
-                             score=r["score"].tolist(), kept=r["kept"].astype(bool).tolist(),
-                             node=r["node"].tolist())
+    # Arrays go into the trace as they are; they become lists only when a trace is exported.
+    cands = ScoredCandidates(token=r["token"], parent=r["parent"], depth=r["depth"], logit_term=r["logit_term"],
+                             ngram_term=r["ngram_term"], score=r["score"], kept=r["kept"].astype(bool),
+                             node=r["node"])
     return tree, cands
 
 

@@ -8,8 +8,10 @@ field changes meaning; readers refuse versions they do not know.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from .tree import DraftTree
 
@@ -27,6 +29,8 @@ class ScoredCandidates:
     candidate's ancestry stays visible. ``logit_term`` and ``ngram_term`` are the
     weighted contributions to ``score`` (DART); drafters without an N-gram term leave
     it at 0. ``node`` is the candidate's index in the DraftTree, or -1 when pruned.
+    Fields may hold lists or 1-D numpy arrays (the native pruner hands over arrays, which
+    costs nothing per step); ``to_dict`` turns either into plain lists.
     """
     token: list[int] = field(default_factory=list)
     parent: list[int] = field(default_factory=list)
@@ -39,6 +43,9 @@ class ScoredCandidates:
 
     def __len__(self) -> int:
         return len(self.token)
+
+    def to_dict(self) -> dict[str, list]:
+        return {name: np.asarray(getattr(self, name)).tolist() for name in self.__dataclass_fields__}
 
     def append(self, *, token: int, parent: int, depth: int, logit_term: float, ngram_term: float,
                score: float, kept: bool, node: int) -> None:
@@ -87,8 +94,10 @@ class StepTrace:
         return len(self.emitted_tokens)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = {name: getattr(self, name) for name in self.__dataclass_fields__}
         d["tree"] = self.tree.to_dict()
+        d["candidates"] = None if self.candidates is None else self.candidates.to_dict()
+        d["timings"] = dict(self.timings)
         return d
 
     @classmethod

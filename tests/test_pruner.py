@@ -15,6 +15,7 @@ from dart_core import ngram
 from dart_core.ngram import NgramStore
 from dart_core.ngram_reference import ReferenceNgram
 from dart_core.pruning import PruningConfig, prune_dart_tree, prune_dart_tree_reference
+from dart_core.trace import ScoredCandidates
 
 native = ngram.require_native()
 VOCAB = 6
@@ -40,7 +41,7 @@ def stores(tmp_path_factory):
 def assert_same(a, b) -> None:
     (tree_a, cand_a), (tree_b, cand_b) = a, b
     for field in ("token", "parent", "depth", "logit_term", "ngram_term", "score", "kept", "node"):
-        assert getattr(cand_a, field) == getattr(cand_b, field), f"candidates.{field} differ"
+        assert cand_a.to_dict()[field] == cand_b.to_dict()[field], f"candidates.{field} differ"
     for field in ("tokens", "parents", "depths", "scores"):
         assert getattr(tree_a, field).tolist() == getattr(tree_b, field).tolist(), f"tree.{field} differs"
 
@@ -137,6 +138,7 @@ def test_hand_computed_scores_without_ngram():
     tokens = np.array([[10, 11], [20, 21]])
     cfg = PruningConfig(beam_width=1, budget=10)
     tree, c = prune_dart_tree(logits, tokens, [5], None, [], cfg)
+    c = ScoredCandidates(**c.to_dict())  # plain lists, compared element-wise below
     l3, l4 = float(np.float32(math.log(3))), float(np.float32(math.log(4)))  # the float32 inputs
     e = [1.0, math.exp(0.0 - l3)]                 # exp(logit - max), best column first
     assert c.token[:2] == [11, 10]
