@@ -52,8 +52,7 @@ def time_verify(session, tree: DraftTree, prefix_len: int, device: torch.device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     dt = time.perf_counter() - t0
-    session.commit([0])                 # close the verify (keeps the root) ...
-    session.cache.truncate(prefix_len)  # ... and roll back to the prefix
+    session.truncate(prefix_len)        # drop the verified nodes: back to the prefix
     return dt
 
 

@@ -107,3 +107,18 @@ def test_unknown_model_path_is_a_clear_error(tmp_path):
         load_target(str(tmp_path / "empty"))
     with pytest.raises(ModelLoadError, match="dtype"):
         load_target(str(tmp_path / "empty"), dtype="int3")
+
+
+def test_truncate_rolls_back_a_verify(tiny_target):
+    session = tiny_target.new_session(32)
+    session.prefill([4, 5, 6, 7])
+    session.verify(DraftTree.from_parents([8, 9, 10], [-1, 0, 1]))
+    session.truncate(4)
+    assert session.length == 4
+    with pytest.raises(RuntimeError, match="verify"):
+        session.commit([0])
+    with pytest.raises(ValueError, match="truncate"):
+        session.truncate(5)
+    out = session.verify(DraftTree.root_only(8))
+    ref, _ = reference_forward(tiny_target, [4, 5, 6, 7, 8])
+    torch.testing.assert_close(out.logits[0], ref[-1], atol=2e-4, rtol=1e-4)

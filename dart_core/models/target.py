@@ -115,7 +115,13 @@ class TargetSession:
         return self.cache.capacity
 
     def reset(self) -> None:
-        self.cache.truncate(0)
+        self.truncate(0)
+
+    def truncate(self, length: int) -> None:
+        """Forget every position from ``length`` on (also an uncommitted verify); the slots are reused."""
+        if not 0 <= length <= self.cache.length:
+            raise ValueError(f"cannot truncate a cache of {self.cache.length} positions to {length}")
+        self.cache.truncate(length)
         self._verified_prefix = None
 
     def prefill(self, prompt_ids, want_aux: bool = False) -> ForwardOutput:
