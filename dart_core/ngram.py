@@ -69,8 +69,9 @@ def require_native():
 
 
 def default_table_path() -> Path:
-    """Where the bundled default table lives in a source checkout (``assets/ngram/``)."""
-    return Path(__file__).resolve().parent.parent / "assets" / "ngram" / DEFAULT_TABLE_NAME
+    """The bundled default table (``assets/ngram/``)."""
+    from .assets import asset_path
+    return asset_path("ngram", DEFAULT_TABLE_NAME)
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
