@@ -582,5 +582,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _register_optional_methods() -> None:
+    """Methods with heavier imports (DART) register themselves from dart_core.bench_methods."""
+    from .bench_methods import register_all
+    register_all(register_method, MethodSpec, EngineRunner, METHODS)
+
+
+_register_optional_methods()
+
+
 if __name__ == "__main__":
     sys.exit(main())

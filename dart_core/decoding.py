@@ -126,8 +126,8 @@ class SpeculativeEngine:
             if int(tree.tokens[0]) != answer[-1]:
                 raise RuntimeError(f"drafter {self.name!r} proposed a tree rooted at token {int(tree.tokens[0])}, "
                                    f"expected the last committed token {answer[-1]}")
-            # Drafts deeper than the tokens we may still emit can never be used: drop them.
-            tree = tree.truncated(max_depth=remaining - 1, max_nodes=session.capacity - session.length)
+            if len(tree) > 1:  # drafts deeper than the tokens we may still emit can never be used
+                tree = tree.truncated(max_depth=remaining - 1, max_nodes=session.capacity - session.length)
             self._sync(config)
             t1 = time.perf_counter()
             vout = session.verify(tree, want_aux=want_aux)

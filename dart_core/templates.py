@@ -40,6 +40,15 @@ class ChatTemplate:
             parts.append(f"<|im_start|>assistant\n{self.assistant_prefix}")
         return "".join(parts)
 
+    def format(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+        """The DART seeds' spelling: ``TEMPLATE_REGISTRY["qwen"].format(messages=[...])`` (= :meth:`render`)."""
+        return self.render(messages, add_generation_prompt)
+
+    @property
+    def system_prompt(self) -> str:
+        """The original repository's name for the default system message ("" when there is none)."""
+        return self.default_system or ""
+
 
 TEMPLATE_REGISTRY: dict[str, ChatTemplate] = {
     # SmolLM2-Instruct: ChatML with a fixed default system prompt (from its tokenizer config).

@@ -58,9 +58,9 @@ class PreallocatedLayer(DynamicLayer):
         return self.capacity
 
     def truncate(self, length: int) -> None:
+        # Only the count changes: the next update() rebuilds the views (keys/values), so a
+        # rollback costs no tensor work (this runs for every layer on every step).
         self.length = length
-        self.keys = self.key_buffer[:, :, :length]
-        self.values = self.value_buffer[:, :, :length]
 
     def reset(self) -> None:
         self.truncate(0)
@@ -96,13 +96,16 @@ class PreallocatedCache(Cache):
         ``kept_offsets`` are increasing tree-node indices (the accepted path, root first).
         Slots already in place (the common prefix of the path 0, 1, 2, ...) are not copied.
         """
-        offsets = torch.as_tensor(kept_offsets, dtype=torch.long)
-        n = int(offsets.numel())
-        if n and (offsets[1:] <= offsets[:-1]).any():
+        # Paths are short (a few nodes): plain Python is cheaper here than tensor ops.
+        offsets = [int(o) for o in kept_offsets]
+        n = len(offsets)
+        if any(b <= a for a, b in zip(offsets, offsets[1:])):
             raise ValueError("kept_offsets must be strictly increasing")
-        in_place = int((offsets == torch.arange(n)).cumprod(0).sum()) if n else 0
+        in_place = 0
+        while in_place < n and offsets[in_place] == in_place:
+            in_place += 1
         if in_place < n:
-            src = (offsets[in_place:] + prefix_length).to(self.layers[0].device)
+            src = torch.tensor(offsets[in_place:], dtype=torch.long, device=self.layers[0].device) + prefix_length
             dst = slice(prefix_length + in_place, prefix_length + n)
             for layer in self.layers:
                 # index_select makes a copy first, so overlapping source and destination are safe.

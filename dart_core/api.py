@@ -1,0 +1,325 @@
+"""The seeds' Python API: load a target + DART head + N-gram table in one call, generate in another.
+
+    from dart_core import DartModel, dart_generate, TEMPLATE_REGISTRY
+
+    model = DartModel.from_pretrained()                      # every argument optional: bundled defaults
+    prompt = model.template.format(messages=[{"role": "user", "content": "Explain speculative decoding."}])
+    out = dart_generate(model, prompt=prompt, max_new_token_num=256)
+    print(out.text, out.stats.tau)
+
+    for step in dart_generate_stream(model, prompt=prompt):  # one item per speculative step
+        print(step.text, end="", flush=True)
+
+``from_pretrained`` takes the published argument names (``base_model_name_or_path``,
+``dart_model_name_or_path``, ``ngram_model_name_or_path``, ``torch_dtype``, ``device_map``,
+``is_small_ngram``). Omitted = the bundled default (SmolLM2-135M-Instruct, its shipped head in
+``assets/dart/`` and N-gram table in ``assets/ngram/``). A head is checked against the target
+(hidden size, vocabulary, and for heads trained here the target's weight fingerprint). An
+original DART ``.trie`` (e.g. the Hub repo ``fvliang/dart-qwen3-ngram``) is converted once into a
+memory-mapped table in the dart-demo cache.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from .config import ConfigError, GenerationConfig
+from .decoding import GenerationStats, SpeculativeEngine
+from .drafters.dart import DartDrafter
+from .models.dart_head import DartHead, DartHeadError, load_dart_head
+from .pruning import PruningConfig
+from .templates import TEMPLATE_REGISTRY, encode_chat, get_template
+from .trace import StepTrace
+
+logger = logging.getLogger(__name__)
+
+#: Where the shipped default head lives in a source checkout.
+BUNDLED_HEAD_NAME = "smollm2-135m-instruct"
+NGRAM_NONE = ("none", "off", "")
+
+
+def bundled_head_dir() -> Path:
+    from .assets import asset_path
+    return asset_path("dart", BUNDLED_HEAD_NAME)
+
+
+@dataclass
+class DartOutput:
+    """What ``dart_generate`` returns.
+
+    tokens  answer token ids (EOS included when reached)
+    text    the answer only, cut before EOS
+    stats   GenerationStats: tau, steps, stage_s (seconds per stage), tokens_per_s, stop_reason, ...
+    traces  one StepTrace per speculative step (trees, scored candidates, timings)
+    """
+    tokens: list[int]
+    text: str
+    stats: GenerationStats
+    traces: list[StepTrace] = field(default_factory=list)
+
+
+@dataclass
+class DartStreamStep:
+    """One speculative step of ``dart_generate_stream``.
+
+    tokens  tokens this step added; text  their decoded text (a delta; join the deltas for the answer)
+    answer_tokens  all answer tokens so far; trace  the step's StepTrace
+    """
+    tokens: list[int]
+    text: str
+    answer_tokens: list[int]
+    trace: StepTrace
+
+
+class DartModel:
+    """A target model + DART head + N-gram table, ready to generate (batch size 1)."""
+
+    def __init__(self, target, head: DartHead, store=None, pruning: PruningConfig | None = None,
+                 template_name: str | None = None):
+        self.target = target
+        self.head = head
+        self.ngram_model = store
+        self.pruning = pruning or PruningConfig()
+        self.template = get_template(template_name or target.template_name)
+        self._build_engine()
+
+    def _build_engine(self) -> None:
+        self.drafter = DartDrafter(self.head, self.ngram_model, self.target.eos_token_ids, self.pruning)
+        self.engine = SpeculativeEngine(self.target, self.drafter, name="dart")
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(cls, base_model_name_or_path: str | None = None, dart_model_name_or_path: str | None = None,
+                        ngram_model_name_or_path: str | None = None, torch_dtype: str | torch.dtype | None = None,
+                        device_map: str | None = None, is_small_ngram: bool = False, *,
+                        template_name: str | None = None, pruning: PruningConfig | None = None,
+                        check_fingerprint: bool = True, **kwargs: Any) -> "DartModel":
+        """Load everything; omitted arguments use the bundled defaults.
+
+        base_model_name_or_path   target: Hub id, local directory, .gguf file, or None (bundled SmolLM2-135M)
+        dart_model_name_or_path   DART head: Hub id or directory (config.json + model.safetensors);
+                                  None = the shipped head of the bundled target
+        ngram_model_name_or_path  N-gram table: a .dngram file, a directory or Hub repo holding one
+                                  (or an original full.trie / small.trie, converted once), "none" for
+                                  no N-gram term; None = the bundled table for the bundled target
+        torch_dtype               torch dtype or name ("auto", "bfloat16", "float32", ...); None = auto
+        device_map                "auto" / None (GPU if present), "cpu", "cuda", "cuda:1" (one device only)
+        is_small_ngram            pick small.* over full.* in a directory or Hub repo
+        Extra keyword arguments of the original (low_cpu_mem_usage, ...) are accepted and ignored.
+        """
+        from .models.bundled import BUNDLED_ALIASES
+        from .models.loader import load_target
+
+        if kwargs:
+            logger.info("DartModel.from_pretrained: ignoring %s", ", ".join(sorted(kwargs)))
+        device = _device_from_map(device_map)
+        target = load_target(base_model_name_or_path, dtype=torch_dtype or "auto", device=device,
+                             template_name=template_name)
+        bundled = base_model_name_or_path is None or base_model_name_or_path in BUNDLED_ALIASES
+        if dart_model_name_or_path is None:
+            if not bundled:
+                raise DartHeadError(f"no default DART head for {base_model_name_or_path!r}: pass "
+                                    "dart_model_name_or_path (e.g. fvliang/qwen8b-dart for Qwen/Qwen3-8B), or train "
+                                    f"one with `python -m dart_core.train dart --target {base_model_name_or_path} "
+                                    "--data FILE --out DIR`")
+            head_dir = bundled_head_dir()
+            if not (head_dir / "config.json").is_file():
+                raise DartHeadError(f"the bundled DART head is missing from {head_dir}; train it with "
+                                    "`python -m dart_core.train dart --target bundled --data "
+                                    "../shared/data/distill/smollm2-135m-instruct.jsonl.gz --out DIR` and copy "
+                                    "DIR/config.json and DIR/model.safetensors there")
+            dart_model_name_or_path = str(head_dir)
+        head = load_dart_head(dart_model_name_or_path, target, check_fingerprint=check_fingerprint)
+        store = open_ngram(ngram_model_name_or_path, target.tokenizer, is_small_ngram=is_small_ngram,
+                           bundled=bundled)
+        return cls(target, head, store, pruning=pruning, template_name=template_name)
+
+    # ------------------------------------------------------------------ conveniences of the original
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    @property
+    def base_model(self):
+        return self.target.model
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.device
+
+    def get_tokenizer(self):
+        return self.target.tokenizer
+
+    def eval(self) -> "DartModel":
+        return self
+
+    def to(self, device: str | torch.device) -> "DartModel":
+        """Move target and head to ``device`` (the original's ``.to(device)``)."""
+        dev = torch.device(device)
+        if dev != self.target.device:
+            self.target.model.to(dev)
+            self.head.to(dev)
+            self.head.attach_embedding(self.target.model.get_input_embeddings().weight)
+            self._build_engine()
+        return self
+
+    def encode_prompt(self, prompt: str | None = None, messages: Sequence[dict] | None = None,
+                      input_ids: Sequence[int] | torch.Tensor | None = None) -> list[int]:
+        """Token ids from exactly one of: formatted prompt text, chat messages, or ids."""
+        given = [x is not None for x in (prompt, messages, input_ids)]
+        if sum(given) != 1:
+            raise ConfigError("give exactly one of prompt= (formatted chat text), messages= (a list of "
+                              "{'role', 'content'} dicts) or input_ids=")
+        if input_ids is not None:
+            if isinstance(input_ids, torch.Tensor):
+                if input_ids.dim() == 2 and input_ids.shape[0] != 1:
+                    raise ConfigError(f"batch size {input_ids.shape[0]} is not supported: pass one prompt at a time")
+                return [int(t) for t in input_ids.reshape(-1).tolist()]
+            return [int(t) for t in input_ids]
+        if messages is not None:
+            return encode_chat(self.tokenizer, self.template, list(messages))
+        if not isinstance(prompt, str):
+            raise ConfigError(f"prompt must be a string (formatted chat text), got {type(prompt).__name__}")
+        return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+
+
+def _device_from_map(device_map) -> str:
+    if device_map is None or device_map == "auto":
+        return "auto"
+    if isinstance(device_map, (str, torch.device)):
+        return str(device_map)
+    if isinstance(device_map, int):
+        return f"cuda:{device_map}"
+    raise ConfigError(f"device_map={device_map!r} is not supported: the target and the head run on one device; "
+                      "use 'auto', 'cpu', 'cuda' or 'cuda:N'")
+
+
+def open_ngram(name_or_path: str | None, tokenizer, *, is_small_ngram: bool = False, bundled: bool = True):
+    """Open an N-gram table for ``tokenizer`` (see ``DartModel.from_pretrained``); None when disabled."""
+    from .ngram import NgramStore, default_table_path, tokenizer_fingerprint
+
+    if isinstance(name_or_path, str) and name_or_path.lower() in NGRAM_NONE:
+        return None
+    fp = tokenizer_fingerprint(tokenizer)
+    if name_or_path is None:
+        if not bundled:
+            logger.warning("no N-gram table given for this target: pruning uses the head's logits only "
+                           "(pass ngram_model_name_or_path for the N-gram term)")
+            return None
+        return NgramStore.open(default_table_path(), expected_fingerprint=fp)
+    path = _resolve_ngram_file(str(name_or_path), is_small_ngram)
+    if path.suffix == ".trie":
+        path = _import_trie_cached(path, tokenizer)
+    return NgramStore.open(path, expected_fingerprint=fp)
+
+
+def _pick(files: list[Path], is_small: bool) -> Path | None:
+    if not files:
+        return None
+    pref = [f for f in files if ("small" in f.name) == is_small]
+    return sorted(pref or files)[0]
+
+
+def _resolve_ngram_file(name: str, is_small: bool) -> Path:
+    p = Path(name).expanduser()
+    if p.is_file():
+        return p
+    if p.is_dir():
+        found = _pick(sorted(p.glob("*.dngram")), is_small) or _pick(sorted(p.glob("*.trie")), is_small)
+        if found is None:
+            raise FileNotFoundError(f"N-gram directory {p} holds no .dngram table (nor an original .trie)")
+        return found
+    if name.startswith((".", "/", "~")) or name.count("/") != 1:
+        raise FileNotFoundError(f"N-gram table {name!r} is not a file, a directory or a Hub repo id; check "
+                                "ngram_model_name_or_path (or pass 'none')")
+    from huggingface_hub import hf_hub_download
+    stem = "small" if is_small else "full"
+    errors = []
+    for fname in (f"{stem}.dngram", f"{stem}.trie"):
+        try:
+            return Path(hf_hub_download(name, fname))
+        except Exception as exc:  # noqa: BLE001 - try the next name, report all
+            errors.append(f"{fname}: {type(exc).__name__}")
+    raise FileNotFoundError(f"could not fetch an N-gram table from the Hub repo {name!r} ({'; '.join(errors)})")
+
+
+def _import_trie_cached(src: Path, tokenizer) -> Path:
+    """Convert an original DART .trie once into the dart-demo cache; later calls reuse it."""
+    from .models.bundled import cache_root
+    from .ngram import import_original_trie, tokenizer_fingerprint
+
+    st = src.stat()
+    key = hashlib.sha256(f"{src.resolve()}:{st.st_size}:{int(st.st_mtime)}:{tokenizer_fingerprint(tokenizer)}"
+                         .encode()).hexdigest()[:16]
+    dst = cache_root() / "ngram" / f"{src.stem}-{key}.dngram"
+    if not dst.is_file():
+        logger.warning("converting the original N-gram trie %s into %s (once)", src, dst)
+        import_original_trie(src, dst, tokenizer)
+    return dst
+
+
+# ---------------------------------------------------------------------------------------------- generation
+def _config(temperature, top_p, top_k, max_new_token_num, max_length, seed) -> GenerationConfig:
+    top_p = 1.0 if top_p is None or top_p <= 0 else float(top_p)   # the original's 0.0 means "off"
+    top_k = 0 if top_k is None else int(top_k)
+    return GenerationConfig(max_new_tokens=int(max_new_token_num), max_length=int(max_length),
+                            temperature=float(temperature or 0.0), top_p=top_p, top_k=top_k, seed=seed)
+
+
+def dart_generate(model: DartModel, prompt: str | None = None, temperature: float = 0.0, top_p: float = 0.0,
+                  top_k: int = 0, max_new_token_num: int = 512, max_length: int = 2048, *,
+                  messages: Sequence[dict] | None = None, input_ids=None, seed: int | None = None) -> DartOutput:
+    """Generate one answer with DART speculative decoding.
+
+    prompt: the formatted chat text (``model.template.format(messages=...)``), or pass messages=
+    or input_ids= instead. temperature 0 = greedy (identical to the target's own greedy output);
+    > 0 = lossless speculative sampling with top_p / top_k warping (0 = off, as the original).
+    Returns DartOutput(tokens, text, stats, traces).
+    """
+    ids = model.encode_prompt(prompt, messages, input_ids)
+    res = model.engine.generate(ids, _config(temperature, top_p, top_k, max_new_token_num, max_length, seed))
+    return DartOutput(tokens=res.tokens, text=res.text, stats=res.stats, traces=res.traces)
+
+
+def dart_generate_stream(model: DartModel, prompt: str | None = None, temperature: float = 0.0,
+                         top_p: float = 0.0, top_k: int = 0, max_new_token_num: int = 512,
+                         max_length: int = 2048, *, messages: Sequence[dict] | None = None, input_ids=None,
+                         seed: int | None = None) -> Iterator[DartStreamStep]:
+    """Like :func:`dart_generate`, but yields a DartStreamStep per speculative step; the generator's
+    return value (``StopIteration.value``) is the final DartOutput."""
+    ids = model.encode_prompt(prompt, messages, input_ids)
+    gen = model.engine.stream(ids, _config(temperature, top_p, top_k, max_new_token_num, max_length, seed))
+    eos = set(model.target.eos_token_ids)
+    answer: list[int] = []
+    shown = ""
+    first_emitted = False
+    while True:
+        try:
+            trace = next(gen)
+        except StopIteration as done:
+            res = done.value
+            return DartOutput(tokens=res.tokens, text=res.text, stats=res.stats, traces=res.traces)
+        if not first_emitted:
+            # The engine's first answer token comes from the prefill; it is the root of step 1's tree.
+            answer.append(int(trace.tree.tokens[0]))
+            first_emitted = True
+        new = list(trace.emitted_tokens)
+        answer.extend(new)
+        cut = next((i for i, t in enumerate(answer) if t in eos), len(answer))
+        text = model.tokenizer.decode(answer[:cut], skip_special_tokens=True)
+        # Hold back a trailing replacement character: a multi-byte character may be split across steps.
+        stable = text[:-1] if text.endswith("\ufffd") else text
+        delta = stable[len(shown):]
+        shown = stable if len(stable) >= len(shown) else shown
+        step_tokens = ([answer[0]] if trace.step == 1 else []) + new
+        yield DartStreamStep(tokens=step_tokens, text=delta, answer_tokens=list(answer), trace=trace)
+
+
+__all__ = ["DartModel", "DartOutput", "DartStreamStep", "dart_generate", "dart_generate_stream",
+           "TEMPLATE_REGISTRY", "open_ngram", "bundled_head_dir"]

@@ -1,0 +1,98 @@
+"""DART drafting: one head forward -> top-k per level -> N-gram-guided pruning -> DraftTree.
+
+    drafter = DartDrafter(head, store, eos_token_ids)     # head on the target's device/dtype
+    engine  = SpeculativeEngine(target, drafter)
+
+Per step (``propose``): the head runs once over the positions committed since the last step
+plus its D mask slots and returns D+1 logit rows (row l = tree level l). Each row's top-k
+draft ids are mapped to target ids through ``d2t`` and handed with their logits to
+:func:`dart_core.pruning.prune_dart_tree`, which scores every candidate with its logit and
+N-gram terms and keeps the best ``budget`` nodes. Every scored candidate (kept or pruned)
+goes into the Proposal, so the StepTrace keeps it. Stage times: ``draft_forward_s`` = the
+head forward; ``tree_build_s`` = top-k + pruning.
+
+State across a request: the head's KV cache holds one entry per committed position; the
+features of newly committed positions (from ``begin`` / ``observe``) wait in ``_pending``
+until the next ``propose``, which pairs feature i with token i+1 of the context (the last
+one with the tree root).
+"""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..models.dart_head import DartHead
+from ..pruning import PruningConfig, prune_dart_tree
+from .base import AcceptedStep, Proposal
+
+
+class DartDrafter:
+    name = "dart"
+    needs_aux = True
+
+    def __init__(self, head: DartHead, store=None, eos_token_ids: Sequence[int] = (),
+                 pruning: PruningConfig | None = None, backend: str = "native", name: str = "dart"):
+        """head: a DartHead with the target's embedding attached, on the target's device and dtype.
+        store: an NgramStore (None = no N-gram term). backend: the pruner, "native" or "python"."""
+        if head._embed is None:
+            raise ValueError("the DART head has no token embedding: load it with load_dart_head(path, target) "
+                             "or call head.attach_embedding(target embedding)")
+        self.head = head.eval()
+        self.store = store
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self.pruning = pruning or PruningConfig()
+        self.pruning.validate()
+        self.backend = backend
+        self.name = name
+        self.max_tree_nodes = int(self.pruning.budget) + 1
+        self._cache = head.new_cache()
+        self._pending: torch.Tensor | None = None   # [n, 3H] features of positions not yet in the head cache
+        self._d2t = head.d2t
+
+    # ------------------------------------------------------------------ protocol
+    def begin(self, prompt_ids: Sequence[int], prefill_aux: torch.Tensor | None) -> None:
+        if prefill_aux is None:
+            raise ValueError("DartDrafter needs the target's aux features (needs_aux=True)")
+        if prefill_aux.shape[0] != len(prompt_ids):
+            raise ValueError(f"prefill_aux has {prefill_aux.shape[0]} rows for a prompt of {len(prompt_ids)} tokens")
+        self._cache.reset()
+        self._pending = prefill_aux
+
+    def observe(self, step: AcceptedStep) -> None:
+        if step.aux is None:
+            raise ValueError("DartDrafter needs the aux features of the accepted nodes (needs_aux=True)")
+        if step.aux.shape[0] != len(step.tokens):
+            raise ValueError(f"AcceptedStep has {len(step.tokens)} tokens but {step.aux.shape[0]} aux rows")
+        self._pending = step.aux
+
+    def propose(self, context: Sequence[int]) -> Proposal:
+        if self._pending is None:
+            raise RuntimeError("DartDrafter.propose() called twice without observe(): the engine must report "
+                               "every verify step through observe()")
+        dev = self.head.fc.weight.device
+        sync = dev.type == "cuda"
+        n = int(self._pending.shape[0])
+        start = self._cache.length
+        if start + n + 1 != len(context):
+            raise RuntimeError(f"DartDrafter is out of step: {start} positions cached + {n} new features + the root "
+                               f"should make the context, which has {len(context)} tokens")
+        next_ids = torch.as_tensor(list(context[start + 1:]), dtype=torch.long, device=dev)
+
+        t0 = time.perf_counter()
+        logits = self.head.step(self._pending, next_ids, self._cache)           # [D+1, V_d] float32
+        if sync:
+            torch.cuda.synchronize(dev)
+        t1 = time.perf_counter()
+        self._pending = None
+
+        k = min(int(self.pruning.top_k), logits.shape[-1])
+        vals, idx = torch.topk(logits, k, dim=-1)                               # [D+1, k]
+        tokens = idx + self._d2t[idx]                                           # draft ids -> target ids
+        tree, cands = prune_dart_tree(vals.cpu().numpy().astype(np.float32, copy=False),
+                                      tokens.cpu().numpy().astype(np.int64, copy=False), context, self.store,
+                                      self.eos_token_ids, self.pruning, backend=self.backend)
+        t2 = time.perf_counter()
+        return Proposal(tree=tree, candidates=cands, draft_forward_s=t1 - t0, tree_build_s=t2 - t1)

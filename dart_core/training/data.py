@@ -1,0 +1,125 @@
+"""The self-distillation corpus: one JSON object per line (``.jsonl`` or ``.jsonl.gz``) with
+``id``, ``prompt_ids`` (the chat-templated prompt, exactly as fed) and ``response_ids`` (the
+target's own greedy continuation; EOS included when reached). Other fields are ignored.
+
+    rows = load_distill_rows("../shared/data/distill/smollm2-135m-instruct.jsonl.gz")
+    train, heldout = split_rows(rows, heldout_permille=20)
+    for epoch, batch in iterate_batches(train, batch_size=8, seed=0): ...
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+
+class DataError(ValueError):
+    """A corpus file is missing or malformed; the message names the file and line."""
+
+
+@dataclass
+class DistillRow:
+    id: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    source: str | None = None
+
+    @property
+    def ids(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+def open_text(path: str | Path) -> io.TextIOBase:
+    path = Path(path)
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def load_distill_rows(path: str | Path, limit: int | None = None, vocab_size: int | None = None,
+                      min_response: int = 2) -> list[DistillRow]:
+    """Read the corpus. Rows with fewer than ``min_response`` response tokens are skipped (nothing to learn).
+    With ``vocab_size``, every id is range-checked (a corpus of another tokenizer fails here)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"training data {path} does not exist (--data); the bundled model's corpus is "
+                        "../shared/data/distill/smollm2-135m-instruct.jsonl.gz, or regenerate one with "
+                        "`python -m dart_core.training.regenerate`")
+    rows: list[DistillRow] = []
+    with open_text(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                d = json.loads(line)
+                p, r = d["prompt_ids"], d["response_ids"]
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise DataError(f"{where}: expected a JSON object with prompt_ids and response_ids ({exc})") from None
+            if not (isinstance(p, list) and isinstance(r, list) and p):
+                raise DataError(f"{where}: prompt_ids must be a non-empty list and response_ids a list of token ids")
+            if vocab_size is not None:
+                bad = [t for t in p + r if not (isinstance(t, int) and 0 <= t < vocab_size)]
+                if bad:
+                    raise DataError(f"{where}: token id {bad[0]!r} outside the target vocabulary [0, {vocab_size}); "
+                                    "was this corpus made with another tokenizer?")
+            if len(r) < min_response:
+                continue
+            rows.append(DistillRow(id=str(d.get("id", f"line{lineno}")), prompt_ids=p, response_ids=r,
+                                   source=d.get("source")))
+            if limit is not None and len(rows) >= limit:
+                break
+    if not rows:
+        raise DataError(f"{path} holds no usable rows (each needs prompt_ids and >= {min_response} response tokens)")
+    return rows
+
+
+def _bucket(row_id: str) -> int:
+    return int.from_bytes(hashlib.sha256(row_id.encode("utf-8")).digest()[:4], "little") % 1000
+
+
+def split_rows(rows: Sequence[DistillRow], heldout_permille: int = 20) -> tuple[list[DistillRow], list[DistillRow]]:
+    """A stable train / held-out split by a hash of the row id (the same rows are held out in every run)."""
+    train = [r for r in rows if _bucket(r.id) >= heldout_permille]
+    heldout = [r for r in rows if _bucket(r.id) < heldout_permille]
+    return train, heldout
+
+
+def truncate(row: DistillRow, max_len: int) -> DistillRow:
+    """Keep at most ``max_len`` tokens (the response is cut; the prompt kept whole if it fits)."""
+    if len(row) <= max_len:
+        return row
+    keep_resp = max(0, max_len - len(row.prompt_ids))
+    return DistillRow(row.id, row.prompt_ids[:max_len], row.response_ids[:keep_resp], row.source)
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
+    """The row order of one epoch (deterministic, so a resumed run sees the same order)."""
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def iterate_batches(n_rows: int, batch_size: int, seed: int, start_epoch: int = 0, start_cursor: int = 0
+                    ) -> Iterator[tuple[int, int, list[int]]]:
+    """Endless (epoch, cursor after the batch, row indices) over shuffled epochs; a batch never spans epochs."""
+    epoch, cursor = start_epoch, start_cursor
+    while True:
+        order = epoch_order(n_rows, seed, epoch)
+        while cursor < n_rows:
+            idx = order[cursor: cursor + batch_size].tolist()
+            cursor += len(idx)
+            yield epoch, cursor, idx
+        epoch, cursor = epoch + 1, 0
+
+
+def corpus_stats(rows: Sequence[DistillRow]) -> dict:
+    return {"rows": len(rows), "prompt_tokens": int(sum(len(r.prompt_ids) for r in rows)),
+            "response_tokens": int(sum(len(r.response_ids) for r in rows))}

@@ -1,0 +1,277 @@
+"""DART training: the prefix-shared block mask (dense SDPA vs flex_attention vs the inference path),
+draft vocabulary, target features, loss going down, the CLI run with checkpoint/resume, and the
+resumable corpus regeneration. Tiny random targets only (the bundled model is never trained here)."""
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+import torch
+
+from dart_core.config import GenerationConfig
+from dart_core.decoding import SpeculativeEngine
+from dart_core.models.dart_head import (BlockLayout, DartHead, DartHeadConfig, load_dart_head, new_head_for_target,
+                                        validate_vocab_mapping)
+from dart_core.models.loader import load_target
+from dart_core.training.dart_trainer import (DartTrainConfig, TrainError, dart_loss, evaluate_head,
+                                             sample_prefixes, train_dart)
+from dart_core.training.data import DataError, DistillRow, load_distill_rows, split_rows
+from dart_core.training.features import compute_features
+from dart_core.training.schedule import BudgetPlanner, cosine_lr
+from dart_core.training.vocab import build_draft_vocab
+from tiny_models import make_tiny_model_dir
+
+
+def small_head(D=3, V=40, seed=0) -> DartHead:
+    torch.manual_seed(seed)
+    cfg = DartHeadConfig(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
+                         vocab_size=V, draft_vocab_size=V, draft_length=D, initializer_range=0.2)
+    head = DartHead(cfg)
+    head.reset_parameters(seed)
+    return head.attach_embedding(torch.randn(V, 32))
+
+
+# ---------------------------------------------------------------------------------------------- block mask
+def reference_mask(n, prefix_ends, D):
+    """Hand-written rule: real rows causal over real rows; block b's slot j sees real <= p_b and its own
+    slots 1..j; nothing else."""
+    N = n + len(prefix_ends) * D
+    m = torch.zeros(N, N, dtype=torch.bool)
+    for q in range(n):
+        m[q, : q + 1] = True
+    for b, p in enumerate(prefix_ends):
+        for j in range(D):
+            q = n + b * D + j
+            m[q, : p + 1] = True
+            m[q, n + b * D: q + 1] = True
+    return m
+
+
+def test_block_mask_matches_the_rule():
+    n, pe, D = 9, [2, 5, 8, 0], 3
+    layout = BlockLayout.build(n, torch.tensor(pe), D)
+    assert torch.equal(layout.dense_mask(), reference_mask(n, pe, D))
+    assert layout.positions[n:].tolist() == [p + j for p in pe for j in range(1, D + 1)]
+    assert layout.output_rows()[1].tolist() == [5, n + 3, n + 4, n + 5]
+    padded = BlockLayout.build(n, torch.tensor(pe), D, pad_to=8)
+    dm = padded.dense_mask()
+    N = n + len(pe) * D
+    assert torch.equal(dm[:N, :N], reference_mask(n, pe, D)) and not dm[:N, N:].any()
+    assert dm[N:, N:].diagonal().all(), "padding rows must see themselves (no empty softmax)"
+
+
+def test_flex_attention_agrees_with_the_sdpa_block_mask():
+    """flex_attention has no backward on CPU, so this compares forwards (eager flex on CPU); on GPU the
+    trainer runs the compiled flex_attention with the same BlockLayout.allowed rule."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    head = small_head()
+    g = torch.Generator().manual_seed(0)
+    aux, ids = torch.randn(13, 96, generator=g), torch.randint(0, 40, (13,), generator=g)
+    pe = torch.tensor([0, 4, 7, 12])
+    with torch.no_grad():
+        a = head.forward_blocks(aux, ids, pe, attention="sdpa")
+        b = head.forward_blocks(aux, ids, pe, attention="flex")
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_training_forward_equals_inference_steps():
+    """Block s of the shared training forward is exactly what the drafter computes after prefix p_s."""
+    head = small_head(D=4)
+    g = torch.Generator().manual_seed(1)
+    aux, ids = torch.randn(11, 96, generator=g), torch.randint(0, 40, (11,), generator=g)
+    pe = torch.tensor([1, 6, 10])
+    with torch.no_grad():
+        blocks = head.forward_blocks(aux, ids, pe)
+    for s, p in enumerate(pe.tolist()):
+        cache = head.new_cache()
+        half = (p + 1) // 2
+        if half:
+            head.step(aux[:half], ids[:half], cache)
+        torch.testing.assert_close(head.step(aux[half: p + 1], ids[half: p + 1], cache), blocks[s],
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_masked_slots_do_not_see_other_blocks():
+    head = small_head()
+    g = torch.Generator().manual_seed(2)
+    aux, ids = torch.randn(10, 96, generator=g), torch.randint(0, 40, (10,), generator=g)
+    with torch.no_grad():
+        alone = head.forward_blocks(aux, ids, torch.tensor([4]))
+        together = head.forward_blocks(aux, ids, torch.tensor([2, 4, 9]))
+    torch.testing.assert_close(alone[0], together[1], atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- vocab, schedule, data
+def test_draft_vocab_keeps_the_most_frequent_tokens():
+    seqs = [[5, 5, 5, 7, 7, 9, 1], [5, 7, 3, 3, 3, 3]]
+    v = build_draft_vocab(seqs, vocab_size=12, draft_vocab_size=3, always_include=[11])
+    assert v.draft_ids.tolist() == [3, 5, 11]              # 3 (x4), 5 (x4), EOS 11 forced in; ids ascending
+    assert v.d2t.tolist() == [3, 4, 9] and v.t2d.nonzero().view(-1).tolist() == [3, 5, 11]
+    assert v.coverage == pytest.approx(8 / 13)
+    cfg = DartHeadConfig(hidden_size=8, intermediate_size=8, num_attention_heads=2, num_key_value_heads=1,
+                         vocab_size=12, draft_vocab_size=3)
+    validate_vocab_mapping(v.d2t, v.t2d, cfg, "test")
+    full = build_draft_vocab(seqs, vocab_size=12, draft_vocab_size=64)
+    assert full.size == 12 and bool(full.t2d.all()) and not full.d2t.any()
+
+
+def test_cosine_schedule_and_budget_planner():
+    lrs = [cosine_lr(s, 100, 10, 1e-3, 0.1) for s in range(100)]
+    assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:])) and lrs[-1] == pytest.approx(1e-4, rel=0.01)
+    bp = BudgetPlanner(budget_s=1000, reserve_s=100, calibrate_after=3)
+    assert bp.plan(500, 2, 20, 10.0) == 500               # not calibrated yet
+    assert bp.plan(500, 10, 100, 10.0) == 10 + 80          # (1000 - 100 - 100) / 10 more steps
+    assert bp.plan(50, 10, 100, 10.0) == 50                # never extends the plan
+    assert bp.over(950) and not bp.over(100)
+
+
+def test_data_errors_name_the_file_and_line(tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        load_distill_rows(tmp_path / "nope.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt_ids": [1, 2], "response_ids": [3, 4]}) + "\n{oops\n")
+    with pytest.raises(DataError, match="bad.jsonl:2"):
+        load_distill_rows(bad)
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"prompt_ids": [1, 2], "response_ids": [3, 999]}) + "\n")
+    with pytest.raises(DataError, match="outside the target vocabulary"):
+        load_distill_rows(other, vocab_size=100)
+    rows = [DistillRow(str(i), [1], [2, 3]) for i in range(200)]
+    tr, ho = split_rows(rows, 100)
+    assert len(tr) + len(ho) == 200 and 5 < len(ho) < 40 and split_rows(rows, 100)[1] == ho
+
+
+# ---------------------------------------------------------------------------------------------- with a tiny target
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny llama target and a small self-distilled corpus (its own greedy answers)."""
+    root = tmp_path_factory.mktemp("tinytrain")
+    d = make_tiny_model_dir(root, "llama")
+    t = load_target(str(d), dtype="float32", device="cpu")
+    eng = SpeculativeEngine(t)
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for i in range(24):
+        prompt = torch.randint(3, t.vocab_size, (int(torch.randint(3, 10, (1,), generator=g)),), generator=g).tolist()
+        resp = eng.generate(prompt, GenerationConfig(max_new_tokens=30, max_length=80)).tokens
+        rows.append({"id": f"row{i}", "source": "alpaca", "prompt_ids": prompt, "response_ids": resp})
+    data = root / "distill.jsonl.gz"
+    with gzip.open(data, "wt") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    return d, t, data, rows
+
+
+def test_features_align_with_the_engine(tiny):
+    _, t, _, rows = tiny
+    r = rows[0]
+    ids = r["prompt_ids"] + r["response_ids"]
+    draft_ids = torch.arange(0, t.vocab_size, 2)
+    full = compute_features(t, ids, len(r["prompt_ids"]), draft_ids, "full")
+    data = compute_features(t, ids, len(r["prompt_ids"]), draft_ids, "data")
+    session = t.new_session(128)
+    out = session.prefill(ids, want_aux=True)
+    torch.testing.assert_close(full.aux, out.aux, atol=1e-4, rtol=1e-4)
+    P, T = len(r["prompt_ids"]), len(ids)
+    assert full.logits.shape == (T - 1 - P, len(draft_ids))
+    torch.testing.assert_close(full.logits, data.logits, atol=1e-4, rtol=1e-4)
+    # The corpus is the target's own greedy answer: the data token is the target's argmax.
+    assert torch.equal(full.argmax, data.argmax)
+
+
+def test_a_few_training_steps_reduce_the_loss(tiny):
+    _, t, _, rows = tiny
+    vocab = build_draft_vocab([r["response_ids"] for r in rows], t.vocab_size, 128)
+    head = new_head_for_target(t, vocab.draft_ids, draft_length=4, seed=0)
+    t2d = head.target_to_draft()
+    feats = [compute_features(t, r["prompt_ids"] + r["response_ids"], len(r["prompt_ids"]), head.draft_ids, "full")
+             for r in rows[:4]]
+    opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
+
+    def batch_loss(grad: bool):
+        total = 0.0
+        for f in feats:
+            loss, _ = dart_loss(head, f, sample_prefixes(f, 0), 0.6, t2d, with_stats=False)
+            if grad:
+                (loss / len(feats)).backward()
+            total += float(loss.detach()) / len(feats)
+        return total
+
+    with torch.no_grad():
+        before = batch_loss(False)
+    for _ in range(15):
+        opt.zero_grad()
+        batch_loss(True)
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
+        opt.step()
+    with torch.no_grad():
+        after = batch_loss(False)
+    assert after < 0.8 * before, f"loss {before:.3f} -> {after:.3f}"
+    ev = evaluate_head(head, t, [DistillRow(r["id"], r["prompt_ids"], r["response_ids"]) for r in rows[:4]],
+                       gamma=0.6, prefixes=0)
+    assert len(ev["hit@1"]) == 5 and ev["hit@1"][0] > 0.2
+
+
+def test_train_cli_writes_a_loadable_head_and_resumes(tiny, tmp_path):
+    from dart_core.train import main
+
+    d, t, data, _ = tiny
+    out = tmp_path / "run"
+    common = ["dart", "--target", str(d), "--data", str(data), "--out", str(out), "--batch-seqs", "4",
+              "--draft-length", "3", "--draft-vocab-size", "64", "--heldout-permille", "150", "--eval-rows", "3",
+              "--dtype", "float32", "--lr", "2e-3", "--no-progress"]
+    assert main(common + ["--max-steps", "2"]) == 0
+    for name in ("config.json", "model.safetensors", "eval.json", "README.md", "train_log.jsonl",
+                 "training_summary.json"):
+        assert (out / name).is_file(), name
+    head = load_dart_head(out, t)                       # strict load + target check
+    assert head.config.draft_vocab_size == 64 and head.fc.weight.dtype == torch.float32  # cast to the target's
+    with pytest.raises(TrainError, match="--resume"):
+        train_dart(DartTrainConfig(data=str(data), out=str(out), target=str(d), max_steps=3, dtype="float32"))
+    # A finished run resumed with more steps continues from its checkpoint.
+    state = torch.load(out / "checkpoint" / "trainer_state.pt", weights_only=False)
+    assert state["step"] == 2 and state["finished"]
+    state["finished"] = False
+    torch.save(state, out / "checkpoint" / "trainer_state.pt")
+    assert main(common + ["--max-steps", "4", "--resume"]) == 0
+    log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in log] == [1, 2, 3, 4]
+    summary = json.loads((out / "training_summary.json").read_text())
+    assert summary["steps"] == 4 and len(summary["eval"]["hit@1"]) == 4
+    assert "alpaca" in (out / "README.md").read_text()
+
+
+def test_train_flags_are_validated(tiny, tmp_path):
+    d, _, data, _ = tiny
+    with pytest.raises(TrainError, match="--checkpoint-minutes"):
+        train_dart(DartTrainConfig(data=str(data), out=str(tmp_path), checkpoint_minutes=30))
+    with pytest.raises(TrainError, match="--attention flex needs a GPU"):
+        train_dart(DartTrainConfig(data=str(data), out=str(tmp_path / "x"), target=str(d), attention="flex",
+                                   device="cpu"))
+
+
+def test_regeneration_is_resumable_and_greedy(tiny, tmp_path):
+    from dart_core.templates import encode_chat, get_template
+    from dart_core.training.regenerate import regenerate, select_prompts
+
+    _, t, _, _ = tiny
+    prompts = [{"id": f"p{i}", "source": "alpaca", "prompt": text}
+               for i, text in enumerate(["Write a Python function", "The quick brown fox", "What is 12 times 7?"])]
+    assert len(select_prompts(prompts * 10, fraction=0.5, seed=1)) < 30
+    out = tmp_path / "corpus.jsonl.gz"
+    partial = tmp_path / "corpus.jsonl.gz.partial.jsonl"
+    # A previous run finished p0 and was killed while writing the next line.
+    template = get_template(t.template_name)
+    ids0 = encode_chat(t.tokenizer, template, [{"role": "user", "content": prompts[0]["prompt"]}])
+    partial.write_text(json.dumps({"id": "p0", "source": "alpaca", "category": None, "prompt_ids": ids0,
+                                   "response_ids": [1, 2], "response": "kept"}) + "\n" + '{"id": "p1", "pro')
+    stats = regenerate(t, prompts, out, max_new_tokens=12, progress=False)
+    assert stats["resumed"] == 1 and stats["written"] == 2 and not partial.exists()
+    rows = [json.loads(x) for x in gzip.open(out, "rt")]
+    assert [r["id"] for r in rows] == ["p0", "p1", "p2"] and rows[0]["response"] == "kept"
+    for r in rows[1:]:
+        want = SpeculativeEngine(t).generate(r["prompt_ids"], GenerationConfig(max_new_tokens=12, max_length=200))
+        assert r["response_ids"] == want.tokens
+    assert load_distill_rows(out)[1].response_ids == rows[1]["response_ids"]
