@@ -2,7 +2,8 @@
 
 UI and CLI only: the engine (dart_core) does all decoding; this file builds engines from
 flags and renders their StepTrace stream. The side-by-side DART / EAGLE-3 visualiser
-grows here in later issues; today it offers vanilla decoding and prompt lookup.
+grows here in later issues; today it offers DART (when a head is available), prompt
+lookup and vanilla decoding, one at a time.
 
     python app.py                      # bundled SmolLM2-135M on CPU, http://127.0.0.1:7860
     python app.py --help
@@ -35,6 +36,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="DART speculative decoding demo (Gradio).")
     p.add_argument("--base-model-name-or-path", default=None,
                    help="target LLM: Hub id, local directory or .gguf file (default: bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--dart-model-name-or-path", default=None,
+                   help="DART head: directory or Hub id (default: the bundled head, for the bundled target)")
+    p.add_argument("--ngram-model-name-or-path", default=None,
+                   help="N-gram table: .dngram / original .trie file, directory, Hub repo or 'none' (default: bundled)")
     p.add_argument("--template-name", default=None,
                    help="chat template from TEMPLATE_REGISTRY (default: guessed from the model type)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
@@ -47,8 +52,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def make_dart_engine(target, args):
+    """DART engine from --dart-model-name-or-path / --ngram-model-name-or-path, or the bundled head; None if
+    no head is available (the page then offers the other methods and says why)."""
+    from dart_core.api import bundled_head_dir, open_ngram
+    from dart_core.drafters.dart import DartDrafter
+    from dart_core.models.dart_head import load_dart_head
+
+    head_path = args.dart_model_name_or_path
+    bundled = args.base_model_name_or_path is None
+    if head_path is None:
+        if not (bundled and (bundled_head_dir() / "config.json").is_file()):
+            logger.warning("no DART head for this target: pass --dart-model-name-or-path")
+            return None
+        head_path = str(bundled_head_dir())
+    head = load_dart_head(head_path, target)
+    store = open_ngram(args.ngram_model_name_or_path, target.tokenizer, bundled=bundled)
+    return SpeculativeEngine(target, DartDrafter(head, store, target.eos_token_ids))
+
+
 def build_demo(target, args) -> gr.Blocks:
     engines = {name: make(target) for name, make in METHODS.items()}
+    dart = make_dart_engine(target, args)
+    if dart is not None:
+        engines = {"dart": dart, **engines}
     template = get_template(args.template_name or target.template_name)
 
     def run(prompt: str, method: str, max_new_tokens: float, temperature: float):
@@ -80,7 +107,7 @@ def build_demo(target, args) -> gr.Blocks:
         with gr.Row():
             prompt = gr.Textbox(label="Prompt", lines=4, placeholder="Ask something…")
         with gr.Row():
-            method = gr.Dropdown(list(METHODS), value="prompt_lookup", label="Method")
+            method = gr.Dropdown(list(engines), value=next(iter(engines)), label="Method")
             max_new = gr.Slider(1, args.max_new_tokens, value=min(128, args.max_new_tokens), step=1,
                                 label="Max new tokens")
             temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")

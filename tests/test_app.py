@@ -31,3 +31,14 @@ def test_page_builds_and_streams(tiny_target):
     assert errors[-1][1].startswith("Error:") and "empty" in errors[-1][1]
     bad = list(handler("hi", "vanilla", 8, -1.0))
     assert "temperature" in bad[-1][1]
+
+
+def test_page_offers_dart_with_a_head(tiny_target, tmp_path):
+    from dart_core.models.dart_head import new_head_for_target, save_dart_head
+    head_dir = save_dart_head(new_head_for_target(tiny_target, draft_length=4, seed=1), tmp_path / "head", dtype=None)
+    args = app.parse_args(["--base-model-name-or-path", "tiny", "--dart-model-name-or-path", str(head_dir),
+                           "--ngram-model-name-or-path", "none"])
+    demo = app.build_demo(tiny_target, args)
+    handler = next(fn for fn in demo.fns.values() if fn.name == "run").fn
+    final_text, final_status = list(handler("Write a Python function.", "dart", 8, 0.0))[-1]
+    assert "tau" in final_status, final_status
