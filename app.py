@@ -55,19 +55,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 def make_dart_engine(target, args):
     """DART engine from --dart-model-name-or-path / --ngram-model-name-or-path, or the bundled head; None if
     no head is available (the page then offers the other methods and says why)."""
-    from dart_core.api import bundled_head_dir, open_ngram
+    from dart_core.api import bundled_head_dir, is_bundled_target, load_head_and_ngram
     from dart_core.drafters.dart import DartDrafter
-    from dart_core.models.dart_head import load_dart_head
 
-    head_path = args.dart_model_name_or_path
-    bundled = args.base_model_name_or_path is None
-    if head_path is None:
-        if not (bundled and (bundled_head_dir() / "config.json").is_file()):
-            logger.warning("no DART head for this target: pass --dart-model-name-or-path")
-            return None
-        head_path = str(bundled_head_dir())
-    head = load_dart_head(head_path, target)
-    store = open_ngram(args.ngram_model_name_or_path, target.tokenizer, bundled=bundled)
+    if args.dart_model_name_or_path is None and not (
+            is_bundled_target(args.base_model_name_or_path) and (bundled_head_dir() / "config.json").is_file()):
+        logger.warning("no DART head for this target: pass --dart-model-name-or-path")
+        return None
+    head, store = load_head_and_ngram(target, args.base_model_name_or_path, args.dart_model_name_or_path,
+                                      args.ngram_model_name_or_path)
     return SpeculativeEngine(target, DartDrafter(head, store, target.eos_token_ids))
 
 

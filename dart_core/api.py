@@ -113,7 +113,6 @@ class DartModel:
         is_small_ngram            pick small.* over full.* in a directory or Hub repo
         Extra keyword arguments of the original (low_cpu_mem_usage, ...) are accepted and ignored.
         """
-        from .models.bundled import BUNDLED_ALIASES
         from .models.loader import load_target
 
         if kwargs:
@@ -121,23 +120,9 @@ class DartModel:
         device = _device_from_map(device_map)
         target = load_target(base_model_name_or_path, dtype=torch_dtype or "auto", device=device,
                              template_name=template_name)
-        bundled = base_model_name_or_path is None or base_model_name_or_path in BUNDLED_ALIASES
-        if dart_model_name_or_path is None:
-            if not bundled:
-                raise DartHeadError(f"no default DART head for {base_model_name_or_path!r}: pass "
-                                    "dart_model_name_or_path (e.g. fvliang/qwen8b-dart for Qwen/Qwen3-8B), or train "
-                                    f"one with `python -m dart_core.train dart --target {base_model_name_or_path} "
-                                    "--data FILE --out DIR`")
-            head_dir = bundled_head_dir()
-            if not (head_dir / "config.json").is_file():
-                raise DartHeadError(f"the bundled DART head is missing from {head_dir}; train it with "
-                                    "`python -m dart_core.train dart --target bundled --data "
-                                    "../shared/data/distill/smollm2-135m-instruct.jsonl.gz --out DIR` and copy "
-                                    "DIR/config.json and DIR/model.safetensors there")
-            dart_model_name_or_path = str(head_dir)
-        head = load_dart_head(dart_model_name_or_path, target, check_fingerprint=check_fingerprint)
-        store = open_ngram(ngram_model_name_or_path, target.tokenizer, is_small_ngram=is_small_ngram,
-                           bundled=bundled)
+        head, store = load_head_and_ngram(target, base_model_name_or_path, dart_model_name_or_path,
+                                          ngram_model_name_or_path, is_small_ngram=is_small_ngram,
+                                          check_fingerprint=check_fingerprint)
         return cls(target, head, store, pruning=pruning, template_name=template_name)
 
     # ------------------------------------------------------------------ conveniences of the original
@@ -187,6 +172,39 @@ class DartModel:
         if not isinstance(prompt, str):
             raise ConfigError(f"prompt must be a string (formatted chat text), got {type(prompt).__name__}")
         return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+
+
+def is_bundled_target(base_model_name_or_path: str | None) -> bool:
+    from .models.bundled import BUNDLED_ALIASES
+    return base_model_name_or_path is None or base_model_name_or_path in BUNDLED_ALIASES
+
+
+def load_head_and_ngram(target, base_model_name_or_path: str | None, dart_model_name_or_path: str | None,
+                        ngram_model_name_or_path: str | None, *, is_small_ngram: bool = False,
+                        with_ngram: bool = True, check_fingerprint: bool = True):
+    """The DART head and N-gram table for an already loaded ``target`` (None = the bundled defaults,
+    which exist only for the bundled target). Returns ``(head, store)``; store is None without N-grams.
+    Shared by ``DartModel.from_pretrained``, the benchmark and the app."""
+    bundled = is_bundled_target(base_model_name_or_path)
+    if dart_model_name_or_path is None:
+        if not bundled:
+            raise DartHeadError(f"no default DART head for {base_model_name_or_path!r}: pass "
+                                "dart_model_name_or_path (e.g. fvliang/qwen8b-dart for Qwen/Qwen3-8B), or train "
+                                f"one with `python -m dart_core.train dart --target {base_model_name_or_path} "
+                                "--data FILE --out DIR`")
+        head_dir = bundled_head_dir()
+        if not (head_dir / "config.json").is_file():
+            raise DartHeadError(f"the bundled DART head is missing from {head_dir}; train it with "
+                                "`python -m dart_core.train dart --target bundled --data "
+                                "../shared/data/distill/smollm2-135m-instruct.jsonl.gz --out DIR` and copy "
+                                "DIR/config.json and DIR/model.safetensors there")
+        dart_model_name_or_path = str(head_dir)
+    head = load_dart_head(dart_model_name_or_path, target, check_fingerprint=check_fingerprint)
+    store = None
+    if with_ngram:
+        store = open_ngram(ngram_model_name_or_path, target.tokenizer, is_small_ngram=is_small_ngram,
+                           bundled=bundled)
+    return head, store
 
 
 def _device_from_map(device_map) -> str:

@@ -23,23 +23,13 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _load(target, args, with_ngram: bool):
-    from .api import bundled_head_dir, open_ngram
+    from .api import load_head_and_ngram
     from .drafters.dart import DartDrafter
-    from .models.bundled import BUNDLED_ALIASES
-    from .models.dart_head import DartHeadError, load_dart_head
 
-    base = getattr(args, "base_model_name_or_path", None)
-    bundled = base is None or base in BUNDLED_ALIASES
-    head_path = getattr(args, "dart_model_name_or_path", None)
-    if head_path is None:
-        if not bundled:
-            raise DartHeadError(f"no default DART head for {base!r}: pass --dart-model-name-or-path")
-        head_path = str(bundled_head_dir())
-    head = load_dart_head(head_path, target)
-    store = None
-    if with_ngram:
-        store = open_ngram(getattr(args, "ngram_model_name_or_path", None), target.tokenizer,
-                           is_small_ngram=bool(getattr(args, "small_ngram", False)), bundled=bundled)
+    head, store = load_head_and_ngram(target, getattr(args, "base_model_name_or_path", None),
+                                      getattr(args, "dart_model_name_or_path", None),
+                                      getattr(args, "ngram_model_name_or_path", None),
+                                      is_small_ngram=bool(getattr(args, "small_ngram", False)), with_ngram=with_ngram)
     return DartDrafter(head, store, target.eos_token_ids, name="dart" if with_ngram else "dart_no_ngram")
 
 

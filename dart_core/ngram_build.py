@@ -40,17 +40,19 @@ _TEXT_BLOCK_BYTES = 1 << 20
 def load_tokenizer(name_or_path: str):
     """A tokenizer by local dir, Hub id or 'bundled' (the bundled target's). A local directory
     needs only the tokenizer files; anything else goes through the project's model loader."""
-    if Path(name_or_path).expanduser().is_dir():
+    if Path(name_or_path).expanduser().is_dir():  # may hold only tokenizer files (no config.json)
         from transformers import AutoTokenizer
         return AutoTokenizer.from_pretrained(str(Path(name_or_path).expanduser()))
-    try:
-        from .models.loader import load_tokenizer as project_load_tokenizer
-    except ImportError:
-        project_load_tokenizer = None
-    if project_load_tokenizer is not None:
-        return project_load_tokenizer(name_or_path)
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(name_or_path)
+    from .models.loader import load_tokenizer as load_model_tokenizer
+    return load_model_tokenizer(name_or_path)
+
+
+def _tokenizer_identity(tokenizer, vocab_size: int | None, fingerprint: str | None) -> tuple[int | None, str | None]:
+    """Vocab size and fingerprint for a table header: given values win, else the tokenizer's."""
+    if tokenizer is None:
+        return vocab_size, fingerprint
+    from .ngram import tokenizer_fingerprint, tokenizer_vocab_size
+    return vocab_size or tokenizer_vocab_size(tokenizer), fingerprint or tokenizer_fingerprint(tokenizer)
 
 
 @dataclass
@@ -197,14 +199,12 @@ def build_ngram_table(inputs: Sequence[str | os.PathLike], out: str | os.PathLik
     surviving counts are exact, so P(x | ctx) of a surviving n-gram equals the unpruned one.
     Returns build statistics (nodes per level, bytes, tokens, seconds, tokens per second).
     """
-    from .ngram import require_native, tokenizer_fingerprint, tokenizer_vocab_size
+    from .ngram import require_native
 
     native = require_native()
     if not 1 <= order <= 8:
         raise ValueError(f"--order must be between 1 and 8, got {order}")
-    if tokenizer is not None:
-        vocab_size = vocab_size or tokenizer_vocab_size(tokenizer)
-        fingerprint = fingerprint or tokenizer_fingerprint(tokenizer)
+    vocab_size, fingerprint = _tokenizer_identity(tokenizer, vocab_size, fingerprint)
     if vocab_size is None:
         raise ValueError("pass a tokenizer (or vocab_size) so token ids can be range-checked")
     out = Path(out)
@@ -277,7 +277,7 @@ def import_original_trie(src: str | os.PathLike, dst: str | os.PathLike, tokeniz
     reading it once front to back (per-node bookkeeping lives in a temporary file-backed
     array, never in hash maps). ``tokenizer`` (or ``vocab_size`` + ``fingerprint``) must be
     the one the .trie was built with: ids are range-checked against it."""
-    from .ngram import NgramFormatError, require_native, tokenizer_fingerprint, tokenizer_vocab_size
+    from .ngram import NgramFormatError, require_native
 
     native = require_native()
     src, dst = Path(src), Path(dst)
@@ -286,9 +286,7 @@ def import_original_trie(src: str | os.PathLike, dst: str | os.PathLike, tokeniz
     with open(src, "rb") as f:
         if f.read(8) == b"DARTNGRM":
             raise NgramFormatError(f"{src} is already a dart_core N-gram table: open it with NgramStore.open")
-    if tokenizer is not None:
-        vocab_size = vocab_size or tokenizer_vocab_size(tokenizer)
-        fingerprint = fingerprint or tokenizer_fingerprint(tokenizer)
+    vocab_size, fingerprint = _tokenizer_identity(tokenizer, vocab_size, fingerprint)
     if vocab_size is None:
         raise ValueError("pass --tokenizer (or --vocab-size) of the tokenizer the .trie was built with")
     dst.parent.mkdir(parents=True, exist_ok=True)

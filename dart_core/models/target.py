@@ -125,8 +125,8 @@ class TargetSession:
         self._verified_prefix = None
 
     def prefill(self, prompt_ids, want_aux: bool = False) -> ForwardOutput:
-        """Run the prompt; returns logits of every prompt position's successor ([T, V]) only for the last
-        position (``logits`` is [1, V]) and aux features of all T positions when ``want_aux``."""
+        """Run the prompt; returns the last position's next-token logits ([1, V]) and, when ``want_aux``,
+        the aux features of all T prompt positions ([T, 3H])."""
         ids = torch.as_tensor(prompt_ids, dtype=torch.long).view(-1)
         if ids.numel() == 0:
             raise ValueError("prompt is empty: give at least one token")
@@ -134,11 +134,9 @@ class TargetSession:
         if start + ids.numel() > self.capacity:
             raise CacheFullError(f"prompt of {ids.numel()} tokens does not fit a cache of {self.capacity}")
         pos = torch.arange(start, start + ids.numel())
-        out = self.target.forward(self.cache, ids, pos, None, want_aux=False, last_only=True) if not want_aux \
-            else self.target.forward(self.cache, ids, pos, None, want_aux=True, last_only=False)
-        if want_aux:
-            out = ForwardOutput(logits=out.logits[-1:], aux=out.aux)
-        return out
+        # Only the last position's logits are needed; aux features are needed for every position.
+        out = self.target.forward(self.cache, ids, pos, None, want_aux=want_aux, last_only=not want_aux)
+        return ForwardOutput(logits=out.logits[-1:], aux=out.aux)
 
     def verify(self, tree: DraftTree, want_aux: bool = False) -> ForwardOutput:
         """All tree nodes in one forward: node i attends to the prefix, its ancestors and itself,
