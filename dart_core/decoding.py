@@ -126,8 +126,12 @@ class SpeculativeEngine:
             if int(tree.tokens[0]) != answer[-1]:
                 raise RuntimeError(f"drafter {self.name!r} proposed a tree rooted at token {int(tree.tokens[0])}, "
                                    f"expected the last committed token {answer[-1]}")
+            candidates = proposal.candidates
             if len(tree) > 1:  # drafts deeper than the tokens we may still emit can never be used
-                tree = tree.truncated(max_depth=remaining - 1, max_nodes=session.capacity - session.length)
+                tree, new_index = tree.truncated_with_index(max_depth=remaining - 1,
+                                                            max_nodes=session.capacity - session.length)
+                if new_index is not None and candidates is not None:  # the trace describes the verified tree
+                    candidates = candidates.with_nodes_remapped(new_index)
             self._sync(config)
             t1 = time.perf_counter()
             vout = session.verify(tree, want_aux=want_aux)
@@ -172,7 +176,7 @@ class SpeculativeEngine:
                 step=stats.steps, position=position, tree=tree, accepted_nodes=acc.accepted_nodes,
                 emitted_tokens=emitted, bonus_token=acc.bonus_token,
                 node_target_prob=_node_target_probs(tree, vout.logits, node_probs),
-                node_target_argmax=target_argmax, timings=timings, candidates=proposal.candidates,
+                node_target_argmax=target_argmax, timings=timings, candidates=candidates,
                 mode="greedy" if config.greedy else "sampling", stop_reason=stop)
             traces.append(trace)
             yield trace

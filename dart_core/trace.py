@@ -47,6 +47,14 @@ class ScoredCandidates:
     def to_dict(self) -> dict[str, list]:
         return {name: np.asarray(getattr(self, name)).tolist() for name in self.__dataclass_fields__}
 
+    def with_nodes_remapped(self, new_index: np.ndarray) -> "ScoredCandidates":
+        """A copy for a tree cut by ``DraftTree.truncated_with_index``: nodes renumbered, cut ones
+        marked pruned (node -1, kept False), so ``node`` keeps pointing into the verified tree."""
+        node = np.asarray(self.node, dtype=np.int64)
+        new_node = np.where(node >= 0, new_index[np.maximum(node, 0)], -1)
+        return ScoredCandidates(token=self.token, parent=self.parent, depth=self.depth, logit_term=self.logit_term,
+                                ngram_term=self.ngram_term, score=self.score, kept=new_node >= 0, node=new_node)
+
     def append(self, *, token: int, parent: int, depth: int, logit_term: float, ngram_term: float,
                score: float, kept: bool, node: int) -> None:
         self.token.append(int(token)); self.parent.append(int(parent)); self.depth.append(int(depth))

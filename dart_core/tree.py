@@ -176,18 +176,23 @@ class DraftTree:
         Node order is kept, so parents still precede children; the root always stays.
         Returns ``self`` when nothing is cut.
         """
+        return self.truncated_with_index(max_depth, max_nodes)[0]
+
+    def truncated_with_index(self, max_depth: int | None = None,
+                             max_nodes: int | None = None) -> tuple["DraftTree", np.ndarray | None]:
+        """``truncated`` plus the old -> new node index map (-1 = cut), or None when nothing is cut."""
         keep = np.ones(len(self), dtype=bool)
         if max_depth is not None:
             keep &= self.depths <= max(max_depth, 0)
         if max_nodes is not None:
             keep &= np.cumsum(keep) <= max(max_nodes, 1)
         if keep.all():
-            return self
+            return self, None
         old = np.flatnonzero(keep)
         new_index = -np.ones(len(self), dtype=np.int64)
         new_index[old] = np.arange(len(old))
         parents = np.where(self.parents[old] >= 0, new_index[np.maximum(self.parents[old], 0)], -1)
-        return DraftTree(self.tokens[old], parents, self.depths[old], self.scores[old])
+        return DraftTree(self.tokens[old], parents, self.depths[old], self.scores[old]), new_index
 
     def to_dict(self) -> dict:
         return {"tokens": self.tokens.tolist(), "parents": self.parents.tolist(),

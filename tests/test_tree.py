@@ -77,6 +77,26 @@ def test_truncated_keeps_a_valid_subtree():
     assert len(t.truncated(max_depth=0)) == 1
 
 
+def test_cut_tree_remaps_the_scored_candidates():
+    t = small_tree()
+    # candidates 0..n-2 are the kept nodes 1..n-1 in order, then one pruned candidate
+    n = len(t)
+    cands = ScoredCandidates(token=[int(x) for x in t.tokens[1:]] + [99], parent=[-1] * n, depth=[1] * n,
+                             logit_term=[0.0] * n, ngram_term=[0.0] * n, score=[0.0] * n,
+                             kept=[True] * (n - 1) + [False], node=list(range(1, n)) + [-1])
+    cut, new_index = t.truncated_with_index(max_depth=1)
+    assert t.truncated_with_index(max_depth=10)[1] is None
+    r = cands.with_nodes_remapped(new_index)
+    kept_nodes = sorted(int(x) for x, k in zip(r.node, r.kept) if k)
+    assert kept_nodes == list(range(1, len(cut)))
+    for i in range(n):
+        if r.kept[i]:
+            assert cut.tokens[r.node[i]] == cands.token[i]
+        else:
+            assert r.node[i] == -1
+    assert sum(bool(k) for k in r.kept) == len(cut) - 1 < sum(cands.kept)
+
+
 def test_step_trace_round_trips_through_json():
     cands = ScoredCandidates()
     cands.append(token=8, parent=-1, depth=1, logit_term=-0.1, ngram_term=-2.0, score=-1.1, kept=True, node=1)

@@ -1,0 +1,778 @@
+"""Plotly figures from StepTrace records: draft tree, candidate scores, stage timings, acceptance.
+
+Every function here is pure: it reads traces (a :class:`~dart_core.trace.StepTrace`, its
+``to_dict()`` form, or its JSON text) and returns figures or plain data. Nothing here decodes,
+so live runs and replays of exported traces render through the same code.
+
+    fig = tree_figure(trace, tokenizer)                  # one step's pruned draft tree
+    fig = score_scatter(trace)                           # N-gram term vs logit term of every candidate
+    fig = timing_figure({"dart": traces, "eagle3": other})
+    figs = acceptance_figures(traces)                    # per step, histogram, per depth
+    spans = token_spans(traces, tokenizer)               # for gr.HighlightedText(color_map=SPAN_COLORS)
+
+Node states and colours (Okabe-Ito, colour-blind safe), each with a second cue (marker symbol):
+accepted = blue circle, verified but rejected = orange diamond, pruned = grey triangle,
+bonus (the target's own token) = purple star, root = black square.
+"""
+from __future__ import annotations
+
+import bisect
+import html
+import json
+import math
+from typing import Any, Callable, Mapping, NamedTuple, Sequence, Union
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .trace import STAGES, StepTrace
+
+# ---------------------------------------------------------------------------------------------- palette
+# Okabe & Ito (2008), "Color Universal Design".
+OKABE_ITO = {
+    "black": "#000000", "orange": "#E69F00", "sky_blue": "#56B4E9", "bluish_green": "#009E73",
+    "yellow": "#F0E442", "blue": "#0072B2", "vermillion": "#D55E00", "reddish_purple": "#CC79A7",
+    "grey": "#999999",
+}
+
+# state -> (legend label, colour, marker symbol); the symbol is the cue that survives without colour.
+NODE_STATES: dict[str, tuple[str, str, str]] = {
+    "root": ("root (last committed token)", OKABE_ITO["black"], "square"),
+    "accepted": ("accepted by the target", OKABE_ITO["blue"], "circle"),
+    "rejected": ("verified, rejected", OKABE_ITO["orange"], "diamond"),
+    "pruned": ("pruned (never verified)", OKABE_ITO["grey"], "triangle-up"),
+    "bonus": ("bonus: the target's own token", OKABE_ITO["reddish_purple"], "star"),
+}
+
+# Stage colours avoid the state colours' meanings where they can; each also gets a bar pattern.
+STAGE_STYLE: dict[str, tuple[str, str]] = {
+    "draft_forward": (OKABE_ITO["sky_blue"], ""),
+    "tree_build": (OKABE_ITO["yellow"], "/"),
+    "verify": (OKABE_ITO["vermillion"], "x"),
+    "commit": (OKABE_ITO["bluish_green"], "."),
+}
+
+# Score colour scale: cividis is designed to read the same with colour-vision deficiencies.
+SCORE_COLORSCALE = "Cividis"
+
+ACCEPTED_LABEL = "accepted draft"
+BONUS_LABEL = "target token (bonus)"
+PREFILL_LABEL = "target token (prefill)"
+# colour map for gr.HighlightedText(color_map=SPAN_COLORS)
+SPAN_COLORS = {ACCEPTED_LABEL: OKABE_ITO["blue"], BONUS_LABEL: OKABE_ITO["reddish_purple"],
+               PREFILL_LABEL: OKABE_ITO["reddish_purple"]}
+
+TraceLike = Union[StepTrace, Mapping[str, Any], str]
+Decoder = Union[Callable[[list[int]], str], Any, None]   # a callable, anything with .decode, or None
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+def as_step(step: TraceLike) -> StepTrace:
+    """A StepTrace from a StepTrace, its ``to_dict()`` form or its JSON text."""
+    if isinstance(step, StepTrace):
+        return step
+    if isinstance(step, str):
+        return StepTrace.from_json(step)
+    if isinstance(step, Mapping):
+        return StepTrace.from_dict(dict(step))
+    raise TypeError(f"expected a StepTrace, its dict or its JSON text, got {type(step).__name__}")
+
+
+def as_steps(steps: Sequence[TraceLike] | str) -> list[StepTrace]:
+    """A list of StepTraces from traces, dicts, or a JSON list of trace dicts."""
+    if isinstance(steps, str):
+        steps = json.loads(steps)
+    return [as_step(s) for s in steps]
+
+
+def _decoder(tokenizer: Decoder, skip_special: bool = False) -> Callable[[list[int]], str] | None:
+    if tokenizer is None:
+        return None
+    if hasattr(tokenizer, "decode"):
+        if skip_special:
+            return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)
+        return lambda ids: tokenizer.decode(list(ids))
+    if callable(tokenizer):
+        return lambda ids: tokenizer(list(ids))
+    raise TypeError(f"tokenizer must be None, a callable list[int] -> str, or have .decode(); "
+                    f"got {type(tokenizer).__name__}")
+
+
+def _token_label(tok: int, decode: Callable[[list[int]], str] | None, limit: int = 12) -> str:
+    """Short, visible form of one token for a node label (whitespace made visible)."""
+    if decode is None:
+        return f"#{tok}"
+    text = decode([int(tok)])
+    text = text.replace(" ", "\u2423").replace("\n", "\u21b5").replace("\t", "\u21e5")
+    if not text:
+        return f"#{tok}"
+    text = text if len(text) <= limit else text[: limit - 1] + "\u2026"
+    return html.escape(text, quote=False)  # plotly reads labels as pseudo-HTML: "<|im_end|>" would vanish
+
+
+def _token_hover(tok: int, decode: Callable[[list[int]], str] | None) -> str:
+    if decode is None:
+        return f"#{tok}"
+    # repr keeps leading spaces and newlines visible in the tooltip
+    return html.escape(f"{decode([int(tok)])!r} (#{tok})", quote=False)
+
+
+def _floats(x: Any) -> list[float]:
+    return [float(v) for v in np.asarray(x, dtype=np.float64).reshape(-1)]
+
+
+def _ints(x: Any) -> list[int]:
+    return [int(v) for v in np.asarray(x, dtype=np.int64).reshape(-1)]
+
+
+def _fmt(v: float | None, digits: int = 3) -> str:
+    if v is None:
+        return "\u2014"
+    return f"{v:.{digits}f}" if math.isfinite(v) else str(v)
+
+
+# ---------------------------------------------------------------------------------------------- layout
+def tree_layout(parents: Sequence[int], scores: Sequence[float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Node-link layout of a rooted tree (or forest): x = depth, y = row, 0 at the top.
+
+    Leaves take consecutive rows in the order of a depth-first walk that visits children
+    best score first (ties: lower index first); a parent sits midway between its first and
+    last child. Nodes at one depth are therefore at least one row apart.
+    ``parents[i]`` is the parent's index, -1 for a root. Returns float arrays (x, y).
+    """
+    par = _ints(parents)
+    n = len(par)
+    sc = [0.0] * n if scores is None else _floats(scores)
+    if len(sc) != n:
+        raise ValueError(f"scores has {len(sc)} entries but parents has {n}")
+    kids: list[list[int]] = [[] for _ in range(n)]
+    roots: list[int] = []
+    for i, p in enumerate(par):
+        if p == -1:
+            roots.append(i)
+        elif 0 <= p < n and p != i:
+            kids[p].append(i)
+        else:
+            raise ValueError(f"node {i} has parent {p}; parents must be -1 or another node's index")
+    for lst in kids:
+        lst.sort(key=lambda j: (-sc[j], j))
+    roots.sort()
+
+    x = np.full(n, -1.0)
+    y = np.zeros(n)
+    next_row = 0
+    for r in roots:
+        # Iterative post-order walk: trees can be deeper than Python's recursion limit.
+        x[r] = 0.0
+        stack: list[tuple[int, bool]] = [(r, False)]
+        while stack:
+            node, done = stack.pop()
+            if done:
+                ch = kids[node]
+                y[node] = 0.5 * (y[ch[0]] + y[ch[-1]])
+                continue
+            if not kids[node]:
+                y[node] = float(next_row)
+                next_row += 1
+                continue
+            stack.append((node, True))
+            for c in reversed(kids[node]):  # pushed reversed so the best child is visited first
+                x[c] = x[node] + 1.0
+                stack.append((c, False))
+    if (x < 0).any():
+        bad = int(np.flatnonzero(x < 0)[0])
+        raise ValueError(f"node {bad} is not reachable from a root (the parents form a cycle)")
+    return x, y
+
+
+# ---------------------------------------------------------------------------------------------- node mapping
+def candidate_nodes(step: TraceLike) -> list[int]:
+    """Per scored candidate, its node index in ``step.tree`` (-1: pruned, or cut from the tree by
+    the engine near the length limit; the engine renumbers ``candidates.node`` when it cuts)."""
+    c = as_step(step).candidates
+    return [] if c is None else _ints(c.node)
+
+
+def node_states(step: TraceLike) -> list[str]:
+    """Per tree node: "root", "accepted" or "rejected" (every non-root node was verified)."""
+    st = as_step(step)
+    states = ["rejected"] * len(st.tree)
+    for n in st.accepted_nodes[1:]:
+        states[int(n)] = "accepted"
+    states[0] = "root"
+    return states
+
+
+def _has_ngram(st: StepTrace) -> bool:
+    return st.candidates is not None and any(v != 0.0 for v in _floats(st.candidates.ngram_term))
+
+
+def _score_name(st: StepTrace, score_label: str | None) -> str:
+    if score_label:
+        return score_label
+    return "combined score" if _has_ngram(st) else "score"
+
+
+def _optional_candidate_field(c: Any, *names: str) -> list[float] | None:
+    # Fields some drafters may add later (e.g. a draft probability); shown only when present.
+    for name in names:
+        v = getattr(c, name, None)
+        if v is not None and len(v):
+            return _floats(v)
+    return None
+
+
+class _StepView:
+    """Per-step values that every node's details share, computed once per figure."""
+
+    def __init__(self, st: StepTrace, score_label: str | None):
+        self.st = st
+        self.states = node_states(st)
+        self.has_ngram = _has_ngram(st)
+        self.score_name = _score_name(st, score_label)
+        self.cand_of_node: dict[int, int] = {}
+        c = st.candidates
+        if c is not None:
+            for ci, nd in enumerate(candidate_nodes(st)):
+                if nd > 0:
+                    self.cand_of_node.setdefault(nd, ci)
+            self.logit, self.ngram = _floats(c.logit_term), _floats(c.ngram_term)
+            self.draft_prob = _optional_candidate_field(c, "draft_prob", "draft_probability")
+            self.cum_logprob = _optional_candidate_field(c, "cum_logprob", "cumulative_logprob")
+
+    def details(self, node: int, decode: Callable[[list[int]], str] | None) -> dict[str, Any]:
+        st, tree = self.st, self.st.tree
+        node = int(node)
+        if not 0 <= node < len(tree):
+            raise IndexError(f"node {node} is outside the tree (0..{len(tree) - 1})")
+        tok = int(tree.tokens[node])
+        parent = int(tree.parents[node])
+        d: dict[str, Any] = {
+            "node": node, "token": tok, "text": None if decode is None else decode([tok]),
+            "depth": int(tree.depths[node]), "state": self.states[node],
+            "score": float(tree.scores[node]), "score_name": self.score_name,
+            "logit_term": None, "ngram_term": None, "draft_prob": None, "cum_logprob": None,
+            "target_prob": float(st.node_target_prob[node]) if node < len(st.node_target_prob) else None,
+            "target_choice": None, "target_choice_text": None, "matches_target": None, "bonus_token": None,
+        }
+        ci = self.cand_of_node.get(node)
+        if ci is not None:
+            d["logit_term"] = self.logit[ci]
+            d["ngram_term"] = self.ngram[ci] if self.has_ngram else None
+            d["draft_prob"] = None if self.draft_prob is None else self.draft_prob[ci]
+            d["cum_logprob"] = None if self.cum_logprob is None else self.cum_logprob[ci]
+        if 0 <= parent < len(st.node_target_argmax):
+            choice = int(st.node_target_argmax[parent])
+            d["target_choice"] = choice
+            d["target_choice_text"] = None if decode is None else decode([choice])
+            d["matches_target"] = choice == tok
+        if node == int(st.accepted_nodes[-1]):
+            d["bonus_token"] = int(st.bonus_token)
+        return d
+
+
+def node_details(step: TraceLike, node: int, tokenizer: Decoder = None,
+                 score_label: str | None = None) -> dict[str, Any]:
+    """Everything the trace knows about one tree node, for tooltips and the app's node panel.
+
+    Keys: node, token, text, depth, state, score (+ score_name), logit_term, ngram_term,
+    draft_prob, cum_logprob (None when the trace lacks them), target_prob (the target's
+    probability of this token at the parent), target_choice (the target's own next token at
+    the parent) and its text, matches_target, and for the last accepted node ``bonus_token``.
+    """
+    return _StepView(as_step(step), score_label).details(node, _decoder(tokenizer))
+
+
+def _node_hover(d: dict[str, Any], decode) -> str:
+    lines = [f"<b>{_token_hover(d['token'], decode)}</b>  node {d['node']}, depth {d['depth']}",
+             f"state: {NODE_STATES[d['state']][0]}"]
+    if d["state"] != "root":
+        lines.append(f"{d['score_name']}: {_fmt(d['score'])}")
+        if d["logit_term"] is not None:
+            lines.append(f"logit term: {_fmt(d['logit_term'])}")
+        if d["ngram_term"] is not None:
+            lines.append(f"N-gram term: {_fmt(d['ngram_term'])}")
+        if d["draft_prob"] is not None:
+            lines.append(f"draft probability: {_fmt(d['draft_prob'])}")
+        if d["cum_logprob"] is not None:
+            lines.append(f"cumulative log-prob: {_fmt(d['cum_logprob'])}")
+        if d["target_prob"] is not None:
+            lines.append(f"target probability: {_fmt(d['target_prob'])}")
+        if d["target_choice"] is not None:
+            same = " (this token)" if d["matches_target"] else ""
+            lines.append(f"target's own choice here: {_token_hover(d['target_choice'], decode)}{same}")
+    if d["bonus_token"] is not None:
+        lines.append(f"target's next token (bonus): {_token_hover(d['bonus_token'], decode)}")
+    return "<br>".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- tree figure
+def _legend_proxy(state: str, group: str | None = None) -> go.Scatter:
+    label, color, symbol = NODE_STATES[state]
+    return go.Scatter(x=[None], y=[None], mode="markers", name=label, legendgroup=group or state,
+                      marker=dict(color=color, symbol=symbol, size=12, line=dict(color=color, width=2)),
+                      hoverinfo="skip", showlegend=True)
+
+
+def tree_figure(step: TraceLike, tokenizer: Decoder = None, *, show_pruned: bool = False,
+                max_pruned_per_node: int = 5, score_label: str | None = None,
+                title: str | None = None) -> go.Figure:
+    """The verified draft tree of one step, x = depth, best siblings on top.
+
+    Node fill = the drafter's score (colour bar); border colour and marker symbol = state.
+    The accepted path is drawn thick blue, ending in the target's bonus token (purple star).
+    ``show_pruned`` adds up to ``max_pruned_per_node`` best pruned candidates under each tree
+    node (grey). ``tokenizer``: None (token ids), a callable ids -> text, or a tokenizer.
+    Every marker's ``customdata`` is ``[kind, index]``: ("node", tree index), ("bonus", -1)
+    or ("candidate", candidate index).
+    """
+    st = as_step(step)
+    decode = _decoder(tokenizer)
+    tree = st.tree
+    n = len(tree)
+    states = node_states(st)
+    parents = _ints(tree.parents)
+    rank_scores = _floats(tree.scores)
+    accepted = [int(a) for a in st.accepted_nodes]
+
+    # Extra nodes for the layout: the bonus token, then (optionally) pruned candidates.
+    last = accepted[-1]
+    bonus_idx = n
+    parents.append(last)
+    rank_scores.append(math.inf)  # the bonus sits on top of its rejected siblings
+    pruned: list[int] = []
+    if show_pruned and st.candidates is not None and max_pruned_per_node > 0:
+        c = st.candidates
+        cn = candidate_nodes(st)
+        cpar, ckept, cscore = _ints(c.parent), [bool(k) for k in c.kept], _floats(c.score)
+        by_parent: dict[int, list[int]] = {}
+        for ci in range(len(cn)):
+            if ckept[ci] and cn[ci] >= 0:
+                continue
+            pnode = 0 if cpar[ci] < 0 else cn[cpar[ci]]
+            if pnode >= 0:  # only pruned children of nodes that are drawn
+                by_parent.setdefault(pnode, []).append(ci)
+        for pnode in sorted(by_parent):
+            best = sorted(by_parent[pnode], key=lambda j: (-cscore[j], j))[:max_pruned_per_node]
+            for ci in best:
+                pruned.append(ci)
+                parents.append(pnode)
+                rank_scores.append(cscore[ci])
+    xs, ys = tree_layout(parents, rank_scores)
+
+    score_name = _score_name(st, score_label)
+    drafted_scores = _floats(tree.scores[1:])
+    if pruned:
+        all_scores = _floats(st.candidates.score)
+        drafted_scores += [all_scores[ci] for ci in pruned]
+    cmin = min(drafted_scores) if drafted_scores else -1.0
+    cmax = max(drafted_scores) if drafted_scores else 0.0
+    if cmax - cmin < 1e-9:
+        cmin = cmax - 1.0
+
+    fig = go.Figure()
+
+    # Edges: plain, pruned, accepted path, bonus (drawn under the nodes).
+    def edge_trace(pairs: list[tuple[int, int]], name: str, color: str, width: float, dash: str,
+                   legend: bool) -> go.Scatter:
+        ex: list[float | None] = []
+        ey: list[float | None] = []
+        for a, b in pairs:
+            ex += [float(xs[a]), float(xs[b]), None]
+            ey += [float(ys[a]), float(ys[b]), None]
+        return go.Scatter(x=ex, y=ey, mode="lines", name=name, line=dict(color=color, width=width, dash=dash),
+                          hoverinfo="skip", showlegend=legend)
+
+    on_path = set(zip(accepted[:-1], accepted[1:]))
+    plain = [(parents[i], i) for i in range(1, n) if (parents[i], i) not in on_path]
+    fig.add_trace(edge_trace(plain, "draft tree edge", "#BBBBBB", 1.2, "solid", False))
+    if pruned:
+        fig.add_trace(edge_trace([(parents[n + 1 + k], n + 1 + k) for k in range(len(pruned))],
+                                 "pruned edge", OKABE_ITO["grey"], 1.0, "dot", False))
+    fig.add_trace(edge_trace(sorted(on_path), "accepted path", OKABE_ITO["blue"], 5.0, "solid", True))
+    fig.add_trace(edge_trace([(last, bonus_idx)], "target's own token (bonus)", OKABE_ITO["reddish_purple"],
+                             3.0, "dash", True))
+
+    coloraxis_used = False
+    view = _StepView(st, score_label)
+    for state in ("rejected", "accepted", "root"):
+        idx = [i for i in range(n) if states[i] == state]
+        if not idx and state != "accepted":
+            continue
+        label, color, symbol = NODE_STATES[state]
+        details = [view.details(i, decode) for i in idx]
+        if state == "root":
+            marker = dict(color="#FFFFFF", symbol=symbol, size=18, line=dict(color=color, width=3))
+        else:
+            marker = dict(color=[float(tree.scores[i]) for i in idx], coloraxis="coloraxis", symbol=symbol,
+                          size=18 if state == "accepted" else 14,
+                          line=dict(color=color, width=4 if state == "accepted" else 2.5))
+            coloraxis_used = True
+        fig.add_trace(go.Scatter(
+            x=[float(xs[i]) for i in idx], y=[float(ys[i]) for i in idx], mode="markers+text",
+            name=label, legendgroup=state, showlegend=False, marker=marker,
+            text=[_token_label(int(tree.tokens[i]), decode) for i in idx], textposition="middle right",
+            textfont=dict(size=11), hovertext=[_node_hover(d, decode) for d in details], hoverinfo="text",
+            customdata=[["node", i] for i in idx]))
+
+    if pruned:
+        c = st.candidates
+        ctok, cdepth, cscore = _ints(c.token), _ints(c.depth), _floats(c.score)
+        clogit, cng = _floats(c.logit_term), _floats(c.ngram_term)
+        has_ng = _has_ngram(st)
+        hovers = []
+        for ci in pruned:
+            lines = [f"<b>{_token_hover(ctok[ci], decode)}</b>  candidate {ci}, depth {cdepth[ci]}",
+                     f"state: {NODE_STATES['pruned'][0]}", f"{score_name}: {_fmt(cscore[ci])}",
+                     f"logit term: {_fmt(clogit[ci])}"]
+            if has_ng:
+                lines.append(f"N-gram term: {_fmt(cng[ci])}")
+            hovers.append("<br>".join(lines))
+        label, color, symbol = NODE_STATES["pruned"]
+        fig.add_trace(go.Scatter(
+            x=[float(xs[n + 1 + k]) for k in range(len(pruned))], y=[float(ys[n + 1 + k]) for k in range(len(pruned))],
+            mode="markers+text", name=label, legendgroup="pruned", showlegend=False,
+            marker=dict(color=[cscore[ci] for ci in pruned], coloraxis="coloraxis", symbol=symbol, size=10,
+                        opacity=0.7, line=dict(color=color, width=2)),
+            text=[_token_label(ctok[ci], decode) for ci in pruned], textposition="middle right",
+            textfont=dict(size=9, color=OKABE_ITO["grey"]), hovertext=hovers, hoverinfo="text",
+            customdata=[["candidate", ci] for ci in pruned]))
+        coloraxis_used = True
+
+    # The bonus token: the target's own choice where the accepted path stopped.
+    emitted_bonus = len(st.emitted_tokens) > st.accepted_drafts
+    how = "its argmax" if st.mode == "greedy" else "sampled from what the rejections left"
+    bonus_hover = "<br>".join([
+        f"<b>{_token_hover(int(st.bonus_token), decode)}</b>  bonus token, depth {int(tree.depths[last]) + 1}",
+        f"the target's own next token after node {last} ({how})",
+        "emitted" if emitted_bonus else "not emitted: generation stopped before it"])
+    label, color, symbol = NODE_STATES["bonus"]
+    fig.add_trace(go.Scatter(
+        x=[float(xs[bonus_idx])], y=[float(ys[bonus_idx])], mode="markers+text", name=label,
+        legendgroup="bonus", showlegend=False,
+        marker=dict(color=color, symbol=symbol, size=20, line=dict(color="#000000", width=1.5)),
+        text=[_token_label(int(st.bonus_token), decode)], textposition="middle right",
+        textfont=dict(size=11, color=color), hovertext=[bonus_hover], hoverinfo="text",
+        customdata=[["bonus", -1]]))
+
+    # Legend entries: one per state, coloured by state (the plotted fill is the score).
+    for state in ("root", "accepted", "rejected") + (("pruned",) if pruned else ()) + ("bonus",):
+        fig.add_trace(_legend_proxy(state))
+
+    max_x = int(max(xs)) if len(xs) else 1
+    rows = float(max(ys)) + 1 if len(ys) else 1
+    fig.update_layout(
+        title=title or (f"Step {st.step}: {st.accepted_drafts} of {tree.num_drafted} drafted tokens accepted "
+                        f"+ 1 from the target ({st.mode})"),
+        xaxis=dict(title="depth (= position after the root)", tickmode="linear", tick0=0, dtick=1,
+                   range=[-0.4, max_x + 0.9], zeroline=False),
+        yaxis=dict(title="siblings, best drafter score on top", autorange="reversed", showticklabels=False,
+                   zeroline=False, showgrid=False),
+        showlegend=True, legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0),
+        height=int(max(320, 120 + 26 * rows)), margin=dict(l=50, r=20, t=90, b=50),
+        plot_bgcolor="#FFFFFF", hovermode="closest",
+    )
+    if coloraxis_used:
+        fig.update_layout(coloraxis=dict(colorscale=SCORE_COLORSCALE, cmin=cmin, cmax=cmax,
+                                         colorbar=dict(title=dict(text=score_name), thickness=14)))
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------- scores
+SCATTER_GROUPS = ("pruned", "kept", "accepted")
+
+
+def candidate_groups(step: TraceLike) -> list[str]:
+    """Per scored candidate: "accepted" (on the accepted path), "kept" (in the tree, not accepted) or "pruned"."""
+    st = as_step(step)
+    if st.candidates is None:
+        return []
+    cn = candidate_nodes(st)
+    acc = set(int(a) for a in st.accepted_nodes[1:])
+    kept = [bool(k) for k in st.candidates.kept]
+    return ["accepted" if cn[i] in acc and cn[i] > 0 else ("kept" if kept[i] else "pruned") for i in range(len(cn))]
+
+
+def score_scatter(step: TraceLike, tokenizer: Decoder = None, *, score_label: str | None = None,
+                  title: str | None = None) -> go.Figure:
+    """N-gram term vs logit term of every candidate the drafter scored: pruned, kept, accepted.
+
+    ``customdata`` of each point is its candidate index. A trace without scored candidates
+    (e.g. prompt lookup) gives empty groups and a note.
+    """
+    st = as_step(step)
+    decode = _decoder(tokenizer)
+    fig = go.Figure()
+    groups = candidate_groups(st)
+    style = {"pruned": ("pruned (never verified)", "pruned", 7, 0.45),
+             "kept": ("kept (verified, not accepted)", "rejected", 9, 0.85),
+             "accepted": ("accepted by the target", "accepted", 13, 1.0)}
+    score_name = _score_name(st, score_label)
+    c = st.candidates
+    if c is not None:
+        tok, depth, score = _ints(c.token), _ints(c.depth), _floats(c.score)
+        logit, ng = _floats(c.logit_term), _floats(c.ngram_term)
+    for g in SCATTER_GROUPS:
+        label, state, size, opacity = style[g]
+        _, color, symbol = NODE_STATES[state]
+        idx = [i for i, gi in enumerate(groups) if gi == g]
+        hovers = [f"<b>{_token_hover(tok[i], decode)}</b>  candidate {i}, depth {depth[i]}<br>"
+                  f"logit term: {_fmt(logit[i])}<br>N-gram term: {_fmt(ng[i])}<br>{score_name}: {_fmt(score[i])}"
+                  for i in idx]
+        fig.add_trace(go.Scatter(
+            x=[logit[i] for i in idx], y=[ng[i] for i in idx], mode="markers", name=f"{label} ({len(idx)})",
+            marker=dict(color=color, symbol=symbol, size=size, opacity=opacity,
+                        line=dict(color="#000000" if g == "accepted" else color, width=1)),
+            hovertext=hovers, hoverinfo="text", customdata=idx, legendgroup=g))
+    note = None
+    if c is None:
+        note = "this drafter scored no candidates (e.g. prompt lookup)"
+    elif not _has_ngram(st):
+        note = "no N-gram term in this trace: every candidate sits at 0"
+    if note:
+        fig.add_annotation(text=note, xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False,
+                           font=dict(color="#555555"))
+    fig.update_layout(
+        title=title or f"Step {st.step}: candidate scores ({len(groups)} scored)",
+        xaxis=dict(title="logit term (weighted log draft probability)"),
+        yaxis=dict(title="N-gram term (weighted log N-gram probability)"),
+        showlegend=True, legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0),
+        plot_bgcolor="#FFFFFF", margin=dict(l=60, r=20, t=90, b=50), hovermode="closest")
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------- timings
+def _stage_ms(st: StepTrace, stage: str) -> float:
+    return 1000.0 * float(st.timings.get(stage, 0.0))
+
+
+def timing_figure(steps_by_engine: Mapping[str, Sequence[TraceLike]], *, title: str | None = None) -> go.Figure:
+    """Per engine: stacked stage times per step (ms) beside tokens verified vs accepted per step;
+    a last row compares total stage time per engine. Acceptance is not speedup: a big tree
+    can accept more tokens and still cost more per token.
+    """
+    engines = {name: as_steps(steps) for name, steps in steps_by_engine.items()}
+    names = list(engines)
+    n = max(len(names), 1)
+    titles: list[str] = []
+    for name in names:
+        titles += [f"{name}: time per step by stage", f"{name}: tokens verified vs accepted"]
+    titles.append("total time by stage, per engine")
+    specs = [[{}, {}] for _ in range(len(names))] + [[{"colspan": 2}, None]]
+    fig = make_subplots(rows=len(names) + 1, cols=2, specs=specs, subplot_titles=titles,
+                        column_widths=[0.6, 0.4], vertical_spacing=min(0.12, 0.5 / n), horizontal_spacing=0.08)
+    for r, name in enumerate(names, start=1):
+        steps = engines[name]
+        xs = [st.step for st in steps]
+        for stage in STAGES:
+            color, pattern = STAGE_STYLE[stage]
+            fig.add_trace(go.Bar(x=xs, y=[_stage_ms(st, stage) for st in steps], name=stage,
+                                 legendgroup=stage, showlegend=r == 1, marker=dict(color=color,
+                                 pattern=dict(shape=pattern)),
+                                 hovertemplate=f"{name}, step %{{x}}<br>{stage}: %{{y:.3f}} ms<extra></extra>"),
+                          row=r, col=1)
+        verified = [len(st.tree) for st in steps]
+        accepted = [st.acceptance_length for st in steps]
+        fig.add_trace(go.Scatter(x=xs, y=verified, mode="lines+markers", name="tokens verified (tree nodes)",
+                                 legendgroup="verified", showlegend=r == 1,
+                                 line=dict(color=OKABE_ITO["orange"], dash="dash"),
+                                 marker=dict(symbol="diamond", size=8, color=OKABE_ITO["orange"]),
+                                 hovertemplate=f"{name}, step %{{x}}<br>verified: %{{y}}<extra></extra>"),
+                      row=r, col=2)
+        fig.add_trace(go.Scatter(x=xs, y=accepted, mode="lines+markers", name="tokens accepted (incl. bonus)",
+                                 legendgroup="accepted", showlegend=r == 1,
+                                 line=dict(color=OKABE_ITO["blue"]),
+                                 marker=dict(symbol="circle", size=8, color=OKABE_ITO["blue"]),
+                                 hovertemplate=f"{name}, step %{{x}}<br>accepted: %{{y}}<extra></extra>"),
+                      row=r, col=2)
+        fig.update_xaxes(title_text="step", row=r, col=1)
+        fig.update_xaxes(title_text="step", row=r, col=2)
+        fig.update_yaxes(title_text="ms", row=r, col=1)
+        fig.update_yaxes(title_text="tokens", rangemode="tozero", row=r, col=2)
+
+    last = len(names) + 1
+    for stage in STAGES:
+        color, pattern = STAGE_STYLE[stage]
+        totals = [sum(_stage_ms(st, stage) for st in engines[name]) for name in names]
+        fig.add_trace(go.Bar(x=names, y=totals, name=stage, legendgroup=stage, showlegend=not names,
+                             marker=dict(color=color, pattern=dict(shape=pattern)),
+                             hovertemplate=f"%{{x}}<br>{stage}: %{{y:.2f}} ms total<extra></extra>"),
+                      row=last, col=1)
+    for name in names:
+        steps = engines[name]
+        total = sum(_stage_ms(st, s) for st in steps for s in STAGES)
+        toks = sum(st.acceptance_length for st in steps)
+        per_tok = f", {total / toks:.2f} ms/token" if toks else ""
+        fig.add_annotation(x=name, y=total, text=f"{total:.1f} ms, {toks} tokens{per_tok}", showarrow=False,
+                           yshift=10, row=last, col=1)
+    fig.update_xaxes(title_text="engine", row=last, col=1)
+    fig.update_yaxes(title_text="ms (all steps)", row=last, col=1)
+    fig.update_layout(barmode="stack", title=title or "Stage times (engine work only) and tokens per step",
+                      showlegend=True, legend=dict(orientation="h", yanchor="bottom", y=1.03, x=0),
+                      height=260 * len(names) + 320, plot_bgcolor="#FFFFFF", margin=dict(l=60, r=20, t=110, b=50))
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------- acceptance
+def acceptance_metrics(steps: Sequence[TraceLike]) -> dict[str, Any]:
+    """Acceptance statistics with vLLM's definitions.
+
+    tau                   mean acceptance length: tokens emitted per verify step, bonus included
+                          (the "compression ratio" of the DART/EAGLE apps)
+    draft_acceptance_rate accepted drafted tokens / drafted tokens verified
+    lengths               acceptance length per step; histogram: {length: steps}
+    per_depth             per depth d >= 1: share of steps whose accepted path reached d (vLLM)
+    per_depth_given_drafted  the same, among steps whose tree reached depth d
+    Lengths count emitted tokens (the last step may be cut at EOS or a length limit);
+    acceptance per depth counts what the target accepted.
+    """
+    sts = as_steps(steps)
+    lengths = [st.acceptance_length for st in sts]
+    accepted = [st.accepted_drafts for st in sts]
+    drafted = [st.tree.num_drafted for st in sts]
+    depth_reached = [st.tree.max_depth for st in sts]
+    max_d = max(depth_reached + [0])
+    per_depth, given = [], []
+    for d in range(1, max_d + 1):
+        hit = sum(a >= d for a in accepted)
+        had = sum(m >= d for m in depth_reached)
+        per_depth.append(hit / len(sts) if sts else 0.0)
+        given.append(hit / had if had else 0.0)
+    hist: dict[int, int] = {}
+    for L in lengths:
+        hist[L] = hist.get(L, 0) + 1
+    return {
+        "steps": len(sts), "tokens": sum(lengths), "tau": (sum(lengths) / len(sts)) if sts else 0.0,
+        "drafted": sum(drafted), "accepted_drafts": sum(accepted),
+        "draft_acceptance_rate": (sum(accepted) / sum(drafted)) if sum(drafted) else 0.0,
+        "lengths": lengths, "histogram": dict(sorted(hist.items())),
+        "per_depth": per_depth, "per_depth_given_drafted": given,
+    }
+
+
+class AcceptanceFigures(NamedTuple):
+    per_step: go.Figure
+    histogram: go.Figure
+    per_depth: go.Figure
+
+
+def acceptance_figures(steps: Sequence[TraceLike], *, name: str | None = None) -> AcceptanceFigures:
+    """Acceptance length per step (drafts + bonus, with tau), its histogram, acceptance rate per depth."""
+    sts = as_steps(steps)
+    m = acceptance_metrics(sts)
+    prefix = f"{name}: " if name else ""
+    tau = m["tau"]
+    xs = [st.step for st in sts]
+    drafts = [min(st.accepted_drafts, st.acceptance_length) for st in sts]
+    bonus = [st.acceptance_length - dr for st, dr in zip(sts, drafts)]
+
+    per_step = go.Figure()
+    per_step.add_trace(go.Bar(x=xs, y=drafts, name=ACCEPTED_LABEL + "s", marker=dict(color=OKABE_ITO["blue"]),
+                              hovertemplate="step %{x}: %{y} accepted drafts<extra></extra>"))
+    per_step.add_trace(go.Bar(x=xs, y=bonus, name=BONUS_LABEL, marker=dict(color=OKABE_ITO["reddish_purple"],
+                              pattern=dict(shape="/")),
+                              hovertemplate="step %{x}: %{y} bonus token<extra></extra>"))
+    if xs:
+        per_step.add_trace(go.Scatter(x=[xs[0] - 0.5, xs[-1] + 0.5], y=[tau, tau], mode="lines",
+                                      name=f"\u03c4 = {tau:.2f} (mean acceptance length)",
+                                      line=dict(color=OKABE_ITO["black"], dash="dash"), hoverinfo="skip"))
+    per_step.update_layout(barmode="stack", title=f"{prefix}acceptance length per step (\u03c4 = {tau:.2f})",
+                           xaxis=dict(title="step"), yaxis=dict(title="tokens emitted (accepted + bonus)"),
+                           showlegend=True, plot_bgcolor="#FFFFFF")
+
+    hist = go.Figure()
+    hx = list(m["histogram"].keys())
+    hist.add_trace(go.Bar(x=hx, y=[m["histogram"][k] for k in hx], name="steps",
+                          marker=dict(color=OKABE_ITO["blue"]),
+                          hovertemplate="%{y} steps emitted %{x} tokens<extra></extra>"))
+    hist.update_layout(title=f"{prefix}acceptance length histogram ({m['steps']} steps)",
+                       xaxis=dict(title="acceptance length (tokens per step, bonus included)", dtick=1),
+                       yaxis=dict(title="steps"), showlegend=True, plot_bgcolor="#FFFFFF")
+
+    depth = go.Figure()
+    dx = list(range(1, len(m["per_depth"]) + 1))
+    depth.add_trace(go.Bar(x=dx, y=m["per_depth"], name="of all steps (vLLM)", marker=dict(color=OKABE_ITO["blue"]),
+                           hovertemplate="depth %{x}: %{y:.1%} of steps<extra></extra>"))
+    depth.add_trace(go.Bar(x=dx, y=m["per_depth_given_drafted"], name="of steps whose tree reached that depth",
+                           marker=dict(color=OKABE_ITO["sky_blue"], pattern=dict(shape="/")),
+                           hovertemplate="depth %{x}: %{y:.1%} of steps that drafted it<extra></extra>"))
+    depth.update_layout(barmode="group",
+                        title=(f"{prefix}acceptance rate per depth (draft acceptance rate "
+                               f"{m['draft_acceptance_rate']:.1%})"),
+                        xaxis=dict(title="tree depth", dtick=1),
+                        yaxis=dict(title="share of steps whose accepted path reaches the depth", range=[0, 1.05],
+                                   tickformat=".0%"),
+                        showlegend=True, plot_bgcolor="#FFFFFF")
+    return AcceptanceFigures(per_step, hist, depth)
+
+
+# ---------------------------------------------------------------------------------------------- tokens
+def step_for_token(steps: Sequence[TraceLike], position: int) -> int | None:
+    """Index in ``steps`` of the step that emitted answer token ``position`` (0-based).
+
+    None for the first answer token (chosen by the prefill, before any step) and for
+    positions no step emitted. Steps must be in order, as the engine yields them.
+    """
+    sts = as_steps(steps)
+    starts = [st.position for st in sts]
+    k = bisect.bisect_right(starts, int(position)) - 1
+    if k < 0:
+        return None
+    st = sts[k]
+    return k if st.position <= position < st.position + len(st.emitted_tokens) else None
+
+
+def token_origins(steps: Sequence[TraceLike]) -> tuple[list[int], list[str]]:
+    """The answer tokens the steps cover and how each came: (tokens, labels).
+
+    Starts with the first step's root (the token before it; answer position 0 for a full
+    run, labelled as the prefill's), then each step's emitted tokens: its accepted drafts,
+    then the target's bonus token.
+    """
+    sts = as_steps(steps)
+    if not sts:
+        return [], []
+    first = sts[0]
+    tokens = [int(first.tree.tokens[0])]
+    labels = [PREFILL_LABEL if first.position == 1 else BONUS_LABEL]
+    for st in sts:
+        for i, tok in enumerate(st.emitted_tokens):
+            tokens.append(int(tok))
+            labels.append(ACCEPTED_LABEL if i < st.accepted_drafts else BONUS_LABEL)
+    return tokens, labels
+
+
+def _incremental_texts(tokens: list[int], decode: Callable[[list[int]], str]) -> list[str]:
+    """Per token, the text it adds; joined they equal decode(tokens) for byte-level tokenizers.
+
+    Decodes a short window, not one token at a time, so a character split over several byte
+    tokens is credited whole to the token that completes it.
+    """
+    out: list[str] = []
+    prefix, read = 0, 0
+    for i in range(len(tokens)):
+        before = decode(tokens[prefix:read])
+        now = decode(tokens[prefix:i + 1])
+        if len(now) > len(before) and not now.endswith("\ufffd"):
+            out.append(now[len(before):])
+            prefix, read = read, i + 1
+        else:
+            out.append("")
+    if read < len(tokens) and out:  # text still held back (an unfinished character) goes to the last token
+        out[-1] += decode(tokens[prefix:])[len(decode(tokens[prefix:read])):]
+    return out
+
+
+def token_spans(steps: Sequence[TraceLike], decode: Decoder) -> list[tuple[str, str]]:
+    """(text, label) per answer token for ``gr.HighlightedText(color_map=SPAN_COLORS)``.
+
+    Labels come from the trace (accepted draft vs the target's token), never from searching
+    the text. ``decode``: a callable ids -> text or a tokenizer (special tokens skipped, so an
+    EOS gives an empty span).
+    """
+    fn = _decoder(decode, skip_special=True)
+    if fn is None:
+        raise ValueError("token_spans needs a decode callable or a tokenizer")
+    tokens, labels = token_origins(steps)
+    return list(zip(_incremental_texts(tokens, fn), labels))

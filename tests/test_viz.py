@@ -1,0 +1,468 @@
+"""Visualiser figures (dart_core.viz): layout, node/candidate/bar counts, the accepted path, JSON replay,
+token positions and token spans, on real traces from the engine (prompt lookup, DART with a random
+head and a tiny N-gram table, DART with an oracle head) and on a hand-made trace."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from dart_core import viz
+from dart_core.config import GenerationConfig
+from dart_core.decoding import SpeculativeEngine
+from dart_core.drafters import PromptLookupDrafter
+from dart_core.drafters.dart import DartDrafter
+from dart_core.models.dart_head import new_head_for_target
+from dart_core.models.loader import load_target
+from dart_core.pruning import PruningConfig
+from dart_core.trace import STAGES, ScoredCandidates, StepTrace
+from dart_core.tree import DraftTree
+from tiny_models import make_tiny_model_dir
+
+PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
+
+
+# ---------------------------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = make_tiny_model_dir(tmp_path_factory.mktemp("viz"), "llama")
+    return load_target(str(path), dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(tiny):
+    return tiny.tokenizer.encode(PROMPT, add_special_tokens=False)
+
+
+@pytest.fixture(scope="module")
+def tiny_store(tiny, tmp_path_factory):
+    """A native N-gram table built from the tiny model's own greedy text, so N-gram terms are non-zero."""
+    from dart_core import ngram
+    from dart_core.ngram import NgramStore, tokenizer_fingerprint
+    native = ngram.require_native()
+    eng = SpeculativeEngine(tiny)
+    docs = [eng.generate(tiny.tokenizer.encode(p), GenerationConfig(max_new_tokens=40, max_length=80)).tokens
+            for p in ("Write a Python", "The quick brown", "What is 12")]
+    out = tmp_path_factory.mktemp("ng")
+    b = native.TableBuilder(3, tiny.vocab_size, str(out), 1 << 16)
+    b.add_documents(np.array([x for d in docs for x in d]), np.array([len(d) for d in docs]), tiny.vocab_size)
+    b.finish(str(out / "t.dngram"), 1, tokenizer_fingerprint(tiny.tokenizer), json.dumps({}))
+    return NgramStore.open(out / "t.dngram", expected_fingerprint=tokenizer_fingerprint(tiny.tokenizer))
+
+
+@pytest.fixture(scope="module")
+def lookup_run(tiny, prompt_ids):
+    return SpeculativeEngine(tiny, PromptLookupDrafter()).generate(
+        prompt_ids, GenerationConfig(max_new_tokens=40, max_length=200))
+
+
+@pytest.fixture(scope="module")
+def dart_run(tiny, tiny_store, prompt_ids):
+    head = new_head_for_target(tiny, draft_ids=torch.arange(1, tiny.vocab_size, 3), draft_length=4, seed=5)
+    drafter = DartDrafter(head, tiny_store, tiny.eos_token_ids, PruningConfig(budget=24))
+    return SpeculativeEngine(tiny, drafter).generate(prompt_ids, GenerationConfig(max_new_tokens=24, max_length=200))
+
+
+@pytest.fixture(scope="module")
+def oracle_run(tiny, prompt_ids):
+    """DART with a head that always ranks the target's own next tokens first: long accepted paths,
+    and (max_new_tokens not a multiple of the step length) a last tree cut by the engine."""
+    cfg = GenerationConfig(max_new_tokens=23, max_length=200)
+    truth = SpeculativeEngine(tiny).generate(prompt_ids, cfg).tokens
+    head = new_head_for_target(tiny, draft_length=4, seed=0)
+    to_draft = head.target_to_draft()
+    full = list(prompt_ids) + truth
+
+    def oracle_step(aux, next_ids, cache):
+        cache.length += int(next_ids.shape[0])
+        logits = torch.randn(head.config.draft_length + 1, head.config.draft_vocab_size,
+                             generator=torch.Generator().manual_seed(cache.length))
+        for level in range(logits.shape[0]):
+            if cache.length + 1 + level < len(full):
+                logits[level, to_draft[full[cache.length + 1 + level]]] = 20.0
+        return logits
+    head.step = oracle_step
+    res = SpeculativeEngine(tiny, DartDrafter(head, None, tiny.eos_token_ids, PruningConfig(budget=30))).generate(
+        prompt_ids, cfg)
+    assert res.tokens == truth
+    return res
+
+
+@pytest.fixture(scope="module")
+def all_runs(lookup_run, dart_run, oracle_run):
+    return {"prompt_lookup": lookup_run, "dart": dart_run, "oracle": oracle_run}
+
+
+def hand_trace() -> StepTrace:
+    """Root 10 -> {11 -> {13, 14}, 12 -> {15}}; the target accepts 11, 13, then says 99 (bonus).
+    Candidates add two pruned ones: 16 under the root and 17 under 13."""
+    tree = DraftTree.from_parents([10, 11, 12, 13, 14, 15], [-1, 0, 0, 1, 1, 2],
+                                  [0.0, -0.1, -0.5, -0.3, -0.9, -0.8])
+    cands = ScoredCandidates()
+    rows = [  # token, parent, depth, logit, ngram, kept, node
+        (11, -1, 1, -0.1, 0.0, True, 1), (12, -1, 1, -0.5, 0.0, True, 2), (16, -1, 1, -2.0, 0.0, False, -1),
+        (13, 0, 2, -0.1, -0.1, True, 3), (14, 0, 2, -0.5, -0.3, True, 4), (15, 1, 2, -0.1, -0.2, True, 5),
+        (17, 3, 3, -0.6, -0.6, False, -1)]
+    score: dict[int, float] = {}
+    for i, (tok, par, dep, lt, nt, kept, node) in enumerate(rows):
+        score[i] = (0.0 if par < 0 else score[par]) + lt + nt
+        cands.append(token=tok, parent=par, depth=dep, logit_term=lt, ngram_term=nt, score=score[i],
+                     kept=kept, node=node)
+    return StepTrace(step=1, position=1, tree=tree, accepted_nodes=[0, 1, 3], emitted_tokens=[11, 13, 99],
+                     bonus_token=99, node_target_prob=[1.0, 0.9, 0.2, 0.8, 0.1, 0.3],
+                     node_target_argmax=[11, 13, 7, 99, 5, 6],
+                     timings={"draft_forward": 0.001, "tree_build": 0.002, "verify": 0.004, "commit": 0.0005},
+                     candidates=cands)
+
+
+def decode_fn(ids):
+    return "".join(f"<{i}>" for i in ids)
+
+
+def check_chart(fig) -> None:
+    """Every chart: a visible legend with named entries, and a title on every axis."""
+    assert fig.layout.showlegend is True
+    assert any(t.showlegend is not False and t.name for t in fig.data)
+    axes = [k for k in fig.layout.to_plotly_json() if k.startswith(("xaxis", "yaxis"))]
+    assert axes
+    for k in axes:
+        ax = fig.layout[k]
+        assert ax.title.text, f"{k} has no title"
+
+
+def node_points(fig) -> dict[str, list]:
+    """customdata kind -> list of (index, x, y) over all marker traces."""
+    out: dict[str, list] = {}
+    for t in fig.data:
+        if t.customdata is None or t.mode is None or "markers" not in t.mode:
+            continue
+        for cd, x, y in zip(t.customdata, t.x, t.y):
+            out.setdefault(cd[0], []).append((int(cd[1]), x, y))
+    return out
+
+
+def trace_named(fig, name):
+    matches = [t for t in fig.data if t.name == name and list(t.x) != [None]]  # legend proxies have no points
+    assert len(matches) == 1, [t.name for t in fig.data]
+    return matches[0]
+
+
+def edges_of(trace) -> set[tuple[tuple[float, float], tuple[float, float]]]:
+    xs, ys = list(trace.x), list(trace.y)
+    return {((xs[i], ys[i]), (xs[i + 1], ys[i + 1])) for i in range(0, len(xs), 3)}
+
+
+# ---------------------------------------------------------------------------------------------- layout
+def test_layout_of_a_small_tree_is_exact():
+    x, y = viz.tree_layout([-1, 0, 0, 1, 1, 2], [0.0, -0.1, -0.5, -0.3, -0.9, -0.8])
+    assert x.tolist() == [0, 1, 1, 2, 2, 2]
+    assert y.tolist() == [1.25, 0.5, 2.0, 0.0, 1.0, 2.0]
+    # children are ranked by score: swapping the two children's scores swaps their rows
+    x2, y2 = viz.tree_layout([-1, 0, 0, 1, 1, 2], [0.0, -0.5, -0.1, -0.3, -0.9, -0.8])
+    assert y2[2] < y2[1]
+
+
+def check_layout(parents, scores, depths=None) -> None:
+    x, y = viz.tree_layout(parents, scores)
+    again = viz.tree_layout(list(parents), list(scores))
+    assert x.tolist() == again[0].tolist() and y.tolist() == again[1].tolist()      # deterministic
+    parents = [int(p) for p in parents]
+    if depths is not None:
+        assert x.tolist() == [float(d) for d in depths]                             # x = depth
+    for i, p in enumerate(parents):
+        if p >= 0:
+            assert x[i] == x[p] + 1
+    kids = {}
+    for i, p in enumerate(parents):
+        kids.setdefault(p, []).append(i)
+    for p, ch in kids.items():
+        if p >= 0:  # a parent sits within its children's rows
+            assert min(y[ch]) <= y[p] <= max(y[ch])
+    for d in set(x.tolist()):                                                        # no overlaps
+        rows = np.sort(y[x == d])
+        assert (np.diff(rows) >= 1.0 - 1e-12).all()
+
+
+def test_layout_of_random_trees_has_no_overlaps():
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 5, 30, 200):
+        parents = [-1] + [int(rng.integers(0, i)) for i in range(1, n)]
+        scores = rng.normal(size=n).round(1)  # rounded: ties must be broken deterministically
+        tree = DraftTree.from_parents(list(range(n)), parents, scores)
+        check_layout(parents, scores, tree.depths)
+
+
+def test_layout_of_engine_trees(all_runs):
+    for res in all_runs.values():
+        for tr in res.traces:
+            check_layout(tr.tree.parents, tr.tree.scores, tr.tree.depths)
+
+
+def test_layout_rejects_bad_parents():
+    with pytest.raises(ValueError, match="cycle"):
+        viz.tree_layout([-1, 2, 1])
+    with pytest.raises(ValueError, match="parent"):
+        viz.tree_layout([-1, 5])
+
+
+# ---------------------------------------------------------------------------------------------- tree figure
+def test_tree_figure_of_the_hand_trace():
+    st = hand_trace()
+    fig = viz.tree_figure(st, decode_fn)
+    check_chart(fig)
+    pts = node_points(fig)
+    assert sorted(i for i, _, _ in pts["node"]) == list(range(len(st.tree)))
+    assert "candidate" not in pts
+    (bonus,) = pts["bonus"]
+    assert bonus[1] == 3.0                                                   # one past the last accepted node
+    accepted = trace_named(fig, viz.NODE_STATES["accepted"][0])
+    assert [cd[1] for cd in accepted.customdata] == [1, 3]
+    assert list(accepted.text) == ["&lt;11&gt;", "&lt;13&gt;"]                # escaped: plotly labels are HTML
+    # the accepted path edge trace joins root -> 1 -> 3
+    pos = {i: (x, y) for i, x, y in pts["node"]}
+    assert edges_of(trace_named(fig, "accepted path")) == {(pos[0], pos[1]), (pos[1], pos[3])}
+    assert edges_of(trace_named(fig, "target's own token (bonus)")) == {(pos[3], (bonus[1], bonus[2]))}
+    assert fig.layout.coloraxis.colorbar.title.text == "combined score"
+    hover = " ".join(accepted.hovertext)
+    assert "logit term: -0.100" in hover and "N-gram term: -0.100" in hover and "combined score: -0.300" in hover
+    assert "target's own choice here" in hover
+    legend = [t.name for t in fig.data if t.showlegend]
+    for state in ("root", "accepted", "rejected", "bonus"):
+        assert viz.NODE_STATES[state][0] in legend
+
+
+def test_tree_figure_shows_pruned_candidates_on_request():
+    st = hand_trace()
+    fig = viz.tree_figure(st, show_pruned=True)
+    pts = node_points(fig)
+    assert sorted(i for i, _, _ in pts["candidate"]) == [2, 6]             # 16 under the root, 17 under 13
+    assert viz.NODE_STATES["pruned"][0] in [t.name for t in fig.data if t.showlegend]
+    pos = {("node", i): (x, y) for i, x, y in pts["node"]} | {("c", i): (x, y) for i, x, y in pts["candidate"]}
+    assert pos[("c", 6)][0] == pos[("node", 3)][0] + 1
+    # nothing overlaps, pruned nodes and bonus included
+    all_xy = [(x, y) for v in pts.values() for _, x, y in v]
+    assert len(set(all_xy)) == len(all_xy)
+    assert len(viz.tree_figure(st, show_pruned=True, max_pruned_per_node=0).data) == len(viz.tree_figure(st).data)
+
+
+def test_node_details_of_the_hand_trace():
+    d = viz.node_details(hand_trace(), 3, decode_fn)
+    assert d["state"] == "accepted" and d["depth"] == 2 and d["text"] == "<13>"
+    assert d["logit_term"] == pytest.approx(-0.1) and d["ngram_term"] == pytest.approx(-0.1)
+    assert d["score"] == pytest.approx(-0.3) and d["target_prob"] == 0.8
+    assert d["target_choice"] == 13 and d["matches_target"] and d["bonus_token"] == 99
+    r = viz.node_details(hand_trace(), 4)
+    assert r["state"] == "rejected" and r["target_choice"] == 13 and not r["matches_target"]
+    with pytest.raises(IndexError):
+        viz.node_details(hand_trace(), 6)
+
+
+def test_scores_without_ngram_term_are_labelled_plainly():
+    """EAGLE-3-like trace: cumulative log-prob scores, no N-gram term."""
+    st = hand_trace()
+    st.candidates.ngram_term = [0.0] * len(st.candidates)
+    fig = viz.tree_figure(st)
+    hover = " ".join(h for t in fig.data if t.hovertext is not None for h in t.hovertext)
+    assert "N-gram term" not in hover and "score: " in hover
+    assert fig.layout.coloraxis.colorbar.title.text == "score"
+    labelled = viz.tree_figure(st, score_label="cumulative log-prob")
+    assert labelled.layout.coloraxis.colorbar.title.text == "cumulative log-prob"
+    assert any("no N-gram term" in a.text for a in viz.score_scatter(st).layout.annotations)
+
+
+def test_tree_figures_of_engine_traces(all_runs, tiny):
+    for name, res in all_runs.items():
+        for st in res.traces:
+            fig = viz.tree_figure(st, tiny.tokenizer, show_pruned=True)
+            pts = node_points(fig)
+            assert sorted(i for i, _, _ in pts["node"]) == list(range(len(st.tree)))
+            assert len(pts["bonus"]) == 1
+            accepted = trace_named(fig, viz.NODE_STATES["accepted"][0])
+            assert [cd[1] for cd in accepted.customdata] == st.accepted_nodes[1:]
+            assert len(edges_of(trace_named(fig, "accepted path"))) == st.accepted_drafts
+            xy = [(x, y) for v in pts.values() for _, x, y in v]
+            assert len(set(xy)) == len(xy)
+            if st.candidates is None:
+                assert "candidate" not in pts
+
+
+def test_oracle_trace_highlights_the_accepted_path(oracle_run):
+    full = [st for st in oracle_run.traces if st.stop_reason is None]
+    assert full and all(st.accepted_drafts == 5 for st in full)            # D + 1 = 5 levels, all accepted
+    fig = viz.tree_figure(full[0])
+    accepted = trace_named(fig, viz.NODE_STATES["accepted"][0])
+    assert list(accepted.x) == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert accepted.marker.line.color == viz.NODE_STATES["accepted"][1]
+
+
+# ---------------------------------------------------------------------------------------------- mapping and scatter
+def test_candidate_nodes_follow_the_tree_even_when_the_engine_cuts_it(dart_run, oracle_run):
+    """The engine cuts trees deeper than the tokens still allowed; the trace's candidates must
+    then point into the verified (cut) tree, with the cut ones marked pruned."""
+    for res in (dart_run, oracle_run):
+        for st in res.traces:
+            c = st.candidates
+            nodes = viz.candidate_nodes(st)
+            kept = [i for i in range(len(c)) if c.kept[i]]
+            assert sorted(nodes[i] for i in kept) == list(range(1, len(st.tree)))
+            assert all(nodes[i] == -1 for i in range(len(c)) if not c.kept[i])
+            for i in kept:
+                assert st.tree.tokens[nodes[i]] == c.token[i]
+                parent_node = 0 if c.parent[i] < 0 else nodes[c.parent[i]]
+                assert st.tree.parents[nodes[i]] == parent_node
+
+
+def test_score_scatter_counts(dart_run, oracle_run):
+    for st in dart_run.traces + oracle_run.traces:
+        fig = viz.score_scatter(st)
+        check_chart(fig)
+        counts = {t.legendgroup: len(t.x) for t in fig.data}
+        assert sum(counts.values()) == len(st.candidates)
+        assert counts["accepted"] == st.accepted_drafts
+        assert counts["kept"] + counts["accepted"] == len(st.tree) - 1 or st.stop_reason is not None
+        assert counts["pruned"] == sum(not bool(k) for k in st.candidates.kept)
+    # the N-gram table made some N-gram terms non-zero
+    assert any(y != 0 for st in dart_run.traces for t in viz.score_scatter(st).data for y in t.y)
+
+
+def test_score_scatter_without_candidates(lookup_run):
+    fig = viz.score_scatter(lookup_run.traces[0])
+    check_chart(fig)
+    assert sum(len(t.x) for t in fig.data) == 0
+    assert any("scored no candidates" in a.text for a in fig.layout.annotations)
+
+
+# ---------------------------------------------------------------------------------------------- timings, acceptance
+def test_timing_figure_has_a_bar_per_step_and_stage(all_runs):
+    runs = {k: v.traces for k, v in all_runs.items()}
+    fig = viz.timing_figure(runs)
+    check_chart(fig)
+    bars = [t for t in fig.data if t.type == "bar"]
+    assert len(bars) == len(STAGES) * (len(runs) + 1)
+    per_step = bars[: len(STAGES) * len(runs)]
+    for k, (name, steps) in enumerate(runs.items()):
+        for j, stage in enumerate(STAGES):
+            b = per_step[k * len(STAGES) + j]
+            assert b.name == stage and len(b.x) == len(steps)
+            assert list(b.y) == pytest.approx([1000 * st.timings[stage] for st in steps])
+    totals = bars[len(STAGES) * len(runs):]
+    assert all(list(t.x) == list(runs) for t in totals)
+    assert sum(totals[j].y[0] for j in range(len(STAGES))) == pytest.approx(
+        1000 * sum(st.timings[s] for st in runs["prompt_lookup"] for s in STAGES))
+    lines = [t for t in fig.data if t.type == "scatter"]
+    assert len(lines) == 2 * len(runs)
+    assert list(lines[0].y) == [len(st.tree) for st in runs["prompt_lookup"]]
+    assert list(lines[1].y) == [st.acceptance_length for st in runs["prompt_lookup"]]
+
+
+def test_acceptance_metrics_match_the_engine(all_runs):
+    for res in all_runs.values():
+        m = viz.acceptance_metrics(res.traces)
+        assert m["tau"] == pytest.approx(res.stats.tau)
+        assert m["steps"] == len(res.traces) and sum(m["histogram"].values()) == m["steps"]
+        assert m["tokens"] == len(res.tokens) - 1
+        assert all(0.0 <= r <= g <= 1.0 for r, g in zip(m["per_depth"], m["per_depth_given_drafted"]))
+    m = viz.acceptance_metrics(all_runs["oracle"].traces)
+    # the oracle's every drafted level is accepted; its last tree was cut to 3 levels
+    assert m["per_depth_given_drafted"] == [1.0] * 5
+    assert m["per_depth"] == [1.0, 1.0, 1.0, 0.75, 0.75] and m["histogram"] == {4: 1, 6: 3}
+
+
+def test_acceptance_figures(all_runs):
+    steps = all_runs["oracle"].traces
+    figs = viz.acceptance_figures(steps, name="dart")
+    for fig in figs:
+        check_chart(fig)
+    drafts, bonus = figs.per_step.data[0], figs.per_step.data[1]
+    assert [a + b for a, b in zip(drafts.y, bonus.y)] == [st.acceptance_length for st in steps]
+    assert sum(figs.histogram.data[0].y) == len(steps)
+    assert len(figs.per_depth.data[0].x) == max(st.tree.max_depth for st in steps)
+    hand = viz.acceptance_metrics([hand_trace()])
+    assert hand["tau"] == 3 and hand["per_depth"] == [1.0, 1.0] and hand["draft_acceptance_rate"] == 2 / 5
+
+
+# ---------------------------------------------------------------------------------------------- JSON replay
+def figures_of(steps, tokenizer) -> list[str]:
+    out = [viz.timing_figure({"a": steps}).to_json()]
+    out += [f.to_json() for f in viz.acceptance_figures(steps)]
+    for st in steps[:4] + steps[-1:]:
+        out.append(viz.tree_figure(st, tokenizer, show_pruned=True).to_json())
+        out.append(viz.score_scatter(st, tokenizer).to_json())
+    return out
+
+
+def test_figures_are_identical_from_json(all_runs, tiny):
+    for res in list(all_runs.values()):
+        steps = res.traces
+        as_dicts = [json.loads(st.to_json()) for st in steps]
+        as_json = json.dumps([st.to_dict() for st in steps])
+        live = figures_of(steps, tiny.tokenizer)
+        assert live == figures_of(as_dicts, tiny.tokenizer)
+        assert live == figures_of(viz.as_steps(as_json), tiny.tokenizer)
+        assert viz.token_spans(steps, tiny.tokenizer) == viz.token_spans(as_dicts, tiny.tokenizer)
+    st = hand_trace()
+    assert viz.tree_figure(st).to_json() == viz.tree_figure(st.to_json()).to_json()
+
+
+# ---------------------------------------------------------------------------------------------- tokens
+def test_step_for_token(all_runs):
+    for res in all_runs.values():
+        steps = res.traces
+        assert viz.step_for_token(steps, 0) is None                     # chosen by the prefill
+        for pos in range(1, len(res.tokens)):
+            k = viz.step_for_token(steps, pos)
+            st = steps[k]
+            assert st.emitted_tokens[pos - st.position] == res.tokens[pos]
+        assert viz.step_for_token(steps, len(res.tokens)) is None
+    st = hand_trace()
+    assert [viz.step_for_token([st.to_dict()], p) for p in range(5)] == [None, 0, 0, 0, None]
+
+
+def test_token_spans_cover_exactly_the_generated_tokens(all_runs, tiny):
+    for res in all_runs.values():
+        tokens, labels = viz.token_origins(res.traces)
+        assert tokens == res.tokens
+        spans = viz.token_spans(res.traces, tiny.tokenizer)
+        assert len(spans) == len(res.tokens)
+        assert "".join(t for t, _ in spans) == tiny.tokenizer.decode(res.tokens, skip_special_tokens=True)
+        assert spans[0][1] == viz.PREFILL_LABEL
+        n_acc = sum(min(st.accepted_drafts, len(st.emitted_tokens)) for st in res.traces)
+        assert sum(lab == viz.ACCEPTED_LABEL for _, lab in spans) == n_acc
+        assert sum(lab == viz.BONUS_LABEL for _, lab in spans) == len(res.tokens) - 1 - n_acc
+        assert set(lab for _, lab in spans) <= set(viz.SPAN_COLORS)
+    assert sum(lab == viz.ACCEPTED_LABEL for _, lab in viz.token_spans(all_runs["oracle"].traces,
+                                                                        tiny.tokenizer)) > 0
+    assert viz.token_spans([hand_trace()], decode_fn) == [
+        ("<10>", viz.PREFILL_LABEL), ("<11>", viz.ACCEPTED_LABEL), ("<13>", viz.ACCEPTED_LABEL),
+        ("<99>", viz.BONUS_LABEL)]
+
+
+def test_token_spans_keep_split_characters_whole():
+    """A character whose UTF-8 bytes span two tokens goes whole to the token that completes it."""
+    vocab = {10: b"a", 11: "\u00e9".encode()[:1], 13: "\u00e9".encode()[1:], 99: b"!"}
+
+    def decode(ids):
+        return b"".join(vocab[i] for i in ids).decode("utf-8", errors="replace")
+    spans = viz.token_spans([hand_trace()], decode)
+    assert [t for t, _ in spans] == ["a", "", "\u00e9", "!"]
+    assert "".join(t for t, _ in spans) == decode([10, 11, 13, 99])
+
+
+def test_empty_and_root_only_inputs_render():
+    """The app renders before the first step and for vanilla decoding (root-only trees, no candidates)."""
+    check_chart(viz.timing_figure({}))
+    for fig in viz.acceptance_figures([]):
+        check_chart(fig)
+    assert viz.token_spans([], decode_fn) == [] and viz.step_for_token([], 3) is None
+    st = StepTrace(step=1, position=1, tree=DraftTree.root_only(10), accepted_nodes=[0], emitted_tokens=[11],
+                   bonus_token=11, node_target_prob=[1.0], node_target_argmax=[11],
+                   timings={s: 0.001 for s in STAGES})
+    fig = viz.tree_figure(st, decode_fn)
+    check_chart(fig)
+    pts = node_points(fig)
+    assert [p[0] for p in pts["node"]] == [0] and pts["bonus"][0][1:] == (1.0, pts["node"][0][2])
+    check_chart(viz.score_scatter(st))
+    check_chart(viz.timing_figure({"vanilla": [st, st.to_dict()]}))
+    assert viz.token_spans([st], decode_fn) == [("<10>", viz.PREFILL_LABEL), ("<11>", viz.BONUS_LABEL)]
