@@ -64,7 +64,9 @@ def make_dart_engine(target, args):
         return None
     head, store = load_head_and_ngram(target, args.base_model_name_or_path, args.dart_model_name_or_path,
                                       args.ngram_model_name_or_path)
-    return SpeculativeEngine(target, DartDrafter(head, store, target.eos_token_ids))
+    from dart_core.pruning import default_pruning
+    return SpeculativeEngine(target, DartDrafter(head, store, target.eos_token_ids,
+                                                 pruning=default_pruning(target.name)))
 
 
 def build_demo(target, args) -> gr.Blocks:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -33,7 +32,7 @@ from .config import ConfigError, GenerationConfig
 from .decoding import GenerationStats, SpeculativeEngine
 from .drafters.dart import DartDrafter
 from .models.dart_head import DartHead, DartHeadError, load_dart_head
-from .pruning import PruningConfig
+from .pruning import PruningConfig, default_pruning
 from .templates import TEMPLATE_REGISTRY, encode_chat, get_template
 from .trace import StepTrace
 
@@ -85,7 +84,7 @@ class DartModel:
         self.target = target
         self.head = head
         self.ngram_model = store
-        self.pruning = pruning or PruningConfig()
+        self.pruning = pruning or default_pruning(target.name)
         self.template = get_template(template_name or target.template_name)
         self._build_engine()
 

@@ -1,12 +1,15 @@
-"""Benchmark methods backed by DART heads: ``dart`` and ``dart_no_ngram`` (the N-gram ablation).
+"""Benchmark methods backed by draft heads: ``dart``, ``dart_no_ngram`` (the N-gram ablation) and
+``eagle3`` (the EAGLE-3 baseline with the EAGLE-2 dynamic tree).
 
 ``bench.py`` calls :func:`register_all` with its own registry at import (also when it runs as
 ``__main__``, which is why the registry is passed in rather than imported):
 
     python -m dart_core.bench --questions mt_bench.jsonl --methods vanilla,dart,dart_no_ngram \\
         [--dart-model-name-or-path DIR|HUB_ID] [--ngram-model-name-or-path FILE|DIR|HUB_ID|none] [--small-ngram]
+        [--eagle3-model-name-or-path DIR|HUB_ID] [--eagle3-total-token 60 --eagle3-depth 7 --eagle3-top-k 10]
 
-Defaults: the bundled head and N-gram table of the bundled target.
+Defaults: the bundled heads and N-gram table of the bundled target (no EAGLE-3 head ships yet:
+``eagle3`` then fails with a message saying how to get one).
 """
 from __future__ import annotations
 
@@ -20,6 +23,60 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ngram-model-name-or-path", default=None, metavar="TABLE",
                    help="N-gram table for dart: .dngram file, directory, Hub repo, or 'none'; default: the bundled one")
     g.add_argument("--small-ngram", action="store_true", help="prefer small.* over full.* tables in a directory/repo")
+    # Pruner knobs: unset flags take the target's default (dart_core.pruning.default_pruning).
+    g.add_argument("--tree-budget", type=int, default=None, metavar="N",
+                   help="drafted nodes kept per step, root excluded (default: the target's tuned value, else 60)")
+    g.add_argument("--beam-width", type=int, default=None, metavar="N",
+                   help="candidates expanded per tree level (default: the target's tuned value, else 20)")
+    g.add_argument("--per-level-top-k", type=int, default=None, metavar="K",
+                   help="tokens taken from each head row (default: the target's tuned value, else 25)")
+    g.add_argument("--ngram-weight", type=float, default=None, metavar="W",
+                   help="weight of the N-gram term (default 0.5; dart_no_ngram has no N-gram term)")
+
+
+def _pruning(target, args):
+    from dataclasses import replace
+
+    from .pruning import default_pruning
+    flags = {"budget": "tree_budget", "beam_width": "beam_width", "top_k": "per_level_top_k",
+             "ngram_weight": "ngram_weight"}
+    given = {field: getattr(args, flag) for field, flag in flags.items() if getattr(args, flag, None) is not None}
+    try:
+        return replace(default_pruning(target.name), **given)
+    except ValueError as e:  # name the flag, not the dataclass field
+        raise SystemExit(f"bad DART pruning flag: {e} (see --tree-budget, --beam-width, --per-level-top-k, "
+                         "--ngram-weight)") from None
+
+
+def _add_eagle3_arguments(p: argparse.ArgumentParser) -> None:
+    from .drafters.eagle3 import Eagle3TreeConfig
+    d = Eagle3TreeConfig()
+    g = p.add_argument_group("eagle3")
+    g.add_argument("--eagle3-model-name-or-path", default=None, metavar="HEAD",
+                   help="EAGLE-3 head: directory (config.json + model.safetensors or pytorch_model.bin) or Hub id; "
+                        "default: the bundled head (assets/eagle3/), when one ships")
+    g.add_argument("--eagle3-total-token", type=int, default=d.total_token, metavar="N",
+                   help="nodes verified per step, root included")
+    g.add_argument("--eagle3-depth", type=int, default=d.depth, metavar="N",
+                   help="tree forwards per step (drafted depth <= N + 1)")
+    g.add_argument("--eagle3-top-k", type=int, default=d.top_k, metavar="K", help="children per expanded node")
+
+
+def _load_eagle3(target, args):
+    from .drafters.eagle3 import Eagle3Drafter, Eagle3TreeConfig
+    from .models.eagle3_head import load_eagle3_for_target
+
+    d = Eagle3TreeConfig()
+    try:
+        tree = Eagle3TreeConfig(total_token=getattr(args, "eagle3_total_token", d.total_token),
+                                depth=getattr(args, "eagle3_depth", d.depth),
+                                top_k=getattr(args, "eagle3_top_k", d.top_k))
+    except ValueError as e:  # name the flag, not the dataclass field
+        raise SystemExit(f"bad EAGLE-3 tree flag: {e} (see --eagle3-total-token, --eagle3-depth, "
+                         "--eagle3-top-k)") from None
+    head = load_eagle3_for_target(target, getattr(args, "base_model_name_or_path", None),
+                                  getattr(args, "eagle3_model_name_or_path", None))
+    return Eagle3Drafter(head, tree)
 
 
 def _load(target, args, with_ngram: bool):
@@ -30,11 +87,12 @@ def _load(target, args, with_ngram: bool):
                                       getattr(args, "dart_model_name_or_path", None),
                                       getattr(args, "ngram_model_name_or_path", None),
                                       is_small_ngram=bool(getattr(args, "small_ngram", False)), with_ngram=with_ngram)
-    return DartDrafter(head, store, target.eos_token_ids, name="dart" if with_ngram else "dart_no_ngram")
+    return DartDrafter(head, store, target.eos_token_ids, pruning=_pruning(target, args),
+                       name="dart" if with_ngram else "dart_no_ngram")
 
 
 def register_all(register_method, MethodSpec, EngineRunner, METHODS) -> None:
-    """Register ``dart`` and ``dart_no_ngram`` into a bench module's registry (idempotent)."""
+    """Register ``dart``, ``dart_no_ngram`` and ``eagle3`` into a bench module's registry (idempotent)."""
     if "dart" in METHODS:
         return
     register_method(MethodSpec(
@@ -44,3 +102,7 @@ def register_all(register_method, MethodSpec, EngineRunner, METHODS) -> None:
     register_method(MethodSpec(
         "dart_no_ngram", lambda target, args: EngineRunner("dart_no_ngram", target, _load(target, args, False)),
         "DART without the N-gram term (ablation): pruning by the head's logits only"))
+    register_method(MethodSpec(
+        "eagle3", lambda target, args: EngineRunner("eagle3", target, _load_eagle3(target, args)),
+        "EAGLE-3 baseline: autoregressive head + EAGLE-2 dynamic tree (--eagle3-model-name-or-path)",
+        add_arguments=_add_eagle3_arguments))

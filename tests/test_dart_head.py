@@ -20,7 +20,7 @@ from dart_core.drafters.dart import DartDrafter
 from dart_core.models.dart_head import (DartHeadError, HeadTargetMismatch, load_dart_head, new_head_for_target,
                                         save_dart_head, target_fingerprint)
 from dart_core.models.loader import load_target
-from dart_core.pruning import PruningConfig
+from dart_core.pruning import PruningConfig, default_pruning
 from tiny_models import make_tiny_model_dir
 
 H, I, NH, NKV, HD, V, VD, D = 32, 48, 4, 2, 8, 50, 20, 3
@@ -402,7 +402,7 @@ def test_bench_method_registration(tiny, tiny_head_dir):
         registry[spec.name] = spec
         return spec
     register_all(reg, bench.MethodSpec, bench.EngineRunner, registry)
-    assert set(registry) == {"dart", "dart_no_ngram"}
+    assert {"dart", "dart_no_ngram"} <= set(registry)
     p = argparse.ArgumentParser()
     registry["dart"].add_arguments(p)
     dirs, targets = tiny
@@ -413,6 +413,14 @@ def test_bench_method_registration(tiny, tiny_head_dir):
     ids = t.tokenizer.encode(PROMPTS[2], add_special_tokens=False)
     cfg = GenerationConfig(max_new_tokens=20, max_length=100)
     assert runner.run(ids, cfg).tokens == SpeculativeEngine(t).generate(ids, cfg).tokens
+    # Pruner flags: unset ones keep the target's default, set ones win, bad ones name the flag.
+    assert registry["dart"].factory(t, args).engine.drafter.pruning.budget == default_pruning(t.name).budget
+    args.tree_budget, args.beam_width = 7, 3
+    pruning = registry["dart"].factory(t, args).engine.drafter.pruning
+    assert (pruning.budget, pruning.beam_width, pruning.top_k) == (7, 3, default_pruning(t.name).top_k)
+    args.tree_budget = -1
+    with pytest.raises(SystemExit, match="--tree-budget"):
+        registry["dart"].factory(t, args)
 
 
 # ---------------------------------------------------------------------------------------------- the shipped head
@@ -432,7 +440,8 @@ def test_shipped_head_on_the_bundled_model(bundled_fp32):
     t = bundled_fp32
     head = load_dart_head(bundled_head_dir(), t)
     store = open_ngram(None, t.tokenizer)
-    dart, vanilla = SpeculativeEngine(t, DartDrafter(head, store, t.eos_token_ids)), SpeculativeEngine(t)
+    drafter = DartDrafter(head, store, t.eos_token_ids, pruning=default_pruning(t.name))  # as shipped
+    dart, vanilla = SpeculativeEngine(t, drafter), SpeculativeEngine(t)
     cfg = GenerationConfig(max_new_tokens=64, max_length=512)
     template = get_template(t.template_name)
     steps = tokens = 0

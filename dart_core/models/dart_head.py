@@ -227,10 +227,12 @@ def describe_target(target) -> dict:
 
 
 def check_head_matches_target(config: DartHeadConfig, target, source: str = "the DART head",
-                              check_fingerprint: bool = True) -> None:
-    """Raise :class:`HeadTargetMismatch` when the head cannot serve ``target`` (a TargetModel)."""
+                              check_fingerprint: bool = True, *, train_command: str = "dart") -> None:
+    """Raise :class:`HeadTargetMismatch` when the head cannot serve ``target`` (a TargetModel).
+
+    Also used for EAGLE-3 heads (same config fields); ``train_command`` names the trainer in the hint."""
     fix = (f"load the base model this head was made for, or train a head for this one with "
-           f"`python -m dart_core.train dart --target {target.name} --data ... --out DIR`")
+           f"`python -m dart_core.train {train_command} --target {target.name} --data ... --out DIR`")
     if config.target_hidden_size != target.hidden_size:
         raise HeadTargetMismatch(
             f"{source} reads aux features of a target with hidden size {config.target_hidden_size} "
@@ -646,21 +648,22 @@ class DartHeadCache:
 
 
 # ---------------------------------------------------------------------------------------------- load / save
-def validate_vocab_mapping(d2t: torch.Tensor, t2d: torch.Tensor, config: DartHeadConfig, source: str) -> None:
+def validate_vocab_mapping(d2t: torch.Tensor, t2d: torch.Tensor, config: DartHeadConfig, source: str,
+                           error: type[DartHeadError] = DartHeadError) -> None:
     """d2t [V_d] integer offsets and t2d [V] bool must describe the same V_d distinct target ids."""
     if d2t.dtype.is_floating_point or d2t.dtype == torch.bool:
-        raise DartHeadError(f"{source}: d2t must hold integer offsets (int64), got {d2t.dtype}")
+        raise error(f"{source}: d2t must hold integer offsets (int64), got {d2t.dtype}")
     if t2d.dtype != torch.bool and (t2d.dtype.is_floating_point or not bool(((t2d == 0) | (t2d == 1)).all())):
-        raise DartHeadError(f"{source}: t2d must be a boolean mask, got {t2d.dtype}")
+        raise error(f"{source}: t2d must be a boolean mask, got {t2d.dtype}")
     ids = torch.arange(config.draft_vocab_size) + d2t.cpu().to(torch.int64)
     if int(ids.min()) < 0 or int(ids.max()) >= config.vocab_size:
-        raise DartHeadError(f"{source}: d2t maps draft ids outside the target vocabulary [0, {config.vocab_size})")
+        raise error(f"{source}: d2t maps draft ids outside the target vocabulary [0, {config.vocab_size})")
     mask = torch.zeros(config.vocab_size, dtype=torch.bool)
     mask[ids] = True
     if int(mask.sum()) != config.draft_vocab_size:
-        raise DartHeadError(f"{source}: d2t maps two draft ids to the same target id")
+        raise error(f"{source}: d2t maps two draft ids to the same target id")
     if not torch.equal(mask, t2d.cpu().to(torch.bool)):
-        raise DartHeadError(f"{source}: d2t and t2d disagree on which target ids form the draft vocabulary")
+        raise error(f"{source}: d2t and t2d disagree on which target ids form the draft vocabulary")
 
 
 def expected_shapes(c: DartHeadConfig) -> dict[str, tuple[int, ...]]:
@@ -687,7 +690,17 @@ def expected_shapes(c: DartHeadConfig) -> dict[str, tuple[int, ...]]:
 
 def check_state_dict(state: dict[str, torch.Tensor], config: DartHeadConfig, source: str) -> dict[str, torch.Tensor]:
     """Strictly match a checkpoint to the config; returns the tensors to load (allow-listed keys removed)."""
-    shapes = expected_shapes(config)
+    return match_state_dict(state, expected_shapes(config), config, source, what="a DART head checkpoint")
+
+
+def match_state_dict(state: dict[str, torch.Tensor], shapes: dict[str, tuple[int, ...]], config, source: str,
+                     what: str, error: type[DartHeadError] = DartHeadError) -> dict[str, torch.Tensor]:
+    """Strict key/shape matching shared by the DART and EAGLE-3 loaders.
+
+    shapes: every expected key -> shape (``d2t``/``t2d`` may be absent when ``config.full_vocab``);
+    ``embed_tokens.weight`` and ``*rotary_emb.inv_freq`` are allowed and dropped. Every problem
+    (missing, unexpected, misshaped key) is collected into one ``error`` naming each key.
+    """
     problems: list[str] = []
     out: dict[str, torch.Tensor] = {}
     for key, t in state.items():
@@ -707,11 +720,11 @@ def check_state_dict(state: dict[str, torch.Tensor], config: DartHeadConfig, sou
                    if key in ("d2t", "t2d") else "")
             problems.append(f"missing key {key}{why}")
     if problems:
-        raise DartHeadError(f"{source} is not a DART head checkpoint for its config.json: " + "; ".join(problems))
+        raise error(f"{source} is not {what} for its config.json: " + "; ".join(problems))
     if "d2t" in out or "t2d" in out:
         if "d2t" not in out or "t2d" not in out:
-            raise DartHeadError(f"{source}: d2t and t2d must be present together")
-        validate_vocab_mapping(out["d2t"], out["t2d"], config, source)
+            raise error(f"{source}: d2t and t2d must be present together")
+        validate_vocab_mapping(out["d2t"], out["t2d"], config, source, error)
     return out
 
 

@@ -1,0 +1,211 @@
+"""EAGLE-3 drafting with the EAGLE-2 dynamic tree: several head forwards -> reranked DraftTree.
+
+    drafter = Eagle3Drafter(head)                       # head on the target's device/dtype
+    engine  = SpeculativeEngine(target, drafter)
+
+Per step (``propose``), with k = top_k:
+
+1. Real forward: the positions committed since the last step (target features ``fc(aux)``
+   paired with the next token, the last one with the tree root) go into the head's cache.
+   The last row's logits give the root's k best children (depth 1), scored by log-prob.
+2. ``depth`` tree forwards: the current frontier (k nodes) runs through the head, each node
+   with its parent's g as h and attending to every real position, its ancestors and itself.
+   Each node's k best children are scored ``score(parent) + log p(child)`` (cumulative
+   log-probs); all k*k are candidates, and the best k of them form the next frontier.
+3. Rerank: of all ``k + depth*k*k`` candidates keep the best ``total_token - 1`` (the root
+   makes ``total_token`` verified nodes, as published).
+
+Orders (deterministic; ties never depend on the device): a row's top-k by log-prob, ties to the
+lower draft id; frontier and rerank by (score desc, depth asc, candidate index asc). Scores never
+rise along a path, so with the depth tie-break a kept node's parent is always kept. Tree nodes'
+K/V live in the head cache only during the step: ``cache.length`` counts real positions only.
+
+Stage times: ``draft_forward_s`` = the head forwards (incl. lm_head + log-softmax);
+``tree_build_s`` = top-k, frontier selection, reranking and tree assembly. On CUDA each part is
+synchronised, so the split is exact.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..models.eagle3_head import Eagle3Head
+from ..trace import ScoredCandidates
+from ..tree import DraftTree
+from .base import AcceptedStep, Proposal
+
+
+@dataclass
+class Eagle3TreeConfig:
+    """The EAGLE-2 dynamic tree's knobs (published EAGLE-3 defaults).
+
+    total_token  nodes verified, root included: the best total_token - 1 candidates are kept
+    depth        tree forwards after the first (real) one: drafted depth is at most depth + 1,
+                 as in the published topK_generate
+    top_k        children scored per expanded node, and the frontier width
+    """
+    total_token: int = 60
+    depth: int = 7
+    top_k: int = 10
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field to change."""
+        for name, low in (("total_token", 1), ("depth", 0), ("top_k", 1)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise ValueError(f"Eagle3TreeConfig.{name}={v!r}: must be an integer >= {low}")
+
+
+def topk_stable(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k along the last dim, values descending, ties to the lower index (torch.topk leaves ties
+    unspecified). Fast path: torch.topk, used when no tie touches the selection."""
+    vals, idx = torch.topk(x, k, dim=-1)
+    boundary_tie = (x >= vals[..., -1:]).sum(-1) > k
+    inner_tie = (vals[..., 1:] == vals[..., :-1]).any(-1) if k > 1 else torch.zeros_like(boundary_tie)
+    if bool((boundary_tie | inner_tie).any()):
+        idx = torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :k]
+        vals = x.gather(-1, idx)
+    return vals, idx
+
+
+def rank_candidates(scores: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
+    """Candidate indices in the order (score desc, depth asc, index asc)."""
+    by_depth = torch.sort(depths, stable=True).indices                   # depth asc, index asc
+    by_score = torch.sort(scores[by_depth], descending=True, stable=True).indices
+    return by_depth[by_score]
+
+
+class Eagle3Drafter:
+    name = "eagle3"
+    needs_aux = True
+
+    def __init__(self, head: Eagle3Head, tree: Eagle3TreeConfig | None = None, name: str = "eagle3"):
+        """head: an Eagle3Head with the target's embedding attached, on the target's device and dtype."""
+        if head._embed is None:
+            raise ValueError("the EAGLE-3 head has no token embedding: load it with load_eagle3_head(path, target) "
+                             "or call head.attach_embedding(target embedding)")
+        self.head = head.eval()
+        self.tree_config = tree or Eagle3TreeConfig()
+        self.tree_config.validate()
+        self.name = name
+        self.max_tree_nodes = int(self.tree_config.total_token)
+        self._cache = head.new_cache()
+        self._pending: torch.Tensor | None = None   # [n, 3H] features of positions not yet in the head cache
+
+    # ------------------------------------------------------------------ protocol
+    def begin(self, prompt_ids: Sequence[int], prefill_aux: torch.Tensor | None) -> None:
+        if prefill_aux is None:
+            raise ValueError("Eagle3Drafter needs the target's aux features (needs_aux=True)")
+        if prefill_aux.shape[0] != len(prompt_ids):
+            raise ValueError(f"prefill_aux has {prefill_aux.shape[0]} rows for a prompt of {len(prompt_ids)} tokens")
+        self._cache.reset()
+        self._pending = prefill_aux
+
+    def observe(self, step: AcceptedStep) -> None:
+        if step.aux is None:
+            raise ValueError("Eagle3Drafter needs the aux features of the accepted nodes (needs_aux=True)")
+        if step.aux.shape[0] != len(step.tokens):
+            raise ValueError(f"AcceptedStep has {len(step.tokens)} tokens but {step.aux.shape[0]} aux rows")
+        self._pending = step.aux
+
+    @torch.inference_mode()
+    def propose(self, context: Sequence[int]) -> Proposal:
+        if self._pending is None:
+            raise RuntimeError("Eagle3Drafter.propose() called twice without observe(): the engine must report "
+                               "every verify step through observe()")
+        head, cache, tc = self.head, self._cache, self.tree_config
+        dev = head.fc.weight.device
+        sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+        n = int(self._pending.shape[0])
+        start = cache.length
+        if start + n + 1 != len(context):
+            raise RuntimeError(f"Eagle3Drafter is out of step: {start} positions cached + {n} new features + the "
+                               f"root should make the context, which has {len(context)} tokens")
+        k = min(int(tc.top_k), head.config.draft_vocab_size)
+        T = start + n                                        # real positions after this step's real forward
+        cache.reserve(T + tc.depth * k)
+        d2t = head.d2t
+        fwd_s = 0.0
+        t_begin = time.perf_counter()
+
+        # 1. Real forward: the new positions persist in the head cache.
+        t0 = time.perf_counter()
+        next_ids = torch.as_tensor(list(context[start + 1:]), dtype=torch.long, device=dev)
+        g = head.step_real(self._pending, next_ids, cache)[-1:]                  # [1, H]
+        logp = torch.log_softmax(head.logits(g), dim=-1)                         # [1, V_d]
+        sync()
+        fwd_s += time.perf_counter() - t0
+        self._pending = None
+
+        vals, idx = topk_stable(logp[0], k)                                      # [k]
+        vals = vals.clamp(max=0.0)         # a log-prob; keeps scores non-increasing along every path
+        toks = idx + d2t[idx]                                                    # draft ids -> target ids
+        # Candidate arrays, level by level; a level's candidates are parent-major, then by rank.
+        c_tok, c_par, c_lp, c_score = [toks], [torch.full((k,), -1, dtype=torch.long, device=dev)], [vals], [vals]
+        c_depth = [torch.ones(k, dtype=torch.long, device=dev)]
+        n_cands = k
+        frontier = torch.arange(k, device=dev)                                   # candidate indices
+        f_h, f_tok, f_score = g.expand(k, -1), toks, vals
+        tree_allowed = torch.eye(k, dtype=torch.bool, device=dev)                # frontier x this round's slots
+        slots = 0
+
+        # 2. Tree forwards: expand the frontier depth by depth.
+        for i in range(tc.depth):
+            t0 = time.perf_counter()
+            g = head.step_tree(f_h, f_tok, T + i, cache, T + slots, tree_allowed)   # [k, H]
+            logp = torch.log_softmax(head.logits(g), dim=-1)                         # [k, V_d]
+            sync()
+            fwd_s += time.perf_counter() - t0
+            slots += k
+
+            vals, idx = topk_stable(logp, k)                                         # [k, k]
+            cu = (f_score[:, None] + vals.clamp(max=0.0)).reshape(-1)                # [k*k] cumulative
+            toks = (idx + d2t[idx]).reshape(-1)
+            c_tok.append(toks)
+            c_par.append(frontier.repeat_interleave(k))
+            c_lp.append(vals.reshape(-1))
+            c_score.append(cu)
+            c_depth.append(torch.full((k * k,), i + 2, dtype=torch.long, device=dev))
+            base = n_cands
+            n_cands += k * k
+            if i + 1 == tc.depth:
+                break
+            # All children of one frontier share a depth: rank by score, ties to the lower index.
+            sel = torch.sort(cu, descending=True, stable=True).indices[:k]           # [k]
+            out_ids = sel // k                                                       # parent's frontier row
+            frontier = base + sel
+            f_h, f_tok, f_score = g[out_ids], toks[sel], cu[sel]
+            tree_allowed = torch.cat([tree_allowed[out_ids], torch.eye(k, dtype=torch.bool, device=dev)], 1)
+
+        # 3. Rerank every candidate; keep the best total_token - 1 in candidate (topological) order.
+        tok = torch.cat(c_tok)
+        par = torch.cat(c_par)
+        lp = torch.cat(c_lp)
+        score = torch.cat(c_score)
+        depth = torch.cat(c_depth)
+        keep_n = min(int(tc.total_token) - 1, n_cands)
+        kept_idx = torch.sort(rank_candidates(score, depth)[:keep_n]).values
+        tok, par, lp, score, depth, kept_idx = (t.cpu().numpy() for t in (tok, par, lp, score, depth, kept_idx))
+        node = np.full(n_cands, -1, dtype=np.int64)
+        node[kept_idx] = np.arange(1, keep_n + 1)
+        kept = node >= 0
+        parents = np.where(par[kept_idx] >= 0, node[np.maximum(par[kept_idx], 0)], 0)
+        if (parents < 0).any():  # cannot happen (scores never rise along a path); guard the invariant anyway
+            raise RuntimeError("EAGLE-3 reranking kept a node without its parent")
+        tree = DraftTree(tokens=np.concatenate([[int(context[-1])], tok[kept_idx]]),
+                         parents=np.concatenate([[-1], parents]),
+                         depths=np.concatenate([[0], depth[kept_idx]]),
+                         scores=np.concatenate([[0.0], score[kept_idx].astype(np.float64)]))
+        cands = ScoredCandidates(token=tok.astype(np.int64), parent=par.astype(np.int64), depth=depth.astype(np.int64),
+                                 logit_term=lp.astype(np.float64), ngram_term=np.zeros(n_cands),
+                                 score=score.astype(np.float64), kept=kept, node=node)
+        sync()
+        total = time.perf_counter() - t_begin
+        return Proposal(tree=tree, candidates=cands, draft_forward_s=fwd_s, tree_build_s=max(total - fwd_s, 0.0))

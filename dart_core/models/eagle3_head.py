@@ -1,0 +1,564 @@
+"""The EAGLE-3 draft head in the published EAGLE / SpecForge / AngelSlim format (DESIGN.md section 7).
+
+One Llama-style decoder layer run autoregressively: each step reads a hidden state ``h`` and a
+token, and returns the next hidden state ``g`` (before the final norm) and, through
+``lm_head(norm(g))``, logits over the draft vocabulary. The first step of a speculative round
+uses the target's aux features (``h = fc(aux)``); every deeper step feeds back the head's own
+``g``.
+
+Checkpoint (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``), keys as published::
+
+    fc.weight                                  [H, 3*H_t]   aux features -> hidden
+    midlayer.self_attn.{q,k,v}_proj.weight     [heads*hd, 2H]  (hd = q_proj rows / heads)
+    midlayer.self_attn.o_proj.weight           [H, heads*hd]
+    midlayer.mlp.{gate,up}_proj.weight         [I, H];  midlayer.mlp.down_proj.weight [H, I]
+    midlayer.{hidden_norm,input_layernorm,post_attention_layernorm}.weight   [H]
+    norm.weight                                [H]
+    lm_head.weight                             [V_d, H]
+    d2t                                        [V_d] int64  target_id = draft_id + d2t[draft_id]
+    t2d                                        [V]   bool
+    embed_tokens.weight                        [V, H]  optional; ignored (the target's embedding is used)
+
+One step over n rows (token ``ids[i]`` paired with hidden ``h[i]``)::
+
+    x = cat[input_layernorm(embed(ids)), hidden_norm(h)]          # [n, 2H]
+    g = h + o_proj(attention(x))                                   # residual = h (pre-norm)
+    g = g + mlp(post_attention_layernorm(g))                       # [n, H]: fed back as the next h
+    logits = lm_head(norm(g))                                      # [n, V_d]
+
+Loading is strict (:func:`load_eagle3_head`), with the same allow-list and error class family
+as the DART head (:class:`Eagle3HeadError` is a :class:`~dart_core.models.dart_head.DartHeadError`).
+Heads trained here record their target in ``config.json: eagle3_target`` and are refused
+for another target (:class:`~dart_core.models.dart_head.HeadTargetMismatch`).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .dart_head import (DartAttention, DartHeadError, DartMLP, HeadTargetMismatch, RMSNorm,
+                        check_head_matches_target, describe_target, match_state_dict, sdpa_attend,
+                        validate_vocab_mapping)
+
+logger = logging.getLogger(__name__)
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAMES = ("model.safetensors", "pytorch_model.bin")   # preference order
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+TARGET_KEY = "eagle3_target"
+#: where a bundled default head for the bundled target would live (none ships yet)
+BUNDLED_EAGLE3_HEAD_NAME = "smollm2-135m-instruct"
+
+
+class Eagle3HeadError(DartHeadError):
+    """An EAGLE-3 head checkpoint is missing, malformed, or made for another target."""
+
+
+# ---------------------------------------------------------------------------------------------- config
+_REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
+
+
+@dataclass
+class Eagle3HeadConfig:
+    """The head's ``config.json``: Llama fields + ``draft_vocab_size`` (+ optional ``target_hidden_size``)
+    + our ``eagle3_target`` record (None for published heads, which are checked by shape only).
+
+    head_dim comes from the weights (``q_proj`` rows / heads) when loading: published heads may carry
+    a ``head_dim`` copied from their target that their weights do not use.
+    extra: every other field of a loaded config.json, written back unchanged on save.
+    """
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    draft_vocab_size: int
+    head_dim: int | None = None
+    target_hidden_size: int | None = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 2048
+    initializer_range: float = 0.02
+    target: dict | None = None
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.head_dim is None and isinstance(self.num_attention_heads, int) and self.num_attention_heads > 0:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.target_hidden_size is None:
+            self.target_hidden_size = self.hidden_size
+        problems = []
+        for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                     "vocab_size", "draft_vocab_size", "head_dim", "target_hidden_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                problems.append(f"{name} must be a positive integer, got {v!r}")
+        if not problems:
+            if self.num_attention_heads % self.num_key_value_heads:
+                problems.append(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                                f"num_key_value_heads ({self.num_key_value_heads})")
+            if self.draft_vocab_size > self.vocab_size:
+                problems.append(f"draft_vocab_size ({self.draft_vocab_size}) exceeds vocab_size ({self.vocab_size})")
+            if self.head_dim % 2:
+                problems.append(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.hidden_act not in ("silu", "swish"):
+            problems.append(f"hidden_act {self.hidden_act!r} is not supported (only silu)")
+        if problems:
+            raise Eagle3HeadError("invalid EAGLE-3 head config: " + "; ".join(problems))
+
+    @property
+    def full_vocab(self) -> bool:
+        return self.draft_vocab_size == self.vocab_size
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "config.json", head_dim: int | None = None) -> "Eagle3HeadConfig":
+        """head_dim: the value implied by the weights (overrides the config's own field)."""
+        missing = [k for k in _REQUIRED if k not in d]
+        if missing:
+            raise Eagle3HeadError(f"{source}: missing field(s) {', '.join(missing)}; an EAGLE-3 head config needs "
+                                  "the Llama fields (hidden_size, intermediate_size, num_attention_heads, vocab_size)")
+        rope_scaling = d.get("rope_scaling")
+        rope_type = (rope_scaling.get("rope_type", rope_scaling.get("type"))
+                     if isinstance(rope_scaling, dict) else None)
+        if rope_type not in (None, "default"):
+            raise Eagle3HeadError(f"{source}: rope_scaling {rope_scaling!r} is not supported (plain RoPE only); "
+                                  "remove the field if the head was trained without scaling")
+        rope_params = d.get("rope_parameters") or {}
+        theta = d.get("rope_theta") or rope_params.get("rope_theta") or 10000.0
+        if head_dim is not None and d.get("head_dim") not in (None, head_dim):
+            logger.info("%s: head_dim %s in the config, but the weights use %s; using the weights'", source,
+                        d.get("head_dim"), head_dim)
+        known = set(_REQUIRED) | {"num_key_value_heads", "draft_vocab_size", "head_dim", "target_hidden_size",
+                                  "rms_norm_eps", "rope_theta", "hidden_act", "max_position_embeddings",
+                                  "initializer_range", TARGET_KEY}
+        extra = {k: v for k, v in d.items() if k not in known}
+        try:
+            return cls(hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"],
+                       num_attention_heads=d["num_attention_heads"],
+                       num_key_value_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
+                       vocab_size=d["vocab_size"], draft_vocab_size=d.get("draft_vocab_size") or d["vocab_size"],
+                       head_dim=head_dim if head_dim is not None else d.get("head_dim"),
+                       target_hidden_size=d.get("target_hidden_size"),
+                       rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)), rope_theta=float(theta),
+                       hidden_act=d.get("hidden_act", "silu"),
+                       max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
+                       initializer_range=float(d.get("initializer_range", 0.02)),
+                       target=d.get(TARGET_KEY), extra=extra)
+        except Eagle3HeadError as exc:
+            raise Eagle3HeadError(f"{source}: {exc}") from None
+
+    def to_dict(self) -> dict:
+        d = dict(self.extra)
+        d.setdefault("architectures", [ARCHITECTURE])
+        d.setdefault("model_type", "llama")
+        d.update(hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+                 num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
+                 num_hidden_layers=1, head_dim=self.head_dim, vocab_size=self.vocab_size,
+                 draft_vocab_size=self.draft_vocab_size, target_hidden_size=self.target_hidden_size,
+                 rms_norm_eps=self.rms_norm_eps, rope_theta=self.rope_theta, rope_scaling=None,
+                 hidden_act=self.hidden_act, max_position_embeddings=self.max_position_embeddings,
+                 initializer_range=self.initializer_range, pretraining_tp=1, tie_word_embeddings=False)
+        if self.target is not None:
+            d[TARGET_KEY] = self.target
+        return d
+
+    @classmethod
+    def for_target(cls, target, draft_vocab_size: int) -> "Eagle3HeadConfig":
+        """A head config sized for ``target`` (a TargetModel), recording the target's identity."""
+        cfg = target.config
+        theta = getattr(cfg, "rope_theta", None)
+        if theta is None:
+            theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+        return cls(hidden_size=target.hidden_size, intermediate_size=int(cfg.intermediate_size),
+                   num_attention_heads=int(cfg.num_attention_heads),
+                   num_key_value_heads=int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads),
+                   head_dim=target.head_dim, vocab_size=target.vocab_size, draft_vocab_size=int(draft_vocab_size),
+                   target_hidden_size=target.hidden_size, rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-6)),
+                   rope_theta=float(theta), max_position_embeddings=int(getattr(cfg, "max_position_embeddings", 2048)),
+                   target=describe_target(target))
+
+
+def expected_shapes(c: Eagle3HeadConfig) -> dict[str, tuple[int, ...]]:
+    H, I, hd = c.hidden_size, c.intermediate_size, c.head_dim
+    return {
+        "fc.weight": (H, 3 * c.target_hidden_size),
+        "midlayer.self_attn.q_proj.weight": (c.num_attention_heads * hd, 2 * H),
+        "midlayer.self_attn.k_proj.weight": (c.num_key_value_heads * hd, 2 * H),
+        "midlayer.self_attn.v_proj.weight": (c.num_key_value_heads * hd, 2 * H),
+        "midlayer.self_attn.o_proj.weight": (H, c.num_attention_heads * hd),
+        "midlayer.mlp.gate_proj.weight": (I, H),
+        "midlayer.mlp.up_proj.weight": (I, H),
+        "midlayer.mlp.down_proj.weight": (H, I),
+        "midlayer.hidden_norm.weight": (H,),
+        "midlayer.input_layernorm.weight": (H,),
+        "midlayer.post_attention_layernorm.weight": (H,),
+        "norm.weight": (H,),
+        "lm_head.weight": (c.draft_vocab_size, H),
+        "d2t": (c.draft_vocab_size,),
+        "t2d": (c.vocab_size,),
+    }
+
+
+# ---------------------------------------------------------------------------------------------- modules
+class Eagle3MidLayer(nn.Module):
+    """The decoder layer; attention and MLP are the DART head's (same published parameter names)."""
+
+    def __init__(self, c: Eagle3HeadConfig):
+        super().__init__()
+        self.self_attn = DartAttention(c)   # reads only the Llama fields both configs share
+        self.mlp = DartMLP(c)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+
+class Eagle3HeadCache:
+    """The head's own KV cache: keys/values [kv_heads, capacity, head_dim].
+
+    ``length`` counts real positions (target features); a drafting round writes its tree
+    nodes after them and the next round overwrites those slots. Grows by doubling.
+    """
+
+    def __init__(self, config: Eagle3HeadConfig, capacity: int, dtype: torch.dtype, device: torch.device):
+        shape = (config.num_key_value_heads, max(int(capacity), 16), config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return int(self.k.shape[1])
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def reserve(self, total: int) -> None:
+        """Make room for ``total`` slots, keeping every slot written so far (tree slots included)."""
+        if total <= self.capacity:
+            return
+        cap = self.capacity
+        while cap < total:
+            cap *= 2
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            new = torch.zeros((old.shape[0], cap, old.shape[2]), dtype=old.dtype, device=old.device)
+            new[:, : old.shape[1]] = old
+            setattr(self, name, new)
+
+
+class Eagle3Head(nn.Module):
+    """The EAGLE-3 draft head. Call :meth:`attach_embedding` with the target's embedding before use."""
+
+    def __init__(self, config: Eagle3HeadConfig):
+        super().__init__()
+        c = self.config = config
+        self.fc = nn.Linear(3 * c.target_hidden_size, c.hidden_size, bias=False)
+        self.midlayer = Eagle3MidLayer(c)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))
+        self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool) if c.full_vocab
+                             else torch.zeros(c.vocab_size, dtype=torch.bool))
+        # The target's embedding [V, H], held in a list so it is neither a parameter nor saved/moved with the head.
+        self._embed_ref: list[torch.Tensor] = []
+        self.source: str | None = None
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self, seed: int | None = None) -> None:
+        """Linear ~ N(0, initializer_range), norms 1 (seeded when ``seed`` is given)."""
+        g = torch.Generator().manual_seed(seed) if seed is not None else None
+        std = self.config.initializer_range
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                m.weight.copy_(torch.randn(m.weight.shape, generator=g) * std)
+            elif isinstance(m, RMSNorm):
+                m.weight.fill_(1.0)
+
+    def attach_embedding(self, weight: torch.Tensor) -> "Eagle3Head":
+        """Use the target's token embedding [V, H] (shared, frozen)."""
+        if tuple(weight.shape) != (self.config.vocab_size, self.config.hidden_size):
+            raise HeadTargetMismatch(f"the target's embedding is {tuple(weight.shape)} but the EAGLE-3 head expects "
+                                     f"[{self.config.vocab_size}, {self.config.hidden_size}] (vocab, hidden)")
+        self._embed_ref[:] = [weight]
+        return self
+
+    @property
+    def _embed(self) -> torch.Tensor | None:
+        return self._embed_ref[0] if self._embed_ref else None
+
+    @torch.no_grad()
+    def set_vocab_mapping(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        validate_vocab_mapping(d2t, t2d, self.config, "set_vocab_mapping", Eagle3HeadError)
+        self.d2t.copy_(d2t.to(torch.int64))
+        self.t2d.copy_(t2d.to(torch.bool))
+
+    @property
+    def draft_ids(self) -> torch.Tensor:
+        """[V_d] target ids of the draft vocabulary, in draft-id order."""
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    def target_to_draft(self) -> torch.Tensor:
+        """[V] int64: the draft id of each target id, -1 outside the draft vocabulary."""
+        out = torch.full((self.config.vocab_size,), -1, dtype=torch.int64, device=self.d2t.device)
+        out[self.draft_ids] = torch.arange(self.config.draft_vocab_size, device=self.d2t.device)
+        return out
+
+    # ------------------------------------------------------------------ forward pieces
+    def new_cache(self, capacity: int = 512) -> Eagle3HeadCache:
+        p = self.fc.weight
+        return Eagle3HeadCache(self.config, capacity, p.dtype, p.device)
+
+    def layer(self, h: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor | None,
+              cache: Eagle3HeadCache | None = None, write_at: int = 0) -> torch.Tensor:
+        """The decoder layer over n rows -> g [n, H] (pre-norm, fed back as the next h).
+
+        h [n, H] hidden (fc(aux) or a fed-back g), ids [n] target token ids, positions [n] RoPE positions.
+        Without a cache: rows attend to each other under ``allowed`` [n, n] bool (None = causal).
+        With a cache: this call's K/V are written to slots [write_at, write_at + n) (reserved by the
+        caller) and the rows attend to slots [0, write_at + n) under ``allowed`` [n, write_at + n].
+        """
+        if self._embed is None:
+            raise RuntimeError("Eagle3Head has no token embedding: call attach_embedding(target embedding) first")
+        mid = self.midlayer
+        n = h.shape[0]
+        e = F.embedding(ids.to(self._embed.device), self._embed).to(h.device, h.dtype)
+        x = torch.cat([mid.input_layernorm(e), mid.hidden_norm(h)], dim=-1)      # [n, 2H]
+        q, k, v = mid.self_attn.qkv(x, positions)                                 # [heads|kv, n, hd]
+        if cache is not None:
+            end = write_at + n
+            cache.k[:, write_at:end] = k
+            cache.v[:, write_at:end] = v
+            k, v = cache.k[:, :end], cache.v[:, :end]                             # no concatenation copy
+        if allowed is None:
+            allowed = torch.ones(n, k.shape[1], dtype=torch.bool, device=h.device).tril(k.shape[1] - n)
+        out = sdpa_attend(allowed)(q, k, v)                                       # [heads, n, hd]
+        g = h + mid.self_attn.o_proj(out.transpose(0, 1).reshape(n, -1))
+        return g + mid.mlp(mid.post_attention_layernorm(g))
+
+    def logits(self, g: torch.Tensor) -> torch.Tensor:
+        """lm_head(norm(g)) -> [n, V_d] float32."""
+        return self.lm_head(self.norm(g)).float()
+
+    # ------------------------------------------------------------------ inference with the head's cache
+    @torch.inference_mode()
+    def step_real(self, aux: torch.Tensor, next_ids: torch.Tensor, cache: Eagle3HeadCache) -> torch.Tensor:
+        """n newly committed positions: target features aux [n, 3H_t], next_ids [n] (token i+1 for feature i).
+
+        They persist in the cache (positions cache.length ...). Returns g [n, H].
+        """
+        n = int(next_ids.shape[0])
+        if n < 1 or aux.shape[0] != n:
+            raise ValueError(f"step_real() needs n >= 1 features with one next token each, got aux "
+                             f"{tuple(aux.shape)} and next_ids {tuple(next_ids.shape)}")
+        w = self.fc.weight
+        h = self.fc(aux.to(w.device, w.dtype))                                    # fc only on target features
+        start = cache.length
+        pos = torch.arange(start, start + n, device=w.device)
+        allowed = torch.arange(start + n, device=w.device)[None, :] <= pos[:, None]   # causal
+        cache.reserve(start + n)
+        g = self.layer(h, next_ids.to(w.device), pos, allowed, cache, write_at=start)
+        cache.length = start + n
+        return g
+
+    @torch.inference_mode()
+    def step_tree(self, h: torch.Tensor, ids: torch.Tensor, position: int, cache: Eagle3HeadCache,
+                  tree_start: int, tree_allowed: torch.Tensor) -> torch.Tensor:
+        """One drafting depth: n frontier nodes, all at RoPE ``position``.
+
+        h [n, H] the parents' g; ids [n]; their K/V go to slots tree_start.. (after the real
+        positions and earlier tree nodes, which ``cache.length`` does not count, so they are
+        discarded with the round). tree_allowed [n, tree_start - cache.length + n] bool: which
+        of this round's tree slots (earlier depths + this one) each node sees (its ancestors and
+        itself); every real position is visible. Returns g [n, H].
+        """
+        n = int(ids.shape[0])
+        real = cache.length
+        if tree_start < real or tuple(tree_allowed.shape) != (n, tree_start - real + n):
+            raise ValueError(f"step_tree(): tree_allowed must be [{n}, {tree_start - real + n}] for tree slots "
+                             f"{real}..{tree_start + n}, got {tuple(tree_allowed.shape)}")
+        cache.reserve(tree_start + n)
+        dev = h.device
+        allowed = torch.cat([torch.ones(n, real, dtype=torch.bool, device=dev), tree_allowed.to(dev)], dim=1)
+        pos = torch.full((n,), int(position), dtype=torch.int64, device=dev)
+        return self.layer(h, ids, pos, allowed, cache, write_at=tree_start)
+
+
+# ---------------------------------------------------------------------------------------------- load / save
+def _resolve_head_files(path_or_id: str | os.PathLike) -> tuple[Path, Path]:
+    p = Path(path_or_id).expanduser()
+    if p.is_dir():
+        cfg = p / CONFIG_NAME
+        if not cfg.is_file():
+            raise Eagle3HeadError(f"EAGLE-3 head directory {p} has no config.json; it needs config.json and "
+                                  "model.safetensors or pytorch_model.bin (the published EAGLE-3 layout)")
+        for name in WEIGHTS_NAMES:
+            if (p / name).is_file():
+                return cfg, p / name
+        raise Eagle3HeadError(f"EAGLE-3 head directory {p} has neither model.safetensors nor pytorch_model.bin")
+    s = str(path_or_id)
+    if s.startswith((".", "/", "~")) or s.count("/") != 1:
+        raise Eagle3HeadError(f"EAGLE-3 head {s!r} is neither a local directory nor a Hub id (owner/name); "
+                              "check --eagle3-model-name-or-path")
+    from huggingface_hub import hf_hub_download
+    offline = (" (HF_HUB_OFFLINE=1 is set: only heads already in the Hub cache load)"
+               if os.environ.get("HF_HUB_OFFLINE") == "1" else "")
+    try:
+        cfg = Path(hf_hub_download(s, CONFIG_NAME))
+    except Exception as exc:  # noqa: BLE001 - network/offline/missing repo: one clear message
+        raise Eagle3HeadError(f"could not fetch the EAGLE-3 head {s!r} from the Hub{offline}: {exc}") from exc
+    errors = []
+    for name in WEIGHTS_NAMES:
+        try:
+            return cfg, Path(hf_hub_download(s, name))
+        except Exception as exc:  # noqa: BLE001 - try the next file name, report both
+            errors.append(f"{name}: {type(exc).__name__}")
+    raise Eagle3HeadError(f"the Hub repo {s!r} has no EAGLE-3 weights{offline} ({'; '.join(errors)})")
+
+
+def _read_state(weights_path: Path) -> dict[str, torch.Tensor]:
+    if weights_path.suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+        try:
+            return load_file(str(weights_path))
+        except (SafetensorError, OSError) as exc:
+            raise Eagle3HeadError(f"{weights_path}: not a readable safetensors file ({exc})") from None
+    try:
+        # weights_only: a .bin from the Hub must not run code when unpickled
+        state = torch.load(str(weights_path), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure: one clear message
+        raise Eagle3HeadError(f"{weights_path}: not a readable PyTorch state dict ({exc})") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise Eagle3HeadError(f"{weights_path}: expected a flat dict of tensors (a state_dict)")
+    return state
+
+
+def _head_dim_from_weights(state: dict[str, torch.Tensor], raw: dict, source: str) -> int | None:
+    """head_dim = q_proj rows / num_attention_heads (published heads may differ from hidden / heads)."""
+    q = state.get("midlayer.self_attn.q_proj.weight")
+    heads = raw.get("num_attention_heads")
+    if q is None or not isinstance(heads, int) or heads <= 0:
+        return None  # the strict check reports the missing key / the config field
+    if q.shape[0] % heads:
+        raise Eagle3HeadError(f"{source}: midlayer.self_attn.q_proj.weight has {q.shape[0]} rows, not a multiple "
+                              f"of num_attention_heads ({heads})")
+    return int(q.shape[0] // heads)
+
+
+def load_eagle3_head(path_or_id: str | os.PathLike, target=None, *, dtype: torch.dtype | None = None,
+                     device: torch.device | str | None = None, check_fingerprint: bool = True) -> Eagle3Head:
+    """Load a head (local directory or Hub id) strictly; with ``target`` (a TargetModel) also check it
+    was made for that target, attach its embedding and move to its device and dtype."""
+    cfg_path, weights_path = _resolve_head_files(path_or_id)
+    try:
+        raw = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise Eagle3HeadError(f"{cfg_path}: not a readable JSON config ({exc})") from None
+    if not isinstance(raw, dict):
+        raise Eagle3HeadError(f"{cfg_path}: expected a JSON object")
+    state = _read_state(weights_path)
+    config = Eagle3HeadConfig.from_dict(raw, str(cfg_path), head_dim=_head_dim_from_weights(state, raw,
+                                                                                           str(weights_path)))
+    tensors = match_state_dict(state, expected_shapes(config), config, str(weights_path),
+                               what="an EAGLE-3 head checkpoint", error=Eagle3HeadError)
+    if target is not None:
+        check_head_matches_target(config, target, source=f"the EAGLE-3 head {path_or_id}",
+                                  check_fingerprint=check_fingerprint, train_command="eagle3")
+    head = Eagle3Head(config)
+    with torch.no_grad():
+        params = dict(head.named_parameters())
+        params.update(dict(head.named_buffers()))
+        for key, t in tensors.items():
+            dst = params[key]
+            dst.copy_(t.to(torch.bool) if key == "t2d" else t.to(dst.dtype))
+    head.source = str(path_or_id)
+    if target is not None:
+        head.to(device=target.device, dtype=dtype or target.dtype)
+        head.attach_embedding(target.model.get_input_embeddings().weight)
+    elif dtype is not None or device is not None:
+        head.to(device=device, dtype=dtype)
+    return head.eval()
+
+
+def save_eagle3_head(head: Eagle3Head, out_dir: str | os.PathLike,
+                     dtype: torch.dtype | None = torch.bfloat16) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` (published key layout; float weights in ``dtype``)."""
+    from safetensors.torch import save_file
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {}
+    for key, t in head.state_dict().items():
+        t = t.detach().cpu()
+        if t.is_floating_point() and dtype is not None:
+            t = t.to(dtype)
+        state[key] = t.contiguous()
+    cfg = head.config.to_dict()
+    cfg["torch_dtype"] = str(dtype or head.fc.weight.dtype).replace("torch.", "")
+    # Write both files under temporary names first so a crash never leaves a half-written head.
+    tmp_w, tmp_c = out / (WEIGHTS_NAMES[0] + ".tmp"), out / (CONFIG_NAME + ".tmp")
+    save_file(state, str(tmp_w), metadata={"format": "pt"})
+    tmp_c.write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp_w, out / WEIGHTS_NAMES[0])
+    os.replace(tmp_c, out / CONFIG_NAME)
+    return out
+
+
+def new_eagle3_head_for_target(target, draft_ids: torch.Tensor | None = None, seed: int = 0,
+                               init_lm_head_from_target: bool = False) -> Eagle3Head:
+    """A freshly initialised head for ``target`` (float32, on the target's device, embedding attached).
+
+    draft_ids: sorted target ids of the draft vocabulary (None = the full vocabulary).
+    """
+    V = target.vocab_size
+    ids = torch.arange(V) if draft_ids is None else torch.as_tensor(draft_ids, dtype=torch.int64).cpu()
+    config = Eagle3HeadConfig.for_target(target, draft_vocab_size=int(ids.numel()))
+    head = Eagle3Head(config)
+    head.reset_parameters(seed)
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[ids] = True
+    head.set_vocab_mapping(ids - torch.arange(ids.numel()), t2d)
+    if init_lm_head_from_target:
+        out_emb = target.model.get_output_embeddings()
+        if out_emb is not None and tuple(out_emb.weight.shape) == (V, config.hidden_size):
+            with torch.no_grad():
+                head.lm_head.weight.copy_(out_emb.weight.detach().float().cpu()[ids])
+    head.to(target.device)
+    head.attach_embedding(target.model.get_input_embeddings().weight)
+    return head
+
+
+# ---------------------------------------------------------------------------------------------- defaults
+def bundled_eagle3_head_dir() -> Path:
+    from ..assets import asset_path
+    return asset_path("eagle3", BUNDLED_EAGLE3_HEAD_NAME)
+
+
+def load_eagle3_for_target(target, base_model_name_or_path: str | None, eagle3_model_name_or_path: str | None,
+                           *, check_fingerprint: bool = True) -> Eagle3Head:
+    """The EAGLE-3 head for an already loaded ``target``; None = the bundled default, which exists
+    only for the bundled target. Shared by the benchmark and the app."""
+    from ..api import is_bundled_target
+
+    if eagle3_model_name_or_path is None:
+        how = ("pass --eagle3-model-name-or-path DIR|HUB_ID (a published EAGLE-3 head for this target, e.g. "
+               "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B for meta-llama/Llama-3.1-8B-Instruct), or train one with "
+               "`python -m dart_core.train eagle3 --target {t} --data FILE --out DIR`")
+        if not is_bundled_target(base_model_name_or_path):
+            raise Eagle3HeadError(f"no default EAGLE-3 head for {base_model_name_or_path!r}: "
+                                  + how.format(t=base_model_name_or_path))
+        head_dir = bundled_eagle3_head_dir()
+        if not (head_dir / CONFIG_NAME).is_file():
+            raise Eagle3HeadError(f"no EAGLE-3 head ships for the bundled target yet (looked in {head_dir}): "
+                                  + how.format(t="bundled")
+                                  + " and copy DIR/config.json and DIR/model.safetensors there")
+        eagle3_model_name_or_path = str(head_dir)
+    return load_eagle3_head(eagle3_model_name_or_path, target, check_fingerprint=check_fingerprint)
