@@ -230,17 +230,29 @@ def test_train_cli_writes_a_loadable_head_and_resumes(tiny, tmp_path):
     assert head.config.draft_vocab_size == 64 and head.fc.weight.dtype == torch.float32  # cast to the target's
     with pytest.raises(TrainError, match="--resume"):
         train_dart(DartTrainConfig(data=str(data), out=str(out), target=str(d), max_steps=3, dtype="float32"))
-    # A finished run resumed with more steps continues from its checkpoint.
+    # Resuming a finished run changes nothing; a larger --max-steps extends it from its checkpoint.
     state = torch.load(out / "checkpoint" / "trainer_state.pt", weights_only=False)
     assert state["step"] == 2 and state["finished"]
-    state["finished"] = False
-    torch.save(state, out / "checkpoint" / "trainer_state.pt")
+    assert main(common + ["--resume"]) == 0
+    assert len((out / "train_log.jsonl").read_text().splitlines()) == 2
     assert main(common + ["--max-steps", "4", "--resume"]) == 0
     log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
     assert [x["step"] for x in log] == [1, 2, 3, 4]
     summary = json.loads((out / "training_summary.json").read_text())
     assert summary["steps"] == 4 and len(summary["eval"]["hit@1"]) == 4
     assert "alpaca" in (out / "README.md").read_text()
+
+
+def test_model_card_names_the_target_and_a_schedule_restart(tmp_path):
+    from dart_core.training.dart_trainer import display_target, lr_restarts
+
+    log = tmp_path / "train_log.jsonl"
+    lrs = [1e-4, 2e-4, 5e-4, 4e-4, 1e-4, 2e-5, 3e-4, 2e-4]   # warm-up, decay, extended at step 7
+    log.write_text("".join(json.dumps({"step": i + 1, "lr": lr}) + "\n" for i, lr in enumerate(lrs)) + "{torn")
+    assert lr_restarts(log, warmup=3) == [7]
+    assert lr_restarts(tmp_path / "missing.jsonl", warmup=3) == []
+    assert display_target("bundled").startswith("SmolLM2-135M-Instruct")
+    assert display_target("Qwen/Qwen3-4B") == "Qwen/Qwen3-4B"
 
 
 def test_train_flags_are_validated(tiny, tmp_path):
