@@ -1,11 +1,11 @@
-"""Gradio app: run a speculative decoder on the target and stream the answer with live statistics.
+"""Gradio app: DART, EAGLE-3 and a vanilla baseline side by side on one target, step by step.
 
-UI and CLI only: the engine (dart_core) does all decoding; this file builds engines from
-flags and renders their StepTrace stream. The side-by-side DART / EAGLE-3 visualiser
-grows here in later issues; today it offers DART (when a head is available), prompt
-lookup and vanilla decoding, one at a time.
+UI and CLI only. The engines (dart_core) decode; dart_core.compare advances them in turn,
+records their StepTraces, narrates steps and exports / replays runs; dart_core.viz draws the
+figures. This file builds engines from flags and renders RunRecords (live or replayed).
 
-    python app.py                      # bundled SmolLM2-135M on CPU, http://127.0.0.1:7860
+    python app.py                                   # bundled SmolLM2-135M + DART head, http://127.0.0.1:7860
+    python app.py --compare-eagle3                  # also EAGLE-3 (needs a head; the page says how to get one)
     python app.py --help
 """
 from __future__ import annotations
@@ -13,119 +13,611 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # offline: no request leaves the machine
 
 import gradio as gr  # noqa: E402
 
-from dart_core.config import ConfigError, GenerationConfig  # noqa: E402
-from dart_core.decoding import SpeculativeEngine  # noqa: E402
-from dart_core.drafters import PromptLookupDrafter  # noqa: E402
-from dart_core.models.loader import load_target  # noqa: E402
+from dart_core import viz  # noqa: E402
+from dart_core.compare import (BASELINE, Comparison, EngineFactory, RunRecord, RunSettings,  # noqa: E402
+                               StepSession, check_prompt_length, label_of, narrate_step, save_export)
+from dart_core.config import ConfigError  # noqa: E402
 from dart_core.templates import encode_chat, get_template  # noqa: E402
 
 logger = logging.getLogger("dart_app")
 
-METHODS = {
-    "prompt_lookup": lambda target: SpeculativeEngine(target, PromptLookupDrafter()),
-    "vanilla": lambda target: SpeculativeEngine(target),
-}
+SLOTS = ("dart", "eagle3", BASELINE)     # answer columns, in page order
+SPEC_SLOTS = ("dart", "eagle3")          # engines with a draft tree to show
+TAB_TTL_S = 30 * 60                      # per-tab state (step-once caches, last run) lives this long idle
+UI_INTERVAL_S = 0.2                      # streaming: redraw the answers at most this often
+
+EXAMPLES = [
+    ("Chat", "Give three tips for staying healthy."),
+    ("Code", "Write a Python function that checks whether a string is a palindrome."),
+    ("Math", "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+             "How many clips did Natalia sell altogether in April and May?"),
+]
+
+INTRO = """\
+## Speculative decoding, step by step: DART vs EAGLE-3
+A small **draft head** guesses several tokens ahead as a **tree**; the big **target** model checks the whole
+tree in **one** forward pass and keeps the longest guessed path it agrees with, plus one token of its own.
+**DART** drafts all levels of the tree in a single head forward and prunes it with an N-gram model;
+**EAGLE-3** runs its head once per tree level. The **vanilla** baseline makes one token per target pass.
+Engines run in turn on one clock (only engine time is counted), so the answers race fairly."""
+
+LEGEND = (f"**Token colours:** <span style='color:{viz.OKABE_ITO['blue']}'>■ accepted draft</span> "
+          f"(guessed by the head, confirmed by the target) · <span style='color:{viz.OKABE_ITO['reddish_purple']}'>"
+          "■ target token</span> (the target's own token: the bonus after each step, or the first token). "
+          "τ (a.k.a. compression ratio) = tokens per target forward pass.")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="DART speculative decoding demo (Gradio).")
+# ---------------------------------------------------------------------------------------------- CLI
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="DART vs EAGLE-3 speculative decoding visualiser (Gradio). "
+                                            "No flags: the bundled SmolLM2-135M target, DART head and N-gram "
+                                            "table (CPU unless a GPU is present).")
     p.add_argument("--base-model-name-or-path", default=None,
                    help="target LLM: Hub id, local directory or .gguf file (default: bundled SmolLM2-135M-Instruct)")
     p.add_argument("--dart-model-name-or-path", default=None,
                    help="DART head: directory or Hub id (default: the bundled head, for the bundled target)")
     p.add_argument("--ngram-model-name-or-path", default=None,
                    help="N-gram table: .dngram / original .trie file, directory, Hub repo or 'none' (default: bundled)")
+    p.add_argument("--use-small-ngram", action="store_true",
+                   help="in an N-gram directory or Hub repo, pick the small table (small.*) over full.*")
+    p.add_argument("--eagle3-model-name-or-path", default=None,
+                   help="EAGLE-3 head: directory or Hub id (implies --compare-eagle3)")
+    p.add_argument("--compare-eagle3", action="store_true",
+                   help="also run EAGLE-3 (the bundled head when none is given; the page says how to get one)")
     p.add_argument("--template-name", default=None,
                    help="chat template from TEMPLATE_REGISTRY (default: guessed from the model type)")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
-    p.add_argument("--dtype", default="auto", help="auto (bf16 where the hardware has it), bfloat16, float16, float32")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="answer tokens at most per request")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: CUDA if present, else CPU)")
+    p.add_argument("--dtype", default="auto",
+                   help="auto (bf16 where the hardware has it), bfloat16, float16, float32 (exact lossless check)")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="answer tokens at most per request (slider max)")
     p.add_argument("--max-length", type=int, default=2048, help="prompt + answer tokens at most (sizes the KV cache)")
     p.add_argument("--server-port", type=int, default=7860, help="port to serve on")
     p.add_argument("--listen", action="store_true", help="serve on 0.0.0.0 instead of 127.0.0.1")
-    p.add_argument("--share", action="store_true", help="create a public Gradio share link")
-    return p.parse_args(argv)
+    p.add_argument("--share", action="store_true", help="create a public Gradio share link (leaves the machine)")
+    args = p.parse_args(argv)
+    if args.max_new_tokens < 1:
+        p.error("--max-new-tokens must be >= 1")
+    if args.max_length < 2:
+        p.error("--max-length must be >= 2")
+    return args
 
 
-def make_dart_engine(target, args):
-    """DART engine from --dart-model-name-or-path / --ngram-model-name-or-path, or the bundled head; None if
-    no head is available (the page then offers the other methods and says why)."""
-    from dart_core.api import bundled_head_dir, is_bundled_target, load_head_and_ngram
-    from dart_core.drafters.dart import DartDrafter
+# ---------------------------------------------------------------------------------------------- per-tab state
+class TabState:
+    """What one browser tab holds: its stop flag, the run on screen and its step-once session.
+    Released by ``release()`` when the tab closes or its state times out (gr.State delete_callback)."""
 
-    if args.dart_model_name_or_path is None and not (
-            is_bundled_target(args.base_model_name_or_path) and (bundled_head_dir() / "config.json").is_file()):
-        logger.warning("no DART head for this target: pass --dart-model-name-or-path")
-        return None
-    head, store = load_head_and_ngram(target, args.base_model_name_or_path, args.dart_model_name_or_path,
-                                      args.ngram_model_name_or_path)
-    from dart_core.pruning import default_pruning
-    return SpeculativeEngine(target, DartDrafter(head, store, target.eos_token_ids,
-                                                 pruning=default_pruning(target.name)))
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.record: RunRecord | None = None
+        self.step_session: StepSession | None = None
+        self.export_dir: str | None = None
+        self.released = False
+
+    def __deepcopy__(self, memo: dict) -> "TabState":
+        return self  # gr.State deep-copies initial values; each tab's instance is built fresh by TabState()
+
+    def close_step_session(self) -> None:
+        if self.step_session is not None:
+            self.step_session.close()
+            self.step_session = None
+
+    def release(self) -> None:
+        self.stop.set()
+        self.close_step_session()
+        self.record = None
+        if self.export_dir:
+            shutil.rmtree(self.export_dir, ignore_errors=True)
+            self.export_dir = None
+        self.released = True
 
 
-def build_demo(target, args) -> gr.Blocks:
-    engines = {name: make(target) for name, make in METHODS.items()}
-    dart = make_dart_engine(target, args)
-    if dart is not None:
-        engines = {"dart": dart, **engines}
-    template = get_template(args.template_name or target.template_name)
+def _release_tab(tab: Any) -> None:
+    if isinstance(tab, TabState):
+        tab.release()
 
-    def run(prompt: str, method: str, max_new_tokens: float, temperature: float):
+
+# ---------------------------------------------------------------------------------------------- the page
+@dataclass
+class Controls:
+    prompt: gr.Textbox
+    max_new_tokens: gr.Slider
+    temperature: gr.Slider
+    top_p: gr.Slider
+    top_k: gr.Slider
+    budget: gr.Slider
+    beam_width: gr.Slider
+    level_top_k: gr.Slider
+    ngram_weight: gr.Slider
+    eagle3_total_token: gr.Slider
+    eagle3_depth: gr.Slider
+    eagle3_top_k: gr.Slider
+
+    def inputs(self) -> list[gr.components.Component]:
+        return [getattr(self, f) for f in self.__dataclass_fields__]
+
+
+SETTING_NAMES = ("max_new_tokens", "temperature", "top_p", "top_k", "budget", "beam_width", "level_top_k",
+                 "ngram_weight", "eagle3_total_token", "eagle3_depth", "eagle3_top_k")
+
+
+def _fmt_metrics(m, name: str, run, baseline: str) -> str:
+    if run.error:
+        return f"⚠ **{label_of(name)} failed:** {run.error}"
+    tps = f"**{m.tokens_per_s:.1f} tok/s**" if m.tokens_per_s else "— tok/s"
+    tau = f"τ {m.tau:.2f}" if m.tau is not None else "τ —"
+    if name == baseline:
+        speed = "baseline (1.00×)"
+    else:
+        speed = f"**{m.speedup:.2f}×** vs baseline" if m.speedup else "speedup —"
+    icon = {"identical": "✓", "same so far": "…", "differs": "⚠", "pending": "…"}.get(m.lossless, "–")
+    state = "" if not run.done else f" · stopped by {run.stop_reason}"
+    return (f"{tps} · {tau} · {speed} · {m.tokens} tokens in {m.steps} steps{state}  \n"
+            f"{icon} lossless check: {m.lossless_text}")
+
+
+def _empty_fig(message: str):
+    import plotly.graph_objects as go
+    fig = go.Figure()
+    fig.add_annotation(text=message, xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False,
+                       font=dict(color="#555555"))
+    fig.update_layout(xaxis=dict(visible=False), yaxis=dict(visible=False), height=220, plot_bgcolor="#FFFFFF",
+                      margin=dict(l=20, r=20, t=30, b=20))
+    return fig
+
+
+class Visualiser:
+    """Builds the Blocks page for one loaded target and its engines; handlers are plain methods."""
+
+    def __init__(self, target, args: argparse.Namespace, factory: EngineFactory | None = None):
+        self.target = target
+        self.args = args
+        self.factory = factory or EngineFactory.from_flags(
+            target, base_model_name_or_path=args.base_model_name_or_path,
+            dart_model_name_or_path=args.dart_model_name_or_path,
+            ngram_model_name_or_path=args.ngram_model_name_or_path, use_small_ngram=args.use_small_ngram,
+            eagle3_model_name_or_path=args.eagle3_model_name_or_path, compare_eagle3=args.compare_eagle3)
+        self.template = get_template(args.template_name or target.template_name)
+        self.available = self.factory.names
+        self.shown = [s for s in SLOTS if s in self.available or s in self.factory.unavailable]
+        self.view_slots = [s for s in SPEC_SLOTS if s in self.available]   # engines with trees to draw
+        self._tabs: dict[str, TabState] = {}     # session hash -> tab, so an unload can release it at once
+        self._tabs_lock = threading.Lock()
+        self.demo = self._build()
+
+    # ------------------------------------------------------------------ helpers
+    def _remember(self, tab: TabState, request: gr.Request | None) -> None:
+        sid = getattr(request, "session_hash", None) if request is not None else None
+        if sid:
+            with self._tabs_lock:
+                self._tabs[sid] = tab
+
+    def _on_unload(self, request: gr.Request) -> None:
+        """The tab closed: free its caches now (Gradio itself keeps closed tabs' state for an hour)."""
+        with self._tabs_lock:
+            tab = self._tabs.pop(getattr(request, "session_hash", None) or "", None)
+        if tab is not None:
+            tab.release()
+
+    def _on_state_deleted(self, tab: Any) -> None:
+        """gr.State's delete callback (time-to-live expired or session evicted)."""
+        _release_tab(tab)
+        with self._tabs_lock:
+            for sid in [k for k, v in self._tabs.items() if v is tab]:
+                del self._tabs[sid]
+
+    def _settings(self, values: tuple) -> RunSettings:
+        return RunSettings.from_values(**dict(zip(SETTING_NAMES, values)))
+
+    def _encode(self, prompt: str, settings: RunSettings) -> tuple[list[int], str | None]:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ConfigError("the prompt is empty: type a question or pick an example")
+        ids = encode_chat(self.target.tokenizer, self.template, [{"role": "user", "content": prompt}])
+        warn = check_prompt_length(len(ids), self.args.max_length, settings.max_new_tokens)
+        return ids, warn
+
+    def _config(self, settings: RunSettings):
+        return settings.generation_config(self.args.max_length, max_new_tokens_limit=self.args.max_new_tokens)
+
+    def _meta(self, settings: RunSettings) -> dict[str, Any]:
+        return {"target": self.target.name, "dtype": str(self.target.dtype).replace("torch.", ""),
+                "device": str(self.target.device), "settings": settings.to_dict(),
+                "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+    # ------------------------------------------------------------------ rendering (one path: live and replay)
+    def render_answers(self, record: RunRecord | None) -> dict:
+        out: dict = {}
+        metrics = record.metrics() if record is not None else {}
+        for s in self.shown:
+            if record is None or s not in record.runs:
+                out[self.answer[s]] = []
+                out[self.metrics[s]] = self._unavailable_text(s) if s in self.factory.unavailable else ""
+                continue
+            run = record.runs[s]
+            out[self.answer[s]] = record.spans(s)
+            out[self.metrics[s]] = _fmt_metrics(metrics[s], s, run, record.baseline)
+        return out
+
+    def _unavailable_text(self, slot: str) -> str:
+        return f"⚠ **{label_of(slot)} is unavailable** (see the note at the top of the page for how to add it)."
+
+    def render_step_views(self, record: RunRecord | None, position: float | int | None,
+                          latest: bool = False) -> dict:
+        """Tree, score scatter and narration per speculative engine for the step that produced answer
+        token ``position`` (``latest``: each engine's last step, for step-once mode)."""
+        out: dict = {}
+        for s in self.view_slots:
+            run = record.runs.get(s) if record is not None else None
+            if run is None or not run.traces:
+                why = (f"{label_of(s)} is unavailable: see the note at the top of the page."
+                       if s in self.factory.unavailable else "Run a prompt (or step once) to see its steps.")
+                out[self.tree_plot[s]] = _empty_fig(why)
+                out[self.scatter_plot[s]] = _empty_fig("no step yet")
+                out[self.step_text[s]] = why
+                continue
+            pos = int(position or 0)
+            k = len(run.traces) - 1 if latest else viz.step_for_token(run.traces, pos)
+            if k is None:
+                if pos == 0:
+                    msg = f"Token 0 came from the prefill (the target's first token), before any {run.label} step."
+                else:
+                    msg = f"{run.label} produced only {len(run.tokens)} tokens; token {pos} is past its answer."
+                out[self.tree_plot[s]] = _empty_fig(msg)
+                out[self.scatter_plot[s]] = _empty_fig(msg)
+                out[self.step_text[s]] = msg
+                continue
+            st = run.traces[k]
+            score_label = "combined score" if s == "dart" else ("cumulative log-prob" if s == "eagle3" else None)
+            out[self.tree_plot[s]] = viz.tree_figure(st, record.decode, score_label=score_label,
+                                                     title=f"{run.label} step {st.step}: {st.accepted_drafts} of "
+                                                           f"{st.tree.num_drafted} drafts accepted + 1 target token")
+            out[self.scatter_plot[s]] = viz.score_scatter(st, record.decode, score_label=score_label,
+                                                          title=f"{run.label} step {st.step}: every scored candidate")
+            out[self.step_text[s]] = narrate_step(st, record.decode, s).text
+        return out
+
+    def render_summary(self, record: RunRecord | None, position: int | None = None) -> dict:
+        out: dict = {}
+        if record is None or not any(r.traces for r in record.runs.values()):
+            out[self.timing_plot] = _empty_fig("run a prompt to see stage timings")
+            for s in self.view_slots:
+                    for p in self.acc_plots[s]:
+                        out[p] = _empty_fig("run a prompt to see acceptance")
+            out[self.slider] = gr.Slider(minimum=0, maximum=1, value=0)
+            return out
+        out[self.timing_plot] = viz.timing_figure({r.label: r.traces for r in record.runs.values() if r.traces})
+        for s in self.view_slots:
+            run = record.runs.get(s)
+            if run is None or not run.traces:
+                for p in self.acc_plots[s]:
+                    out[p] = _empty_fig(f"{label_of(s)}: no steps")
+                continue
+            figs = viz.acceptance_figures(run.traces, name=run.label)
+            for p, f in zip(self.acc_plots[s], figs):
+                # three plots share a row: legends go above the plot so the bars keep the width
+                f.update_layout(legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0),
+                                margin=dict(t=110), title=dict(font=dict(size=14)))
+                out[p] = f
+        top = max(record.max_position(), 1)
+        out[self.slider] = gr.Slider(minimum=0, maximum=top, value=min(self._default_position(record)
+                                                                       if position is None else position, top))
+        return out
+
+    @staticmethod
+    def _default_position(record: RunRecord) -> int:
+        """First token of the first speculative engine's longest step: an interesting step to start on."""
+        for s in record.speculative:
+            tr = record.runs[s].traces
+            if tr:
+                best = max(tr, key=lambda st: (st.acceptance_length, -st.step))
+                return int(best.position)
+        return 1
+
+    def render_all(self, record: RunRecord | None, position: int | None = None, latest: bool = False) -> dict:
+        out = self.render_answers(record)
+        summary = self.render_summary(record, position)
+        out.update(summary)
+        pos = position
+        if pos is None and record is not None:
+            pos = self._default_position(record)
+        out.update(self.render_step_views(record, pos, latest=latest))
+        return out
+
+    # ------------------------------------------------------------------ handlers
+    def run(self, tab: TabState | None, prompt: str, *values, request: gr.Request | None = None) -> Iterator[dict]:
+        """Stream all engines side by side; redraw the answers while running, everything at the end."""
+        tab = tab if isinstance(tab, TabState) else TabState()
+        self._remember(tab, request)
+        tab.stop.clear()
+        tab.close_step_session()  # a full run replaces a half-stepped one
         try:
-            config = GenerationConfig(max_new_tokens=int(max_new_tokens), max_length=args.max_length,
-                                      temperature=float(temperature))
-            if not prompt or not prompt.strip():
-                raise ConfigError("the prompt is empty: type a question first")
-            ids = encode_chat(target.tokenizer, template, [{"role": "user", "content": prompt}])
-            engine = engines[method]
-            stream = engine.stream(ids, config)
-            answer: list[int] = []
-            while True:
-                try:
-                    trace = next(stream)
-                except StopIteration as done:
-                    result = done.value
-                    break
-                answer.extend(trace.emitted_tokens)
-                yield engine.decode_answer(answer), f"step {trace.step}: accepted {trace.accepted_drafts} drafts"
-            s = result.stats
-            yield result.text, (f"{s.new_tokens} tokens in {s.wall_s:.2f} s ({s.tokens_per_s:.1f} tok/s), "
-                                f"tau {s.tau:.2f} over {s.steps} steps, stopped by {s.stop_reason}")
-        except (ConfigError, ValueError) as exc:
-            yield "", f"Error: {exc}"
+            settings = self._settings(values)
+            config = self._config(settings)
+            ids, warn = self._encode(prompt, settings)
+            engines = self.factory.build(settings)
+        except ConfigError as exc:
+            yield {self.tab: tab, self.status: f"⚠ **Cannot run:** {exc}"}
+            return
+        cmp = Comparison(engines, ids, config, decode=self.target.tokenizer, prompt=prompt,
+                         meta=self._meta(settings))
+        tab.record = cmp.record
+        note = f" ({warn})" if warn else ""
+        running = (f"Running {', '.join(label_of(n) for n in engines)} in turn on one clock "
+                   f"(prompt: {len(ids)} tokens){note}. **Stop** takes effect within one step.")
+        yield {self.tab: tab, self.status: running, **self.render_answers(cmp.record)}
+        last = time.perf_counter()
+        try:
+            for _ in cmp.run(stop=tab.stop.is_set):
+                if time.perf_counter() - last >= UI_INTERVAL_S:
+                    yield {self.status: running, **self.render_answers(cmp.record)}
+                    last = time.perf_counter()
+        except Exception as exc:  # noqa: BLE001 - show it in the page; the server keeps serving
+            logger.exception("run failed")
+            cmp.stop("error")
+            yield {self.tab: tab, self.status: f"⚠ **Internal error:** {type(exc).__name__}: {exc} "
+                                               "(details in the server log)", **self.render_all(cmp.record)}
+            return
+        stopped = any(r.stop_reason == "stopped" for r in cmp.record.runs.values())
+        busy = sum(r.busy_s for r in cmp.record.runs.values())
+        errors = [f"{r.label}: {r.error}" for r in cmp.record.runs.values() if r.error]
+        status = ("**Stopped.**" if stopped else "✓ **Done.**") + f" Engine time {busy:.2f} s in all.{note}"
+        if errors:
+            status += " ⚠ " + "; ".join(errors)
+        status += " Move the **answer token position** slider to inspect the step that produced each token."
+        yield {self.tab: tab, self.status: status, **self.render_all(cmp.record)}
 
-    with gr.Blocks(title="DART speculative decoding") as demo:
-        gr.Markdown(f"## Speculative decoding demo\nTarget: `{target.name}` ({target.dtype}, {target.device})")
-        with gr.Row():
-            prompt = gr.Textbox(label="Prompt", lines=4, placeholder="Ask something…")
-        with gr.Row():
-            method = gr.Dropdown(list(engines), value=next(iter(engines)), label="Method")
-            max_new = gr.Slider(1, args.max_new_tokens, value=min(128, args.max_new_tokens), step=1,
-                                label="Max new tokens")
-            temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
-        go = gr.Button("Generate", variant="primary")
-        answer = gr.Textbox(label="Answer", lines=12)
-        status = gr.Markdown()
-        go.click(run, [prompt, method, max_new, temperature], [answer, status])
-    return demo
+    def step_once(self, tab: TabState | None, prompt: str, *values, request: gr.Request | None = None) -> dict:
+        """Advance every engine by one speculative round and narrate it; starts a new session when the
+        prompt or settings changed or the last one finished."""
+        tab = tab if isinstance(tab, TabState) else TabState()
+        self._remember(tab, request)
+        try:
+            settings = self._settings(values)
+            config = self._config(settings)
+            ids, warn = self._encode(prompt, settings)
+            key = (tuple(ids), repr(settings.to_dict()))
+            sess = tab.step_session
+            fresh = sess is None or sess.key != key or sess.done
+            if fresh:
+                tab.close_step_session()
+                sess = tab.step_session = StepSession(self.factory, settings, ids, config, prompt=prompt,
+                                                      meta=self._meta(settings))
+        except ConfigError as exc:
+            return {self.tab: tab, self.status: f"⚠ **Cannot step:** {exc}"}
+        sess.step()
+        tab.record = sess.comparison.record
+        done = (" All engines finished; the next click starts over." if sess.done else
+                " Before the next click, predict: how many of the head's drafted tokens will the target accept?")
+        status = (f"**Step-once mode**, round {sess.rounds}: each engine made one speculative step "
+                  f"(the first round includes the prefill).{done} The narration under each tree explains it.")
+        if warn:
+            status += f" ({warn})"
+        out = {self.tab: tab, self.status: status, **self.render_all(sess.comparison.record, latest=True)}
+        latest = [sess.comparison.record.runs[s].traces[-1].position for s in self.view_slots
+                  if s in sess.comparison.record.runs and sess.comparison.record.runs[s].traces]
+        if latest:
+            out[self.slider] = gr.Slider(minimum=0, maximum=max(sess.comparison.record.max_position(), 1),
+                                         value=latest[0])
+        return out
+
+    def show_step(self, tab: TabState | None, position: float) -> dict:
+        record = tab.record if isinstance(tab, TabState) else None
+        return self.render_step_views(record, position)
+
+    def stop(self, tab: TabState | None) -> str:
+        if isinstance(tab, TabState):
+            tab.stop.set()
+            return "**Stopping** after the current step…"
+        return "Nothing is running."
+
+    def clear(self, tab: TabState | None) -> dict:
+        if isinstance(tab, TabState):
+            tab.stop.set()
+            tab.close_step_session()
+            tab.record = None
+        out = {self.prompt: "", self.status: "Cleared.", self.export_file: None, **self.render_all(None)}
+        return out
+
+    def export(self, tab: TabState | None) -> dict:
+        record = tab.record if isinstance(tab, TabState) else None
+        if record is None or not any(r.tokens for r in record.runs.values()):
+            return {self.status: "⚠ Nothing to export yet: run a prompt (or step once) first.",
+                    self.export_file: None}
+        if tab.export_dir is None:
+            tab.export_dir = tempfile.mkdtemp(prefix="dart-demo-export-")
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        path = save_export(record, Path(tab.export_dir) / f"dart-run-{stamp}.json")
+        size = path.stat().st_size / 1e6
+        return {self.export_file: str(path),
+                self.status: f"Exported {sum(len(r.traces) for r in record.runs.values())} steps "
+                             f"({size:.1f} MB). Load the file under *Replay* on any machine, no model needed."}
+
+    def replay(self, tab: TabState | None, file: Any, request: gr.Request | None = None) -> dict:
+        tab = tab if isinstance(tab, TabState) else TabState()
+        self._remember(tab, request)
+        if file is None:
+            return {self.tab: tab, self.status: "Choose an exported trace file (.json) to replay."}
+        path = Path(getattr(file, "name", file))
+        try:
+            record = RunRecord.from_export(path)
+        except (OSError, ValueError) as exc:
+            return {self.tab: tab, self.status: f"⚠ **Cannot replay {path.name}:** {exc}"}
+        tab.stop.set()
+        tab.close_step_session()
+        tab.record = record
+        meta = record.meta
+        status = (f"**Replaying** a recorded run: target `{meta.get('target', '?')}` ({meta.get('dtype', '?')} on "
+                  f"{meta.get('device', '?')}), recorded {meta.get('recorded_at', '?')}. Prompt: "
+                  f"*{record.prompt[:200]}*")
+        missing = [label_of(s) for s in record.runs if s not in self.shown]
+        if missing:
+            status += f" (engines this page has no column for: {', '.join(missing)})"
+        return {self.tab: tab, self.status: status, **self.render_all(record)}
+
+    # Gradio injects gr.Request only into positional parameters, so the wired handlers take it first.
+    def _run_ui(self, request: gr.Request, tab: TabState | None, prompt: str, *values) -> Iterator[dict]:
+        yield from self.run(tab, prompt, *values, request=request)
+
+    def _step_ui(self, request: gr.Request, tab: TabState | None, prompt: str, *values) -> dict:
+        return self.step_once(tab, prompt, *values, request=request)
+
+    def _replay_ui(self, request: gr.Request, tab: TabState | None, file: Any) -> dict:
+        return self.replay(tab, file, request=request)
+
+    # ------------------------------------------------------------------ layout
+    def _build(self) -> gr.Blocks:
+        t = self.target
+        with gr.Blocks(title="DART speculative decoding visualiser", analytics_enabled=False) as demo:
+            self.tab = gr.State(TabState, time_to_live=TAB_TTL_S, delete_callback=self._on_state_deleted)
+            gr.Markdown(INTRO)
+            notes = [f"Target: `{t.name}` ({str(t.dtype).replace('torch.', '')} on {t.device}). "
+                     f"Engines: {', '.join(label_of(n) for n in self.available)}."]
+            notes += [f"⚠ {why}" for why in self.factory.unavailable.values()]
+            gr.Markdown("  \n".join(notes), elem_id="engine-notes")
+            with gr.Row():
+                with gr.Column(scale=3):
+                    self.prompt = gr.Textbox(label="Prompt", lines=3, elem_id="prompt",
+                                             placeholder="Ask something, or pick an example…")
+                    gr.Examples([[p] for _, p in EXAMPLES], inputs=[self.prompt],
+                                example_labels=[f"{k}: {p[:48]}…" for k, p in EXAMPLES], label="Examples")
+                with gr.Column(scale=1, min_width=200):
+                    run_btn = gr.Button("Run ▶", variant="primary", elem_id="run-btn")
+                    step_btn = gr.Button("Step once", elem_id="step-btn")
+                    with gr.Row():
+                        stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
+                        clear_btn = gr.Button("Clear", elem_id="clear-btn")
+            with gr.Accordion("Settings", open=False):
+                m = self.args.max_new_tokens
+                base_p = self.factory.dart_pruning
+                base_e = self.factory.eagle3_tree_base
+                with gr.Row():
+                    max_new = gr.Slider(1, m, value=min(96, m), step=1, label="Max new tokens")
+                    temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
+                    top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p (1 = off)")
+                    top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k (0 = off)")
+                with gr.Row(visible="dart" in self.available):
+                    budget = gr.Slider(0, 256, value=base_p.budget, step=1, label="DART tree budget (nodes)")
+                    beam = gr.Slider(1, 64, value=base_p.beam_width, step=1, label="DART beam width")
+                    level_k = gr.Slider(1, 64, value=base_p.top_k, step=1, label="DART per-level top-k")
+                    ngram_w = gr.Slider(0.0, 2.0, value=base_p.ngram_weight, step=0.05, label="DART N-gram weight")
+                with gr.Row(visible="eagle3" in self.available):
+                    e_total = gr.Slider(1, 256, value=base_e.total_token, step=1, label="EAGLE-3 total tokens")
+                    e_depth = gr.Slider(0, 16, value=base_e.depth, step=1, label="EAGLE-3 depth")
+                    e_topk = gr.Slider(1, 32, value=base_e.top_k, step=1, label="EAGLE-3 top-k")
+            self.controls = Controls(self.prompt, max_new, temperature, top_p, top_k, budget, beam, level_k, ngram_w,
+                                     e_total, e_depth, e_topk)
+            self.status = gr.Markdown("Pick an example or type a prompt, then **Run** (or **Step once**).",
+                                      elem_id="status")
+            gr.Markdown(LEGEND)
+            self.answer: dict[str, gr.HighlightedText] = {}
+            self.metrics: dict[str, gr.Markdown] = {}
+            with gr.Row(equal_height=False):
+                for s in self.shown:
+                    with gr.Column(min_width=260):
+                        self.answer[s] = gr.HighlightedText(
+                            label=label_of(s), visible=s in self.available, color_map=viz.SPAN_COLORS, show_legend=False,
+                            show_inline_category=False, combine_adjacent=True, elem_id=f"answer-{s}")
+                        self.metrics[s] = gr.Markdown(self._unavailable_text(s) if s in self.factory.unavailable
+                                                      else "", elem_id=f"metrics-{s}")
+
+            gr.Markdown("### Step view\nThe engines' steps cover different stretches of text, so the slider picks an "
+                        "**answer token**; each engine shows the step that produced it. Hover over a node for its "
+                        "scores and the target's own choice.")
+            self.slider = gr.Slider(0, 1, value=0, step=1, label="Answer token position", elem_id="step-slider")
+            self.tree_plot: dict[str, gr.Plot] = {}
+            self.scatter_plot: dict[str, gr.Plot] = {}
+            self.step_text: dict[str, gr.Markdown] = {}
+            with gr.Row(equal_height=False):
+                for s in self.view_slots:
+                    with gr.Column(min_width=320):
+                        self.tree_plot[s] = gr.Plot(label=f"{label_of(s)}: draft tree", elem_id=f"tree-{s}")
+                        self.step_text[s] = gr.Markdown(elem_id=f"narration-{s}")
+                        self.scatter_plot[s] = gr.Plot(label=f"{label_of(s)}: candidate scores",
+                                                       elem_id=f"scores-{s}")
+            gr.Markdown("### Stage timings\nEngine work only (draft forward, tree build, verify, commit). "
+                        "Acceptance is not speedup: compare tokens per step with the cost of each step.")
+            self.timing_plot = gr.Plot(label="Stage timings", elem_id="timing-plot")
+            gr.Markdown("### Acceptance")
+            self.acc_plots: dict[str, list[gr.Plot]] = {}
+            for s in self.view_slots:
+                with gr.Row():
+                    self.acc_plots[s] = [gr.Plot(label=f"{label_of(s)}: {what}", elem_id=f"acc-{s}-{i}")
+                                         for i, what in enumerate(("acceptance length per step", "histogram",
+                                                                   "acceptance per depth"))]
+            with gr.Accordion("Export and replay", open=False):
+                with gr.Row():
+                    export_btn = gr.Button("Export traces (JSON)", elem_id="export-btn")
+                    self.export_file = gr.File(label="Exported traces", interactive=False, elem_id="export-file")
+                    replay_file = gr.File(label="Replay an exported trace file", file_types=[".json"],
+                                          type="filepath", elem_id="replay-file")
+
+            inputs = [self.tab] + self.controls.inputs()
+            run_outputs = ([self.tab, self.status, self.slider, self.timing_plot]
+                           + list(self.answer.values()) + list(self.metrics.values())
+                           + list(self.tree_plot.values()) + list(self.scatter_plot.values())
+                           + list(self.step_text.values()) + [p for ps in self.acc_plots.values() for p in ps])
+            view_outputs = list(self.tree_plot.values()) + list(self.scatter_plot.values()) + list(
+                self.step_text.values())
+            # Runs and step-once share one queue slot: the engines share the target and its caches.
+            run_evt = run_btn.click(self._run_ui, inputs, run_outputs, api_name="run", concurrency_id="engine",
+                                    concurrency_limit=1)
+            self.prompt.submit(self._run_ui, inputs, run_outputs, api_name=False, concurrency_id="engine",
+                               concurrency_limit=1)
+            step_btn.click(self._step_ui, inputs, run_outputs, api_name="step_once", concurrency_id="engine",
+                           concurrency_limit=1)
+            # Stop skips the queue (it would wait behind the run it stops); the run checks the flag between steps.
+            stop_btn.click(self.stop, [self.tab], [self.status], api_name="stop", queue=False)
+            clear_btn.click(self.clear, [self.tab], run_outputs + [self.prompt, self.export_file], api_name="clear",
+                            queue=False)
+            self.slider.input(self.show_step, [self.tab, self.slider], view_outputs, api_name="show_step",
+                              trigger_mode="always_last", show_progress="hidden")
+            self.slider.release(self.show_step, [self.tab, self.slider], view_outputs, api_name=False,
+                                trigger_mode="always_last", show_progress="hidden")
+            export_btn.click(self.export, [self.tab], [self.export_file, self.status], api_name="export")
+            replay_file.upload(self._replay_ui, [self.tab, replay_file], run_outputs, api_name="replay")
+            demo.unload(self._on_unload)
+            self.run_event = run_evt
+        return demo
 
 
-def main(argv=None) -> None:
+def build_demo(target, args: argparse.Namespace, factory: EngineFactory | None = None) -> gr.Blocks:
+    """The page for a loaded target (engines from the flags in ``args``, or from ``factory``)."""
+    return Visualiser(target, args, factory).demo
+
+
+def launch_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """launch() options: local only unless asked, SSR off (no Node server), nothing fetched from outside."""
+    return dict(server_name="0.0.0.0" if args.listen else "127.0.0.1", server_port=args.server_port,
+                share=args.share, ssr_mode=False)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from dart_core.models.dart_head import DartHeadError
+    from dart_core.models.loader import load_target
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args = parse_args(argv)
-    target = load_target(args.base_model_name_or_path, dtype=args.dtype, device=args.device,
-                         template_name=args.template_name)
-    logger.info("serving %s (%s on %s)", target.name, target.dtype, target.device)
-    demo = build_demo(target, args)
-    demo.queue(default_concurrency_limit=1).launch(
-        server_name="0.0.0.0" if args.listen else "127.0.0.1", server_port=args.server_port,
-        share=args.share, ssr_mode=False)
+    try:
+        target = load_target(args.base_model_name_or_path, dtype=args.dtype, device=args.device,
+                             template_name=args.template_name)
+        vis = Visualiser(target, args)
+    except (ConfigError, DartHeadError, OSError, ValueError) as exc:
+        raise SystemExit(f"error: {exc}") from None
+    logger.info("serving %s (%s on %s) with %s", target.name, target.dtype, target.device, ", ".join(vis.available))
+    vis.demo.queue(default_concurrency_limit=1, max_size=64).launch(**launch_kwargs(args))
 
 
 if __name__ == "__main__":

@@ -1,44 +1,423 @@
-"""The app's CLI and page build on a tiny target; a request streams an answer and bad input shows a message."""
+"""The visualiser app: CLI, page handlers, a real server driven by gradio_client (tiny models and the bundled
+defaults), step-once narration against what the engine did, figures from a recorded trace, and replay."""
+from __future__ import annotations
+
+import json
+import socket
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import app  # noqa: E402
+from dart_core import viz  # noqa: E402
+from dart_core.compare import (Comparison, EngineFactory, RunRecord, RunSettings, lossless_check,  # noqa: E402
+                               narrate_step, EngineRun)
+from dart_core.config import ConfigError, GenerationConfig  # noqa: E402
+from dart_core.decoding import SpeculativeEngine  # noqa: E402
+from dart_core.drafters.dart import DartDrafter  # noqa: E402
+from dart_core.models.dart_head import new_head_for_target, save_dart_head  # noqa: E402
+from dart_core.models.eagle3_head import new_eagle3_head_for_target, save_eagle3_head  # noqa: E402
 from dart_core.models.loader import load_target  # noqa: E402
+from dart_core.pruning import PruningConfig  # noqa: E402
+from dart_core.sampling import accept_greedy  # noqa: E402
 from tiny_models import make_tiny_model_dir  # noqa: E402
+
+DATA = Path(__file__).resolve().parent / "data"
+RECORDED = DATA / "recorded_run.json"
+PROMPT = "Write a Python function."
+# page values in SETTING_NAMES order: max_new, temperature, top_p, top_k, budget, beam, level_k, ngram_w,
+# eagle3 total_token, depth, top_k (small trees keep the tiny tests fast)
+VALUES = (12, 0.0, 1.0, 0, 16, 6, 6, 0.5, 16, 3, 4)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny fp32 target with random DART and EAGLE-3 heads saved to disk (loaded through the CLI flags)."""
+    root = tmp_path_factory.mktemp("app")
+    model_dir = make_tiny_model_dir(root)
+    target = load_target(str(model_dir), dtype="float32", device="cpu")
+    dart_dir = save_dart_head(new_head_for_target(target, draft_length=4, seed=1), root / "dart", dtype=None)
+    eagle_dir = save_eagle3_head(new_eagle3_head_for_target(target, seed=2), root / "eagle3", dtype=None)
+    return target, model_dir, dart_dir, eagle_dir
 
 
 @pytest.fixture(scope="module")
-def tiny_target(tmp_path_factory):
-    return load_target(str(make_tiny_model_dir(tmp_path_factory.mktemp("app"))), dtype="float32", device="cpu")
+def tiny_args(tiny):
+    _, model_dir, dart_dir, eagle_dir = tiny
+    return app.parse_args(["--base-model-name-or-path", str(model_dir), "--dart-model-name-or-path", str(dart_dir),
+                           "--ngram-model-name-or-path", "none", "--eagle3-model-name-or-path", str(eagle_dir),
+                           "--max-new-tokens", "32", "--max-length", "256"])
 
 
-def test_cli_defaults_are_the_bundled_model_on_cpu_or_auto():
+@pytest.fixture(scope="module")
+def vis(tiny, tiny_args):
+    return app.Visualiser(tiny[0], tiny_args)
+
+
+def oracle_dart_engine(target, prompt_ids, cfg) -> SpeculativeEngine:
+    """DART with a head that puts the target's own greedy continuation first at every level, so steps
+    accept several drafts (the random head accepts almost nothing)."""
+    truth = list(prompt_ids) + SpeculativeEngine(target).generate(prompt_ids, cfg).tokens
+    head = new_head_for_target(target, draft_length=4, seed=0)
+    to_draft = head.target_to_draft()
+
+    def step(aux, next_ids, cache):
+        cache.length += int(next_ids.shape[0])
+        logits = torch.randn(head.config.draft_length + 1, head.config.draft_vocab_size,
+                             generator=torch.Generator().manual_seed(cache.length))
+        for level in range(logits.shape[0]):
+            pos = cache.length + 1 + level
+            if pos < len(truth):
+                logits[level, to_draft[truth[pos]]] = 25.0
+        return logits
+
+    head.step = step
+    return SpeculativeEngine(target, DartDrafter(head, None, target.eos_token_ids, PruningConfig(budget=12)),
+                             name="dart")
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+def test_cli_defaults_are_the_bundled_model():
     args = app.parse_args([])
-    assert args.base_model_name_or_path is None and args.dtype == "auto" and args.server_port == 7860
+    assert args.base_model_name_or_path is None and args.dart_model_name_or_path is None
+    assert args.device == "auto" and args.dtype == "auto" and args.server_port == 7860 and not args.compare_eagle3
+    assert app.launch_kwargs(args) == dict(server_name="127.0.0.1", server_port=7860, share=False, ssr_mode=False)
 
 
-def test_page_builds_and_streams(tiny_target):
-    args = app.parse_args(["--max-new-tokens", "16"])
-    demo = app.build_demo(tiny_target, args)
-    handler = next(fn for fn in demo.fns.values() if fn.name == "run").fn
-    outputs = list(handler("Write a Python function.", "prompt_lookup", 8, 0.0))
-    final_text, final_status = outputs[-1]
-    assert "tau" in final_status and "8 tokens" in final_status
-    errors = list(handler("   ", "vanilla", 8, 0.0))
-    assert errors[-1][1].startswith("Error:") and "empty" in errors[-1][1]
-    bad = list(handler("hi", "vanilla", 8, -1.0))
-    assert "temperature" in bad[-1][1]
+def test_help_documents_every_flag(capsys):
+    with pytest.raises(SystemExit):
+        app.parse_args(["--help"])
+    text = capsys.readouterr().out
+    for flag in ("--base-model-name-or-path", "--dart-model-name-or-path", "--ngram-model-name-or-path",
+                 "--use-small-ngram", "--eagle3-model-name-or-path", "--compare-eagle3", "--template-name",
+                 "--device", "--dtype", "--max-new-tokens", "--max-length", "--server-port", "--listen", "--share"):
+        assert flag in text, flag
 
 
-def test_page_offers_dart_with_a_head(tiny_target, tmp_path):
-    from dart_core.models.dart_head import new_head_for_target, save_dart_head
-    head_dir = save_dart_head(new_head_for_target(tiny_target, draft_length=4, seed=1), tmp_path / "head", dtype=None)
-    args = app.parse_args(["--base-model-name-or-path", "tiny", "--dart-model-name-or-path", str(head_dir),
-                           "--ngram-model-name-or-path", "none"])
-    demo = app.build_demo(tiny_target, args)
-    handler = next(fn for fn in demo.fns.values() if fn.name == "run").fn
-    final_text, final_status = list(handler("Write a Python function.", "dart", 8, 0.0))[-1]
-    assert "tau" in final_status, final_status
+# ---------------------------------------------------------------------------------------------- handlers
+def test_run_streams_every_engine_with_metrics(vis):
+    assert vis.available == ["dart", "eagle3", "vanilla"] and vis.factory.unavailable == {}
+    outs = list(vis.run(None, PROMPT, *VALUES))
+    final = outs[-1]
+    assert final[vis.status].startswith("✓ **Done"), final[vis.status]
+    for s in ("dart", "eagle3", "vanilla"):
+        text = final[vis.metrics[s]]
+        assert "tok/s" in text and "τ" in text and "12 tokens" in text, text
+        spans = final[vis.answer[s]]
+        assert len(spans) == 12 and {lab for _, lab in spans} <= set(viz.SPAN_COLORS)
+    assert "identical to the baseline" in final[vis.metrics["dart"]]
+    assert "vs baseline" in final[vis.metrics["eagle3"]]
+    assert final[vis.tree_plot["dart"]].data and final[vis.timing_plot].data
+    tab = final[vis.tab]
+    assert tab.record is not None and tab.record.done
+    # the slider picks a token; each engine shows the step that produced it
+    views = vis.show_step(tab, 5)
+    assert "step" in views[vis.step_text["dart"]] and views[vis.tree_plot["eagle3"]].data
+    assert "prefill" in vis.show_step(tab, 0)[vis.step_text["dart"]]
+
+
+@pytest.mark.parametrize("prompt, values, expect", [
+    ("   ", VALUES, "prompt is empty"),
+    ("hi", (12, -1.0) + VALUES[2:], "Temperature"),
+    ("hi", (12, float("nan")) + VALUES[2:], "Temperature must be a finite number"),
+    ("hi", (12, 0.0, 0.0) + VALUES[3:], "Top-p"),
+    ("hi", (999,) + VALUES[1:], "--max-new-tokens"),
+    ("hi", VALUES[:5] + (0,) + VALUES[6:], "beam width"),
+    ("hi", VALUES[:8] + (16, 3, 0.5), "EAGLE-3 top-k must be a whole number"),
+    ("hi " * 400, VALUES, "--max-length"),
+])
+def test_bad_input_shows_a_message_and_the_server_keeps_serving(vis, prompt, values, expect):
+    final = list(vis.run(None, prompt, *values))[-1]
+    assert final[vis.status].startswith("⚠") and expect in final[vis.status], final[vis.status]
+    again = list(vis.run(None, PROMPT, *VALUES))[-1]
+    assert again[vis.status].startswith("✓ **Done")
+
+
+def test_stop_takes_effect_within_a_step(vis):
+    gen = vis.run(None, PROMPT, 32, *VALUES[1:])
+    first = next(gen)
+    tab = first[vis.tab]
+    assert vis.stop(tab).startswith("**Stopping")
+    final = list(gen)[-1]
+    assert final[vis.status].startswith("**Stopped"), final[vis.status]
+    assert sum(len(r.tokens) for r in tab.record.runs.values()) < 3 * 32
+
+
+def test_step_once_export_replay_and_clear(vis, tmp_path):
+    out = vis.step_once(None, PROMPT, *VALUES)
+    tab = out[vis.tab]
+    assert "round 1" in out[vis.status] and tab.step_session is not None
+    assert "DART, step 1" in out[vis.step_text["dart"]] and "EAGLE-3, step 1" in out[vis.step_text["eagle3"]]
+    out = vis.step_once(tab, PROMPT, *VALUES)
+    assert "round 2" in out[vis.status] and "step 2" in out[vis.step_text["dart"]]
+    # its engines are its own: a full run in between does not disturb the stepped session
+    list(vis.run(None, PROMPT, *VALUES))
+    out = vis.step_once(tab, PROMPT, *VALUES)
+    assert "round 3" in out[vis.status]
+    runs = tab.record.runs
+    ref = list(vis.run(None, PROMPT, *VALUES))[-1][vis.tab].record.runs
+    for s in runs:
+        assert runs[s].tokens == ref[s].tokens[:len(runs[s].tokens)]
+    exported = vis.export(tab)
+    path = Path(exported[vis.export_file])
+    assert path.is_file() and "Exported" in exported[vis.status]
+    replayed = vis.replay(app.TabState(), str(path))
+    assert replayed[vis.status].startswith("**Replaying")
+    assert replayed[vis.answer["dart"]] == out[vis.answer["dart"]]
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"hello": 1}')
+    assert "not a DART demo trace export" in vis.replay(None, str(bad))[vis.status]
+    cleared = vis.clear(tab)
+    assert tab.step_session is None and tab.record is None and cleared[vis.prompt] == ""
+    tab.release()
+    assert tab.released and tab.export_dir is None and not path.exists()
+
+
+def test_tab_state_is_released_on_unload_and_on_timeout(vis):
+    from types import SimpleNamespace
+    assert vis.tab.time_to_live == app.TAB_TTL_S and vis.tab.delete_callback == vis._on_state_deleted
+    req = SimpleNamespace(session_hash="tab-1")
+    out = vis.step_once(None, PROMPT, *VALUES, request=req)
+    tab = out[vis.tab]
+    assert vis._tabs["tab-1"] is tab and tab.step_session is not None
+    vis._on_unload(req)                       # the browser tab closed
+    assert tab.released and tab.step_session is None and "tab-1" not in vis._tabs
+    other = vis.step_once(None, PROMPT, *VALUES, request=SimpleNamespace(session_hash="tab-2"))[vis.tab]
+    vis._on_state_deleted(other)              # Gradio's time-to-live expired
+    assert other.released and other.record is None and "tab-2" not in vis._tabs
+
+
+def test_a_missing_eagle3_head_is_explained_and_the_rest_runs(tiny):
+    target, model_dir, dart_dir, _ = tiny
+    factory = EngineFactory.from_flags(target, base_model_name_or_path=str(model_dir),
+                                       dart_model_name_or_path=str(dart_dir), ngram_model_name_or_path="none",
+                                       compare_eagle3=True)
+    assert factory.names == ["dart", "vanilla"]
+    assert "python -m dart_core.train eagle3" in factory.unavailable["eagle3"]
+    args = app.parse_args(["--max-new-tokens", "16", "--compare-eagle3"])
+    v = app.Visualiser(target, args, factory)
+    final = list(v.run(None, PROMPT, *VALUES))[-1]
+    assert final[v.status].startswith("✓ **Done")
+    assert "EAGLE-3 is unavailable" in final[v.metrics["eagle3"]]
+    assert "eagle3" not in v.tree_plot and final[v.tree_plot["dart"]].data
+
+
+# ---------------------------------------------------------------------------------------------- compare module
+def test_settings_name_the_control_to_change():
+    s = RunSettings.from_values(max_new_tokens=8.0, temperature=0.5, budget=10.0)
+    assert s.max_new_tokens == 8 and s.budget == 10 and not s.greedy
+    assert s.pruning(PruningConfig()).budget == 10
+    with pytest.raises(ConfigError, match="DART tree budget"):
+        RunSettings.from_values(budget=-1)
+    with pytest.raises(ConfigError, match="Top-k must be a whole number"):
+        RunSettings.from_values(top_k=2.5)
+    with pytest.raises(ConfigError, match="Max new tokens"):
+        RunSettings(max_new_tokens=40).generation_config(100, max_new_tokens_limit=20)
+
+
+def test_lossless_check_words():
+    base = EngineRun("vanilla", tokens=[1, 2, 3], done=True)
+    assert lossless_check(EngineRun("dart", tokens=[1, 2, 3], done=True), base, True)[0] == "identical"
+    assert lossless_check(EngineRun("dart", tokens=[1, 2]), base, True)[0] == "same so far"
+    state, text = lossless_check(EngineRun("dart", tokens=[1, 5, 3], done=True), base, True, "bfloat16")
+    assert state == "differs" and "token 1" in text and "--dtype float32" in text
+    assert lossless_check(EngineRun("dart", tokens=[1, 5]), base, False)[0] == "n/a"
+
+
+def test_fair_clock_runs_the_engine_with_least_engine_time(tiny):
+    target = tiny[0]
+    engines = {"dart": oracle_dart_engine(target, target.tokenizer.encode(PROMPT), GenerationConfig(20, 256)),
+               "vanilla": SpeculativeEngine(target)}
+    cmp = Comparison(engines, target.tokenizer.encode(PROMPT), GenerationConfig(20, 256), decode=target.tokenizer)
+    order = []
+    for name in cmp.run():
+        order.append(name)
+        assert all(r.busy_s >= 0 for r in cmp.record.runs.values())
+    runs = cmp.record.runs
+    assert runs["dart"].tokens == runs["vanilla"].tokens and len(runs["dart"].tokens) == 20
+    assert runs["dart"].tau > 2.0 and runs["vanilla"].tau == 1.0
+    assert order.count("dart") == runs["dart"].steps + 1 or order.count("dart") == runs["dart"].steps
+    m = cmp.record.metrics()
+    assert m["dart"].lossless == "identical" and m["vanilla"].speedup == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.3])
+def test_narration_matches_what_the_engine_did(tiny, temperature):
+    target = tiny[0]
+    ids = target.tokenizer.encode(PROMPT)
+    cfg = GenerationConfig(max_new_tokens=24, max_length=256, temperature=temperature, seed=3)
+    engine = oracle_dart_engine(target, ids, GenerationConfig(24, 256))
+    res = engine.generate(ids, cfg)
+    accepted_somewhere = False
+    for st in res.traces:
+        n = narrate_step(st, target.tokenizer, "dart")
+        assert n.accepted_path == [int(a) for a in st.accepted_nodes] and n.bonus_token == st.bonus_token
+        children = st.tree.children()
+        for d, nxt in zip(n.decisions, list(st.accepted_nodes[1:]) + [None]):
+            assert d.accepted == nxt
+            tried = [c for c, _, _, _ in d.tried]
+            if nxt is not None:  # the accepted child is the last one tried, earlier siblings were rejected
+                assert tried[-1] == nxt and tried == children[d.node][:len(tried)]
+                accepted_somewhere = True
+            else:               # the path stopped: every child was tried (or there were none)
+                assert tried == children[d.node]
+            if temperature == 0.0:
+                # greedy: accepted exactly when the token is the target's argmax at the parent
+                if nxt is not None:
+                    assert int(st.tree.tokens[nxt]) == d.target_choice
+                assert all(t != d.target_choice for c, t, _, _ in d.tried if c != nxt)
+            else:
+                left = 1.0
+                for c, _, p, pa in d.tried:
+                    assert pa == pytest.approx(p / left)
+                    left -= p
+        if temperature == 0.0:
+            ref = accept_greedy(st.tree, st.node_target_argmax, children)
+            assert ref.accepted_nodes == n.accepted_path and ref.bonus_token == n.bonus_token
+            assert st.bonus_token == n.decisions[-1].target_choice
+        bonus_text = target.tokenizer.decode([int(st.bonus_token)]).replace("\n", "\u21b5")
+        assert f"{len(st.accepted_nodes) - 1} drafted token" in n.text
+        assert bonus_text in n.text or not bonus_text.strip()  # blank tokens are shown by their repr
+        if st.tree.num_drafted:
+            assert ("exactly the target's top choice" in n.text) == (temperature == 0.0)
+    assert accepted_somewhere
+
+
+# ---------------------------------------------------------------------------------------------- recorded trace
+def test_figures_from_the_recorded_trace():
+    record = RunRecord.from_export(RECORDED)
+    assert record.meta["target"] and set(record.runs) >= {"dart", "vanilla"}
+    dart = record.runs["dart"]
+    assert dart.traces and dart.tokens
+    st = dart.traces[0]
+    x, y = viz.tree_layout(st.tree.parents, st.tree.scores)
+    assert x[0] == 0 and all(x[i] == x[int(st.tree.parents[i])] + 1 for i in range(1, len(st.tree)))
+    tree = viz.tree_figure(st, record.decode)
+    names = {t.name for t in tree.data}
+    assert "accepted path" in names and tree.layout.xaxis.title.text and tree.layout.yaxis.title.text
+    scatter = viz.score_scatter(st, record.decode)
+    assert sum(len(t.x) for t in scatter.data if t.x is not None) == len(st.candidates)
+    timing = viz.timing_figure({r.label: r.traces for r in record.runs.values()})
+    assert timing.layout.showlegend and any(t.name == "verify" for t in timing.data)
+    for fig in viz.acceptance_figures(dart.traces):
+        assert fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
+    # the recorded spans rebuild the recorded answer and label tokens from the trace
+    spans = record.spans("dart")
+    assert len(spans) == len(dart.tokens) and record.text("dart") == "".join(t for t, _ in spans)
+    assert record.metrics()["dart"].lossless == "identical"
+    n = narrate_step(st, record.decode, "dart")
+    assert n.accepted_path == list(st.accepted_nodes)
+
+
+def test_replay_of_the_recorded_trace_renders_every_view(vis):
+    replayed = vis.replay(None, str(RECORDED))
+    assert replayed[vis.status].startswith("**Replaying"), replayed[vis.status]
+    assert "tok/s" in replayed[vis.metrics["dart"]] and replayed[vis.tree_plot["dart"]].data
+    assert replayed[vis.timing_plot].data and all(replayed[p].data for p in vis.acc_plots["dart"])
+    tab = replayed[vis.tab]
+    views = vis.show_step(tab, 3)
+    assert views[vis.tree_plot["dart"]].data
+    # exported again it round-trips
+    again = RunRecord.from_export(json.dumps(tab.record.to_export()))
+    assert {s: r.tokens for s, r in again.runs.items()} == {s: r.tokens for s, r in tab.record.runs.items()}
+
+
+def test_replay_refuses_bad_files(tmp_path):
+    for content, expect in ((b"\xff\xfe", "not UTF-8"), (b"{", "not valid JSON"),
+                            (b'{"format": "dart-demo-run", "version": 99}', "version 99")):
+        p = tmp_path / "f.json"
+        p.write_bytes(content)
+        with pytest.raises(ValueError, match=expect):
+            RunRecord.from_export(p)
+
+
+# ---------------------------------------------------------------------------------------------- a real server
+def launch_local(demo, **kwargs) -> str:
+    """Serve ``demo`` on a free local port and return its URL. Gradio's start-up probe gives up after one
+    3-second timeout, which a loaded machine can exceed: try a few times before failing."""
+    for attempt in range(4):
+        port = free_port()
+        try:
+            demo.queue(default_concurrency_limit=1).launch(server_name="127.0.0.1", server_port=port,
+                                                           prevent_thread_lock=True, ssr_mode=False, quiet=True,
+                                                           **kwargs)
+            return f"http://127.0.0.1:{port}/"
+        except ValueError as exc:
+            if "localhost is not accessible" not in str(exc) or attempt == 3:
+                raise
+            demo.close()
+    raise AssertionError("unreachable")
+
+
+def _launch(vis) -> str:
+    return launch_local(vis.demo)
+
+
+def _client_run(client, values, prompt=PROMPT, *, streamed: list | None = None) -> list:
+    job = client.submit(prompt, *values, api_name="/run")
+    outputs = list(job) or job.outputs()
+    if streamed is not None:
+        streamed.extend(outputs)
+    return outputs[-1]
+
+
+def test_gradio_client_streams_every_engine(vis):
+    gradio_client = pytest.importorskip("gradio_client")
+    url = _launch(vis)
+    try:
+        client = gradio_client.Client(url, verbose=False, download_files=False)
+        streamed: list = []
+        final = _client_run(client, VALUES, streamed=streamed)
+        assert len(streamed) >= 2 and "Running" in json.dumps(streamed[0], ensure_ascii=False, default=str)
+        text = json.dumps(final, ensure_ascii=False, default=str)
+        assert "Done.**" in text and text.count("tok/s") == 3 and "identical to the baseline" in text
+        # a value the page's own check refuses, and one outside a slider's range (Gradio refuses it)
+        bad = _client_run(client, VALUES[:9] + (2.5, 4), "hi")
+        assert "EAGLE-3 depth must be a whole number" in json.dumps(bad, ensure_ascii=False, default=str)
+        long = _client_run(client, VALUES, "hi " * 400)
+        assert "--max-length" in json.dumps(long, ensure_ascii=False, default=str)
+        with pytest.raises(Exception, match="less than minimum"):
+            client.predict(PROMPT, 12, -1.0, *VALUES[2:], api_name="/run")
+        # the server keeps serving another tab (another client session) after the error
+        other = gradio_client.Client(url, verbose=False, download_files=False)
+        assert "Done.**" in json.dumps(_client_run(other, VALUES), ensure_ascii=False, default=str)
+        step = client.predict(PROMPT, *VALUES, api_name="/step_once")
+        assert "round 1" in json.dumps(step, ensure_ascii=False, default=str)
+        assert "Stopping" in json.dumps(client.predict(api_name="/stop"), ensure_ascii=False)
+        # several tabs at once: the queue runs them one after the other, each gets its own answer
+        jobs = [c.submit(PROMPT, *VALUES, api_name="/run") for c in (client, other)]
+        for job in jobs:
+            assert "Done.**" in json.dumps(job.result(timeout=120), ensure_ascii=False, default=str)
+    finally:
+        vis.demo.close()
+
+
+@pytest.mark.bundled
+def test_gradio_client_on_the_bundled_defaults(bundled_fp32):
+    """The app as `python app.py --compare-eagle3` builds it (bundled target, head and N-gram table)."""
+    gradio_client = pytest.importorskip("gradio_client")
+    args = app.parse_args(["--compare-eagle3", "--max-new-tokens", "16"])
+    v = app.Visualiser(bundled_fp32, args)
+    assert "eagle3" in v.available or "python -m dart_core.train eagle3" in v.factory.unavailable["eagle3"]
+    url = _launch(v)
+    try:
+        client = gradio_client.Client(url, verbose=False, download_files=False)
+        streamed: list = []
+        final = _client_run(client, (8,) + VALUES[1:], "What is 2 + 3?", streamed=streamed)
+        assert len(streamed) >= 2
+        text = json.dumps(final, ensure_ascii=False, default=str)
+        assert "Done.**" in text and text.count("tok/s") == len(v.available), text[:2000]
+        if "dart" in v.available:
+            assert "identical to the baseline" in text
+    finally:
+        v.demo.close()
