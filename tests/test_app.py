@@ -3,7 +3,6 @@ defaults), step-once narration against what the engine did, figures from a recor
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from dart_core.models.loader import load_target  # noqa: E402
 from dart_core.pruning import PruningConfig  # noqa: E402
 from dart_core.sampling import accept_greedy  # noqa: E402
 from tiny_models import make_tiny_model_dir  # noqa: E402
+from gradio_server import launch_local  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 RECORDED = DATA / "recorded_run.json"
@@ -33,10 +33,6 @@ PROMPT = "Write a Python function."
 VALUES = (12, 0.0, 1.0, 0, 16, 6, 6, 0.5, 16, 3, 4)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------------------------- fixtures
@@ -342,21 +338,6 @@ def test_replay_refuses_bad_files(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- a real server
-def launch_local(demo, **kwargs) -> str:
-    """Serve ``demo`` on a free local port and return its URL. Gradio's start-up probe gives up after one
-    3-second timeout, which a loaded machine can exceed: try a few times before failing."""
-    for attempt in range(4):
-        port = free_port()
-        try:
-            demo.queue(default_concurrency_limit=1).launch(server_name="127.0.0.1", server_port=port,
-                                                           prevent_thread_lock=True, ssr_mode=False, quiet=True,
-                                                           **kwargs)
-            return f"http://127.0.0.1:{port}/"
-        except ValueError as exc:
-            if "localhost is not accessible" not in str(exc) or attempt == 3:
-                raise
-            demo.close()
-    raise AssertionError("unreachable")
 
 
 def _launch(vis) -> str:

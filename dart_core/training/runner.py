@@ -654,7 +654,8 @@ def write_model_card_with(out: str | Path, card: Callable[[dict], str]) -> Path:
     """(Re)write ``out/README.md`` from ``out/training_summary.json`` with ``card``."""
     out = Path(out)
     summary = json.loads((out / "training_summary.json").read_text(encoding="utf-8"))
-    summary.setdefault("lr_restarts", lr_restarts(out / "train_log.jsonl", 1))
+    warmup = max(1, int(summary.get("config", {}).get("warmup_frac", 0.0) * summary.get("planned_steps", 0)))
+    summary.setdefault("lr_restarts", lr_restarts(out / "train_log.jsonl", warmup))
     path = out / "README.md"
     path.write_text(card(summary), encoding="utf-8")
     return path
