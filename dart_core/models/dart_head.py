@@ -41,7 +41,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +75,27 @@ _LLAMA_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num
                  "vocab_size", "draft_vocab_size")
 
 
+def head_config_problems(c, extra_int_fields: tuple[str, ...] = ()) -> list[str]:
+    """What is wrong with a draft head's Llama-style config (DART and EAGLE-3 share these fields)."""
+    problems = []
+    for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                 "vocab_size", "draft_vocab_size", *extra_int_fields, "head_dim", "target_hidden_size"):
+        v = getattr(c, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            problems.append(f"{name} must be a positive integer, got {v!r}")
+    if not problems:
+        if c.num_attention_heads % c.num_key_value_heads:
+            problems.append(f"num_attention_heads ({c.num_attention_heads}) must be a multiple of "
+                            f"num_key_value_heads ({c.num_key_value_heads})")
+        if c.draft_vocab_size > c.vocab_size:
+            problems.append(f"draft_vocab_size ({c.draft_vocab_size}) exceeds vocab_size ({c.vocab_size})")
+        if c.head_dim % 2:
+            problems.append(f"head_dim must be even for RoPE, got {c.head_dim}")
+    if c.hidden_act not in ("silu", "swish"):
+        problems.append(f"hidden_act {c.hidden_act!r} is not supported (only silu)")
+    return problems
+
+
 @dataclass
 class DartHeadConfig:
     """The head's ``config.json``: Llama fields + ``draft_length``, ``draft_vocab_size``
@@ -108,22 +128,7 @@ class DartHeadConfig:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.target_hidden_size is None:
             self.target_hidden_size = self.hidden_size
-        problems = []
-        for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-                     "vocab_size", "draft_vocab_size", "draft_length", "head_dim", "target_hidden_size"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                problems.append(f"{name} must be a positive integer, got {v!r}")
-        if not problems:
-            if self.num_attention_heads % self.num_key_value_heads:
-                problems.append(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                                f"num_key_value_heads ({self.num_key_value_heads})")
-            if self.draft_vocab_size > self.vocab_size:
-                problems.append(f"draft_vocab_size ({self.draft_vocab_size}) exceeds vocab_size ({self.vocab_size})")
-            if self.head_dim % 2:
-                problems.append(f"head_dim must be even for RoPE, got {self.head_dim}")
-        if self.hidden_act not in ("silu", "swish"):
-            problems.append(f"hidden_act {self.hidden_act!r} is not supported (only silu)")
+        problems = head_config_problems(self, extra_int_fields=("draft_length",))
         if problems:
             raise DartHeadError("invalid DART head config: " + "; ".join(problems))
 
@@ -350,7 +355,53 @@ def sdpa_attend(mask: torch.Tensor | None) -> AttendFn:
     return attend
 
 
-class DartHead(nn.Module):
+class DraftHeadBase(nn.Module):
+    """What DART and EAGLE-3 heads share: the draft-vocabulary maps ``d2t`` / ``t2d`` and a borrowed
+    reference to the target's token embedding. Subclasses set ``kind`` and ``error`` and call
+    :meth:`_init_vocab_and_embedding` in their constructor."""
+    kind = "DART"
+    error: type[DartHeadError] = DartHeadError
+    config: Any
+
+    def _init_vocab_and_embedding(self, c) -> None:
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))
+        self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool) if c.full_vocab
+                             else torch.zeros(c.vocab_size, dtype=torch.bool))
+        # The target's embedding weight [V, H]: held in a list so nn.Module neither registers it as a
+        # parameter (it is the target's, frozen) nor saves, moves or casts it with the head.
+        self._embed_ref: list[torch.Tensor] = []
+
+    def attach_embedding(self, weight: torch.Tensor):
+        """Use the target's token embedding [V, H] (shared, frozen)."""
+        if tuple(weight.shape) != (self.config.vocab_size, self.config.hidden_size):
+            raise HeadTargetMismatch(f"the target's embedding is {tuple(weight.shape)} but the {self.kind} head "
+                                     f"expects [{self.config.vocab_size}, {self.config.hidden_size}] (vocab, hidden)")
+        self._embed_ref[:] = [weight]
+        return self
+
+    @property
+    def _embed(self) -> torch.Tensor | None:
+        return self._embed_ref[0] if self._embed_ref else None
+
+    @torch.no_grad()
+    def set_vocab_mapping(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        validate_vocab_mapping(d2t, t2d, self.config, "set_vocab_mapping", self.error)
+        self.d2t.copy_(d2t.to(torch.int64))
+        self.t2d.copy_(t2d.to(torch.bool))
+
+    @property
+    def draft_ids(self) -> torch.Tensor:
+        """[V_d] target ids of the draft vocabulary, in draft-id order."""
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    def target_to_draft(self) -> torch.Tensor:
+        """[V] int64: the draft id of each target id, -1 outside the draft vocabulary."""
+        out = torch.full((self.config.vocab_size,), -1, dtype=torch.int64, device=self.d2t.device)
+        out[self.draft_ids] = torch.arange(self.config.draft_vocab_size, device=self.d2t.device)
+        return out
+
+
+class DartHead(DraftHeadBase):
     """The DART draft head. Call :meth:`attach_embedding` with the target's embedding before use."""
 
     def __init__(self, config: DartHeadConfig):
@@ -360,12 +411,7 @@ class DartHead(nn.Module):
         self.midlayer = DartMidLayer(c)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
-        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))
-        self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool) if c.full_vocab
-                             else torch.zeros(c.vocab_size, dtype=torch.bool))
-        # The target's embedding weight [V, H]: held in a list so nn.Module neither registers it as a
-        # parameter (it is the target's, frozen) nor saves, moves or casts it with the head.
-        self._embed_ref: list[torch.Tensor] = []
+        self._init_vocab_and_embedding(c)
         self.reset_parameters()
 
     # ------------------------------------------------------------------ set-up
@@ -380,35 +426,6 @@ class DartHead(nn.Module):
             elif isinstance(m, RMSNorm):
                 m.weight.fill_(1.0)
         self.midlayer.mask_rep.copy_(torch.randn(self.midlayer.mask_rep.shape, generator=g))
-
-    def attach_embedding(self, weight: torch.Tensor) -> "DartHead":
-        """Use the target's token embedding [V, H] (shared, frozen)."""
-        if tuple(weight.shape) != (self.config.vocab_size, self.config.hidden_size):
-            raise HeadTargetMismatch(f"the target's embedding is {tuple(weight.shape)} but the head expects "
-                                     f"[{self.config.vocab_size}, {self.config.hidden_size}] (vocab, hidden)")
-        self._embed_ref[:] = [weight]
-        return self
-
-    @property
-    def _embed(self) -> torch.Tensor | None:
-        return self._embed_ref[0] if self._embed_ref else None
-
-    @torch.no_grad()
-    def set_vocab_mapping(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
-        validate_vocab_mapping(d2t, t2d, self.config, "set_vocab_mapping")
-        self.d2t.copy_(d2t.to(torch.int64))
-        self.t2d.copy_(t2d.to(torch.bool))
-
-    @property
-    def draft_ids(self) -> torch.Tensor:
-        """[V_d] target ids of the draft vocabulary, in draft-id order."""
-        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
-
-    def target_to_draft(self) -> torch.Tensor:
-        """[V] int64: the draft id of each target id, -1 outside the draft vocabulary."""
-        out = torch.full((self.config.vocab_size,), -1, dtype=torch.int64, device=self.d2t.device)
-        out[self.draft_ids] = torch.arange(self.config.draft_vocab_size, device=self.d2t.device)
-        return out
 
     # ------------------------------------------------------------------ pieces of the forward
     def embed_inputs(self, aux: torch.Tensor, next_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

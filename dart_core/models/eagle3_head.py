@@ -43,9 +43,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .dart_head import (DartAttention, DartHeadError, DartMLP, HeadTargetMismatch, RMSNorm,
-                        check_head_matches_target, describe_target, match_state_dict, sdpa_attend,
-                        validate_vocab_mapping)
+from .dart_head import (DartAttention, DartHeadError, DartMLP, DraftHeadBase, RMSNorm,
+                        check_head_matches_target, describe_target, head_config_problems, match_state_dict,
+                        sdpa_attend)
 
 logger = logging.getLogger(__name__)
 
@@ -95,22 +95,7 @@ class Eagle3HeadConfig:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.target_hidden_size is None:
             self.target_hidden_size = self.hidden_size
-        problems = []
-        for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-                     "vocab_size", "draft_vocab_size", "head_dim", "target_hidden_size"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                problems.append(f"{name} must be a positive integer, got {v!r}")
-        if not problems:
-            if self.num_attention_heads % self.num_key_value_heads:
-                problems.append(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                                f"num_key_value_heads ({self.num_key_value_heads})")
-            if self.draft_vocab_size > self.vocab_size:
-                problems.append(f"draft_vocab_size ({self.draft_vocab_size}) exceeds vocab_size ({self.vocab_size})")
-            if self.head_dim % 2:
-                problems.append(f"head_dim must be even for RoPE, got {self.head_dim}")
-        if self.hidden_act not in ("silu", "swish"):
-            problems.append(f"hidden_act {self.hidden_act!r} is not supported (only silu)")
+        problems = head_config_problems(self)
         if problems:
             raise Eagle3HeadError("invalid EAGLE-3 head config: " + "; ".join(problems))
 
@@ -254,8 +239,10 @@ class Eagle3HeadCache:
             setattr(self, name, new)
 
 
-class Eagle3Head(nn.Module):
+class Eagle3Head(DraftHeadBase):
     """The EAGLE-3 draft head. Call :meth:`attach_embedding` with the target's embedding before use."""
+    kind = "EAGLE-3"
+    error = Eagle3HeadError
 
     def __init__(self, config: Eagle3HeadConfig):
         super().__init__()
@@ -264,11 +251,7 @@ class Eagle3Head(nn.Module):
         self.midlayer = Eagle3MidLayer(c)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
-        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))
-        self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool) if c.full_vocab
-                             else torch.zeros(c.vocab_size, dtype=torch.bool))
-        # The target's embedding [V, H], held in a list so it is neither a parameter nor saved/moved with the head.
-        self._embed_ref: list[torch.Tensor] = []
+        self._init_vocab_and_embedding(c)
         self.source: str | None = None
         self.reset_parameters()
 
@@ -282,35 +265,6 @@ class Eagle3Head(nn.Module):
                 m.weight.copy_(torch.randn(m.weight.shape, generator=g) * std)
             elif isinstance(m, RMSNorm):
                 m.weight.fill_(1.0)
-
-    def attach_embedding(self, weight: torch.Tensor) -> "Eagle3Head":
-        """Use the target's token embedding [V, H] (shared, frozen)."""
-        if tuple(weight.shape) != (self.config.vocab_size, self.config.hidden_size):
-            raise HeadTargetMismatch(f"the target's embedding is {tuple(weight.shape)} but the EAGLE-3 head expects "
-                                     f"[{self.config.vocab_size}, {self.config.hidden_size}] (vocab, hidden)")
-        self._embed_ref[:] = [weight]
-        return self
-
-    @property
-    def _embed(self) -> torch.Tensor | None:
-        return self._embed_ref[0] if self._embed_ref else None
-
-    @torch.no_grad()
-    def set_vocab_mapping(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
-        validate_vocab_mapping(d2t, t2d, self.config, "set_vocab_mapping", Eagle3HeadError)
-        self.d2t.copy_(d2t.to(torch.int64))
-        self.t2d.copy_(t2d.to(torch.bool))
-
-    @property
-    def draft_ids(self) -> torch.Tensor:
-        """[V_d] target ids of the draft vocabulary, in draft-id order."""
-        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
-
-    def target_to_draft(self) -> torch.Tensor:
-        """[V] int64: the draft id of each target id, -1 outside the draft vocabulary."""
-        out = torch.full((self.config.vocab_size,), -1, dtype=torch.int64, device=self.d2t.device)
-        out[self.draft_ids] = torch.arange(self.config.draft_vocab_size, device=self.d2t.device)
-        return out
 
     # ------------------------------------------------------------------ forward pieces
     def new_cache(self, capacity: int = 512) -> Eagle3HeadCache:
