@@ -51,3 +51,26 @@ class Drafter(Protocol):
 
     def observe(self, step: AcceptedStep) -> None:
         """Learn what the target accepted (update drafter caches/state)."""
+
+
+class FeatureDrafter:
+    """begin / observe for drafters that run a head on the target's aux features (DART, EAGLE-3):
+    the features of newly committed positions wait in ``_pending`` until the next ``propose``.
+    Subclasses own ``_cache`` (a head cache with ``reset()``)."""
+    needs_aux = True
+    _pending: torch.Tensor | None = None
+
+    def begin(self, prompt_ids: Sequence[int], prefill_aux: torch.Tensor | None) -> None:
+        if prefill_aux is None:
+            raise ValueError(f"{type(self).__name__} needs the target's aux features (needs_aux=True)")
+        if prefill_aux.shape[0] != len(prompt_ids):
+            raise ValueError(f"prefill_aux has {prefill_aux.shape[0]} rows for a prompt of {len(prompt_ids)} tokens")
+        self._cache.reset()
+        self._pending = prefill_aux
+
+    def observe(self, step: AcceptedStep) -> None:
+        if step.aux is None:
+            raise ValueError(f"{type(self).__name__} needs the aux features of the accepted nodes (needs_aux=True)")
+        if step.aux.shape[0] != len(step.tokens):
+            raise ValueError(f"AcceptedStep has {len(step.tokens)} tokens but {step.aux.shape[0]} aux rows")
+        self._pending = step.aux

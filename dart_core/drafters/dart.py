@@ -26,12 +26,11 @@ import torch
 
 from ..models.dart_head import DartHead
 from ..pruning import PruningConfig, prune_dart_tree
-from .base import AcceptedStep, Proposal
+from .base import FeatureDrafter, Proposal
 
 
-class DartDrafter:
+class DartDrafter(FeatureDrafter):
     name = "dart"
-    needs_aux = True
 
     def __init__(self, head: DartHead, store=None, eos_token_ids: Sequence[int] = (),
                  pruning: PruningConfig | None = None, backend: str = "native", name: str = "dart"):
@@ -53,20 +52,6 @@ class DartDrafter:
         self._d2t = head.d2t
 
     # ------------------------------------------------------------------ protocol
-    def begin(self, prompt_ids: Sequence[int], prefill_aux: torch.Tensor | None) -> None:
-        if prefill_aux is None:
-            raise ValueError("DartDrafter needs the target's aux features (needs_aux=True)")
-        if prefill_aux.shape[0] != len(prompt_ids):
-            raise ValueError(f"prefill_aux has {prefill_aux.shape[0]} rows for a prompt of {len(prompt_ids)} tokens")
-        self._cache.reset()
-        self._pending = prefill_aux
-
-    def observe(self, step: AcceptedStep) -> None:
-        if step.aux is None:
-            raise ValueError("DartDrafter needs the aux features of the accepted nodes (needs_aux=True)")
-        if step.aux.shape[0] != len(step.tokens):
-            raise ValueError(f"AcceptedStep has {len(step.tokens)} tokens but {step.aux.shape[0]} aux rows")
-        self._pending = step.aux
 
     def propose(self, context: Sequence[int]) -> Proposal:
         if self._pending is None:

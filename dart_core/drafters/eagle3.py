@@ -36,7 +36,7 @@ import torch
 from ..models.eagle3_head import Eagle3Head
 from ..trace import ScoredCandidates
 from ..tree import DraftTree
-from .base import AcceptedStep, Proposal
+from .base import FeatureDrafter, Proposal
 
 
 @dataclass
@@ -82,9 +82,8 @@ def rank_candidates(scores: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
     return by_depth[by_score]
 
 
-class Eagle3Drafter:
+class Eagle3Drafter(FeatureDrafter):
     name = "eagle3"
-    needs_aux = True
 
     def __init__(self, head: Eagle3Head, tree: Eagle3TreeConfig | None = None, name: str = "eagle3"):
         """head: an Eagle3Head with the target's embedding attached, on the target's device and dtype."""
@@ -100,20 +99,6 @@ class Eagle3Drafter:
         self._pending: torch.Tensor | None = None   # [n, 3H] features of positions not yet in the head cache
 
     # ------------------------------------------------------------------ protocol
-    def begin(self, prompt_ids: Sequence[int], prefill_aux: torch.Tensor | None) -> None:
-        if prefill_aux is None:
-            raise ValueError("Eagle3Drafter needs the target's aux features (needs_aux=True)")
-        if prefill_aux.shape[0] != len(prompt_ids):
-            raise ValueError(f"prefill_aux has {prefill_aux.shape[0]} rows for a prompt of {len(prompt_ids)} tokens")
-        self._cache.reset()
-        self._pending = prefill_aux
-
-    def observe(self, step: AcceptedStep) -> None:
-        if step.aux is None:
-            raise ValueError("Eagle3Drafter needs the aux features of the accepted nodes (needs_aux=True)")
-        if step.aux.shape[0] != len(step.tokens):
-            raise ValueError(f"AcceptedStep has {len(step.tokens)} tokens but {step.aux.shape[0]} aux rows")
-        self._pending = step.aux
 
     @torch.inference_mode()
     def propose(self, context: Sequence[int]) -> Proposal:
