@@ -13,14 +13,13 @@ from dart_core.config import GenerationConfig
 from dart_core.decoding import SpeculativeEngine
 from dart_core.models.dart_head import (BlockLayout, DartHead, DartHeadConfig, load_dart_head, new_head_for_target,
                                         validate_vocab_mapping)
-from dart_core.models.loader import load_target
 from dart_core.training.dart_trainer import (DartTrainConfig, TrainError, dart_loss, evaluate_head,
                                              sample_prefixes, train_dart)
 from dart_core.training.data import DataError, DistillRow, load_distill_rows, split_rows
 from dart_core.training.features import compute_features
 from dart_core.training.schedule import BudgetPlanner, cosine_lr
 from dart_core.training.vocab import build_draft_vocab
-from tiny_models import make_tiny_model_dir
+from tiny_models import make_tiny_distill
 
 
 def small_head(D=3, V=40, seed=0) -> DartHead:
@@ -147,21 +146,7 @@ def test_data_errors_name_the_file_and_line(tmp_path):
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A tiny llama target and a small self-distilled corpus (its own greedy answers)."""
-    root = tmp_path_factory.mktemp("tinytrain")
-    d = make_tiny_model_dir(root, "llama")
-    t = load_target(str(d), dtype="float32", device="cpu")
-    eng = SpeculativeEngine(t)
-    g = torch.Generator().manual_seed(0)
-    rows = []
-    for i in range(24):
-        prompt = torch.randint(3, t.vocab_size, (int(torch.randint(3, 10, (1,), generator=g)),), generator=g).tolist()
-        resp = eng.generate(prompt, GenerationConfig(max_new_tokens=30, max_length=80)).tokens
-        rows.append({"id": f"row{i}", "source": "alpaca", "prompt_ids": prompt, "response_ids": resp})
-    data = root / "distill.jsonl.gz"
-    with gzip.open(data, "wt") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-    return d, t, data, rows
+    return make_tiny_distill(tmp_path_factory.mktemp("tinytrain"))
 
 
 def test_features_align_with_the_engine(tiny):

@@ -3,14 +3,11 @@ forward, step k = feeding g back along a chain with step_tree), the loss going d
 with checkpoint / resume / extension and its outputs, and flag errors. Tiny random targets only."""
 from __future__ import annotations
 
-import gzip
 import json
 
 import pytest
 import torch
 
-from dart_core.config import GenerationConfig
-from dart_core.decoding import SpeculativeEngine
 from dart_core.models.dart_head import HeadTargetMismatch
 from dart_core.models.eagle3_head import Eagle3Head, Eagle3HeadConfig, load_eagle3_head, new_eagle3_head_for_target
 from dart_core.models.loader import load_target
@@ -20,7 +17,7 @@ from dart_core.training.eagle3_trainer import (Eagle3TrainConfig, eagle3_loss, e
 from dart_core.training.features import compute_features
 from dart_core.training.runner import TrainError
 from dart_core.training.vocab import build_draft_vocab
-from tiny_models import make_tiny_model_dir
+from tiny_models import make_tiny_distill, make_tiny_model_dir
 
 H, V = 32, 40
 
@@ -98,21 +95,7 @@ def test_unrolled_forward_has_gradients_for_every_parameter():
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A tiny llama target and a small self-distilled corpus (its own greedy answers)."""
-    root = tmp_path_factory.mktemp("tinyeagle3")
-    d = make_tiny_model_dir(root, "llama")
-    t = load_target(str(d), dtype="float32", device="cpu")
-    eng = SpeculativeEngine(t)
-    g = torch.Generator().manual_seed(0)
-    rows = []
-    for i in range(24):
-        prompt = torch.randint(3, t.vocab_size, (int(torch.randint(3, 10, (1,), generator=g)),), generator=g).tolist()
-        resp = eng.generate(prompt, GenerationConfig(max_new_tokens=30, max_length=80)).tokens
-        rows.append({"id": f"row{i}", "source": "alpaca", "prompt_ids": prompt, "response_ids": resp})
-    data = root / "distill.jsonl.gz"
-    with gzip.open(data, "wt") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-    return d, t, data, rows
+    return make_tiny_distill(tmp_path_factory.mktemp("tinyeagle3"))
 
 
 def test_loss_masks_and_weights(tiny):

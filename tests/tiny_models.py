@@ -77,3 +77,31 @@ def make_tiny_model_dir(tmp_path, model_type: str = "llama", *, seed: int = 0, n
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def make_tiny_distill(root: Path):
+    """A tiny llama target and a small self-distilled corpus (its own greedy answers) under ``root``:
+    returns (model dir, TargetModel, corpus path, rows) for the trainer tests."""
+    import gzip
+    import json
+
+    import torch
+
+    from dart_core.config import GenerationConfig
+    from dart_core.decoding import SpeculativeEngine
+    from dart_core.models.loader import load_target
+
+    d = make_tiny_model_dir(root, "llama")
+    t = load_target(str(d), dtype="float32", device="cpu")
+    eng = SpeculativeEngine(t)
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for i in range(24):
+        prompt = torch.randint(3, t.vocab_size, (int(torch.randint(3, 10, (1,), generator=g)),), generator=g).tolist()
+        resp = eng.generate(prompt, GenerationConfig(max_new_tokens=30, max_length=80)).tokens
+        rows.append({"id": f"row{i}", "source": "alpaca", "prompt_ids": prompt, "response_ids": resp})
+    data = root / "distill.jsonl.gz"
+    with gzip.open(data, "wt") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    return d, t, data, rows
