@@ -1,17 +1,21 @@
-"""Tree-budget (and N-gram table) sweep: tau and tokens/s of DART per setting, on dev questions.
+"""Tree-size sweep: tau and tokens/s of DART and EAGLE-3 per tree setting, on dev questions.
 
-The published defaults (budget 60, beam 20, top-k 25) were chosen for 8B targets on GPUs, where a
-61-node verify costs about as much as a 1-token step. On a CPU the verify cost grows with the
-tree, so the best budget is smaller; this script measures where. It answers the same dev
-questions (not the benchmark sets) with vanilla decoding and DART at each budget, interleaved
-question by question so that machine noise hits every arm alike, and prints ratios from this run.
+The published defaults (DART budget 60, beam 20, top-k 25; EAGLE-3 total_token 60, depth 7,
+top_k 10) were chosen for 8B targets on GPUs, where a 61-node verify costs about as much as a
+1-token step. On a CPU the verify cost grows with the tree, so the best tree is smaller; this
+script measures where. It answers the same dev questions (not the benchmark sets) with vanilla
+decoding and every arm, interleaved question by question so that machine noise hits every arm
+alike, and prints ratios from this run.
 
-    python benchmarks/tune_tree.py --budgets 8,15,25,40,60 --limit 12 --max-new-tokens 128 \\
-        --threads 2 --json runs/tune_dart.json --plot docs/tune_dart.png
+    python benchmarks/tune_tree.py --methods dart,eagle3 --budgets 8,15,30,60 \
+        --eagle3-trees 60/7/10,30/5/8,16/4/4,10/3/3 --limit 12 --max-new-tokens 128 \
+        --threads 2 --json runs/tune_trees.json --plot docs/tune_trees.png
 
-Run it on a quiet machine (nothing else running); tau does not depend on noise, tokens/s does.
-``--tables a.dngram,b.dngram,none`` compares N-gram tables (or none) at each budget: that choice
-needs only tau, so it may run while the machine is busy.
+DART arms are tree budgets (drafted nodes, root excluded); EAGLE-3 arms are
+total_token/depth/top_k triples (total_token counts the root). The plot puts both on one axis:
+nodes verified per step. Run it on a quiet machine (nothing else running); tau does not depend on
+noise, tokens/s does. ``--tables a.dngram,b.dngram,none`` compares N-gram tables (or none) at
+each DART budget: that choice needs only tau, so it may run while the machine is busy.
 """
 from __future__ import annotations
 
@@ -37,50 +41,95 @@ def parse_int_list(text: str) -> list[int]:
     return values
 
 
+def parse_eagle3_trees(text: str) -> list[tuple[int, int, int]]:
+    trees = []
+    for item in (x for x in text.split(",") if x.strip()):
+        try:
+            total, depth, top_k = (int(v) for v in item.split("/"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"EAGLE-3 trees are total_token/depth/top_k triples such as 60/7/10, "
+                                             f"got {item!r}") from None
+        trees.append((total, depth, top_k))
+    if not trees:
+        raise argparse.ArgumentTypeError("--eagle3-trees is empty")
+    return trees
+
+
+def parse_methods(text: str) -> list[str]:
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in methods if m not in ("dart", "eagle3")]
+    if bad or not methods:
+        raise argparse.ArgumentTypeError(f"--methods takes dart and/or eagle3, got {text!r}")
+    return methods
+
+
 def main(argv=None) -> int:
     from dart_core.api import is_bundled_target, load_head_and_ngram, open_ngram
     from dart_core.bench import EngineRunner, load_questions, run_benchmark
     from dart_core.config import GenerationConfig
     from dart_core.drafters.dart import DartDrafter
+    from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3TreeConfig
+    from dart_core.models.eagle3_head import load_eagle3_for_target
     from dart_core.models.loader import load_target
     from dart_core.pruning import PruningConfig
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--methods", type=parse_methods, default=["dart"], help="dart, eagle3 or dart,eagle3")
     p.add_argument("--questions", default=str(DEV_QUESTIONS), help="Spec-Bench-format dev questions")
     p.add_argument("--limit", type=int, default=12)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--budgets", type=parse_int_list, default=parse_int_list("8,15,25,40,60"))
-    p.add_argument("--beam-width", type=int, default=None, help="default: min(budget, 20)")
+    p.add_argument("--budgets", type=parse_int_list, default=parse_int_list("8,15,25,40,60"),
+                   help="DART tree budgets (drafted nodes, root excluded)")
+    p.add_argument("--beam-width", type=int, default=None, help="DART beam; default: min(budget, 20)")
     p.add_argument("--tables", default=None,
                    help="comma-separated N-gram tables to compare ('none' = no N-gram term); default: the default table")
+    p.add_argument("--eagle3-trees", type=parse_eagle3_trees, default=parse_eagle3_trees("60/7/10,30/5/8,16/4/4"),
+                   help="EAGLE-3 arms as total_token/depth/top_k triples")
     p.add_argument("--base-model-name-or-path", default=None)
     p.add_argument("--dart-model-name-or-path", default=None)
     p.add_argument("--ngram-model-name-or-path", default=None)
+    p.add_argument("--eagle3-model-name-or-path", default=None)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", dest="json_out", default=None)
-    p.add_argument("--plot", default=None, help="PNG of tau and speedup vs budget (needs matplotlib)")
+    p.add_argument("--plot", default=None, help="PNG of tau and speedup vs tree size (needs matplotlib)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if args.threads:
         torch.set_num_threads(args.threads)
+    tables = args.tables.split(",") if args.tables else [None]
+    if args.plot and len(tables) > 1:
+        p.error("--plot draws one table's budget curve: pass a single --tables entry")
+    try:  # bad tree settings fail before the model load
+        e3_trees = [Eagle3TreeConfig(total_token=t, depth=d, top_k=k) for t, d, k in args.eagle3_trees]
+    except ValueError as e:
+        p.error(f"--eagle3-trees: {e}")
 
     target = load_target(args.base_model_name_or_path, dtype=args.dtype)
-    head, _ = load_head_and_ngram(target, args.base_model_name_or_path, args.dart_model_name_or_path, None,
-                                  with_ngram=False)
-    tables = args.tables.split(",") if args.tables else [None]
-    stores = {t: open_ngram(t, target.tokenizer, bundled=is_bundled_target(args.base_model_name_or_path))
-              for t in tables}
     runners = {"vanilla": EngineRunner("vanilla", target, None)}
-    arms = {}   # runner name -> (budget, table)
-    default = PruningConfig()
-    for t in tables:
-        for b in args.budgets:
-            beam = args.beam_width or min(b, default.beam_width)
-            cfg = PruningConfig(budget=b, beam_width=beam)
-            name = f"dart@{b}" + (f"/{Path(t).stem}" if len(tables) > 1 else "")
-            arms[name] = (b, t)
-            runners[name] = EngineRunner(name, target, DartDrafter(head, stores[t], target.eos_token_ids, pruning=cfg))
+    arms = {}   # runner name -> {"method", "nodes" (verified per step, root included), settings...}
+    if "dart" in args.methods:
+        head, _ = load_head_and_ngram(target, args.base_model_name_or_path, args.dart_model_name_or_path, None,
+                                      with_ngram=False)
+        stores = {t: open_ngram(t, target.tokenizer, bundled=is_bundled_target(args.base_model_name_or_path))
+                  for t in tables}
+        default = PruningConfig()
+        for t in tables:
+            for b in args.budgets:
+                beam = args.beam_width or min(b, default.beam_width)
+                cfg = PruningConfig(budget=b, beam_width=beam)
+                name = f"dart@{b}" + (f"/{Path(t).stem}" if len(tables) > 1 else "")
+                arms[name] = {"method": "dart", "nodes": b + 1, "budget": b, "table": t or "default"}
+                runners[name] = EngineRunner(name, target,
+                                             DartDrafter(head, stores[t], target.eos_token_ids, pruning=cfg))
+    if "eagle3" in args.methods:
+        e3_head = load_eagle3_for_target(target, args.base_model_name_or_path, args.eagle3_model_name_or_path)
+        for tree in e3_trees:
+            name = f"eagle3@{tree.total_token}/{tree.depth}/{tree.top_k}"
+            arms[name] = {"method": "eagle3", "nodes": tree.total_token, "total_token": tree.total_token,
+                          "depth": tree.depth, "top_k": tree.top_k}
+            # each arm its own drafter (its own head cache); the head's weights are shared
+            runners[name] = EngineRunner(name, target, Eagle3Drafter(e3_head, tree))
     questions = load_questions(args.questions, args.limit)
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, max_length=2048)
     records = run_benchmark(target, runners, questions, config)
@@ -98,57 +147,76 @@ def main(argv=None) -> int:
 
     base = rate("vanilla")
     # bf16 verify of a tree and a 1-token step round differently, so near-tied argmaxes may flip;
-    # fp32 output is identical (tests/test_dart_head.py asserts it).
+    # fp32 output is identical (tests/test_dart_head.py and tests/test_eagle3.py assert it).
     bf16_note = ": bf16 near-ties" if target.dtype == torch.bfloat16 else "!"
     rows = []
-    print("| arm | tau | tok/s | speedup | draft ms | tree ms | verify ms |\n|---|---|---|---|---|---|---|")
-    print(f"| vanilla | 1.00 | {base['tokens_per_s']:.1f} | 1.00x | – | – | {base['ms_per_step']['verify']:.1f} |")
-    for name, (b, t) in arms.items():
+    print("| arm | nodes | tau | tok/s | speedup | draft ms | tree ms | verify ms |\n|---|---|---|---|---|---|---|---|")
+    print(f"| vanilla | 1 | 1.00 | {base['tokens_per_s']:.1f} | 1.00x | – | – | {base['ms_per_step']['verify']:.1f} |")
+    for name, arm in arms.items():
         r = rate(name)
-        r["arm"], r["budget"], r["table"] = name, b, t or "default"
-        r["speedup"] = r["tokens_per_s"] / base["tokens_per_s"]
+        r.update(arm, arm=name, speedup=r["tokens_per_s"] / base["tokens_per_s"])
         identical = all(a.tokens == v.tokens for a, v in zip(records[name], records["vanilla"]))
         r["identical_to_vanilla"] = identical
         rows.append(r)
         ms = r["ms_per_step"]
-        print(f"| {name} | {r['tau']:.2f} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}x | {ms['draft_forward']:.1f} | "
-              f"{ms['tree_build']:.1f} | {ms['verify']:.1f} |" + ("" if identical else f" (differs from vanilla{bf16_note})"))
-    best = max(rows, key=lambda r: r["speedup"])
-    print(f"\nfastest arm on this machine: {best['arm']} ({best['speedup']:.2f}x, tau {best['tau']:.2f}); "
-          f"highest tau: {max(rows, key=lambda r: r['tau'])['arm']}")
+        print(f"| {name} | {arm['nodes']} | {r['tau']:.2f} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}x | "
+              f"{ms['draft_forward']:.1f} | {ms['tree_build']:.1f} | {ms['verify']:.1f} |"
+              + ("" if identical else f" (differs from vanilla{bf16_note})"))
+    best = {}
+    for method in args.methods:
+        mine = [r for r in rows if r["method"] == method]
+        best[method] = max(mine, key=lambda r: r["speedup"])
+        print(f"\n{method}: fastest arm on this machine {best[method]['arm']} ({best[method]['speedup']:.2f}x, "
+              f"tau {best[method]['tau']:.2f}); highest tau {max(mine, key=lambda r: r['tau'])['arm']}")
     report = {"questions": args.questions, "limit": args.limit, "max_new_tokens": args.max_new_tokens,
               "threads": torch.get_num_threads(), "dtype": str(target.dtype), "tables": args.tables,
-              "vanilla": base, "sweep": rows, "best_budget": best["budget"],
+              "vanilla": base, "sweep": rows, "best": {m: r["arm"] for m, r in best.items()},
+              "best_budget": best["dart"]["budget"] if "dart" in best else None,
               "command": ["python", "benchmarks/tune_tree.py", *(sys.argv[1:] if argv is None else argv)]}
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(report, indent=1) + "\n")
     if args.plot:
-        if len(tables) > 1:
-            raise SystemExit("--plot draws one table's budget curve: pass a single --tables entry")
         plot(report, args.plot)
     return 0
 
 
+SERIES_STYLE = {"dart": ("#0072B2", "o"), "eagle3": ("#D55E00", "s")}   # Okabe-Ito blue / vermillion
+
+
 def plot(report: dict, path: str) -> None:
+    """tau (left) and speedup over vanilla (right) against nodes verified per step, one line per method;
+    EAGLE-3 points are labelled with their depth/top_k."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SystemExit("--plot needs matplotlib: pip install matplotlib") from None
-    xs = [r["budget"] for r in report["sweep"]]
-    fig, ax1 = plt.subplots(figsize=(6, 3.6), dpi=120)
-    ax1.plot(xs, [r["tau"] for r in report["sweep"]], "o-", color="#0072B2", label="tau (tokens per verify)")
-    ax1.set_xlabel("tree budget (drafted nodes per step)")
-    ax1.set_ylabel("tau")
-    ax2 = ax1.twinx()
-    ax2.plot(xs, [r["speedup"] for r in report["sweep"]], "s--", color="#E69F00", label="speedup vs vanilla")
-    ax2.axhline(1.0, color="#999999", lw=0.8)
-    ax2.set_ylabel("speedup vs vanilla (this run)")
-    lines = ax1.get_lines() + ax2.get_lines()[:1]
-    ax1.legend(lines, [ln.get_label() for ln in lines], loc="lower right", fontsize=8)
-    ax1.set_title(f"DART tree budget, {report['limit']} dev questions, {report['max_new_tokens']} tokens", fontsize=9)
+        raise SystemExit("--plot needs matplotlib: pip install matplotlib (or the project's bench extra)") from None
+    series: dict[str, list[dict]] = {}
+    for r in report["sweep"]:
+        series.setdefault(r.get("method", "dart"), []).append(r)
+    labels = {"dart": "DART (tree budget + root)", "eagle3": "EAGLE-3 (total_token; depth/top_k marked)"}
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.6), dpi=120)
+    for method, rs in series.items():
+        rs = sorted(rs, key=lambda r: r.get("nodes", r.get("budget", 0) + 1))
+        color, marker = SERIES_STYLE[method]
+        xs = [r.get("nodes", r.get("budget", 0) + 1) for r in rs]
+        for ax, key in ((ax1, "tau"), (ax2, "speedup")):
+            ys = [r[key] for r in rs]
+            ax.plot(xs, ys, marker=marker, linestyle="-" if method == "dart" else "--", color=color,
+                    label=labels.get(method, method))
+            if method == "eagle3":
+                for x, y, r in zip(xs, ys, rs):
+                    ax.annotate(f"{r['depth']}/{r['top_k']}", (x, y), textcoords="offset points", xytext=(4, -10),
+                                fontsize=7, color=color)
+    ax2.axhline(1.0, color="#999999", lw=0.8, label="vanilla")
+    for ax, ylabel in ((ax1, "tau (tokens per target forward)"), (ax2, "speedup vs vanilla (this run)")):
+        ax.set_xlabel("nodes verified per step (root included)")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"Tree size sweep: {report['limit']} dev questions x {report['max_new_tokens']} tokens, "
+                 f"{report['dtype'].replace('torch.', '')}, {report['threads']} threads", fontsize=9)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)

@@ -8,8 +8,8 @@
         [--dart-model-name-or-path DIR|HUB_ID] [--ngram-model-name-or-path FILE|DIR|HUB_ID|none] [--small-ngram]
         [--eagle3-model-name-or-path DIR|HUB_ID] [--eagle3-total-token 60 --eagle3-depth 7 --eagle3-top-k 10]
 
-Defaults: the bundled heads and N-gram table of the bundled target (no EAGLE-3 head ships yet:
-``eagle3`` then fails with a message saying how to get one).
+Defaults: the bundled heads and N-gram table of the bundled target, and each method's tree settings
+measured for that target (``default_pruning``, ``default_eagle3_tree``).
 """
 from __future__ import annotations
 
@@ -49,31 +49,37 @@ def _pruning(target, args):
 
 
 def _add_eagle3_arguments(p: argparse.ArgumentParser) -> None:
-    from .drafters.eagle3 import Eagle3TreeConfig
-    d = Eagle3TreeConfig()
+    # Unset flags take the target's default (dart_core.drafters.eagle3.default_eagle3_tree).
     g = p.add_argument_group("eagle3")
     g.add_argument("--eagle3-model-name-or-path", default=None, metavar="HEAD",
                    help="EAGLE-3 head: directory (config.json + model.safetensors or pytorch_model.bin) or Hub id; "
-                        "default: the bundled head (assets/eagle3/), when one ships")
-    g.add_argument("--eagle3-total-token", type=int, default=d.total_token, metavar="N",
-                   help="nodes verified per step, root included")
-    g.add_argument("--eagle3-depth", type=int, default=d.depth, metavar="N",
-                   help="tree forwards per step (drafted depth <= N + 1)")
-    g.add_argument("--eagle3-top-k", type=int, default=d.top_k, metavar="K", help="children per expanded node")
+                        "default: the bundled head (assets/eagle3/)")
+    g.add_argument("--eagle3-total-token", type=int, default=None, metavar="N",
+                   help="nodes verified per step, root included (default: the target's tuned value, else 60)")
+    g.add_argument("--eagle3-depth", type=int, default=None, metavar="N",
+                   help="tree forwards per step, drafted depth <= N + 1 (default: the target's tuned value, else 7)")
+    g.add_argument("--eagle3-top-k", type=int, default=None, metavar="K",
+                   help="children per expanded node (default: the target's tuned value, else 10)")
 
 
-def _load_eagle3(target, args):
-    from .drafters.eagle3 import Eagle3Drafter, Eagle3TreeConfig
-    from .models.eagle3_head import load_eagle3_for_target
+def _eagle3_tree(target, args):
+    from dataclasses import replace
 
-    d = Eagle3TreeConfig()
+    from .drafters.eagle3 import default_eagle3_tree
+    flags = {"total_token": "eagle3_total_token", "depth": "eagle3_depth", "top_k": "eagle3_top_k"}
+    given = {field: getattr(args, flag) for field, flag in flags.items() if getattr(args, flag, None) is not None}
     try:
-        tree = Eagle3TreeConfig(total_token=getattr(args, "eagle3_total_token", d.total_token),
-                                depth=getattr(args, "eagle3_depth", d.depth),
-                                top_k=getattr(args, "eagle3_top_k", d.top_k))
+        return replace(default_eagle3_tree(target.name), **given)
     except ValueError as e:  # name the flag, not the dataclass field
         raise SystemExit(f"bad EAGLE-3 tree flag: {e} (see --eagle3-total-token, --eagle3-depth, "
                          "--eagle3-top-k)") from None
+
+
+def _load_eagle3(target, args):
+    from .drafters.eagle3 import Eagle3Drafter
+    from .models.eagle3_head import load_eagle3_for_target
+
+    tree = _eagle3_tree(target, args)
     head = load_eagle3_for_target(target, getattr(args, "base_model_name_or_path", None),
                                   getattr(args, "eagle3_model_name_or_path", None))
     return Eagle3Drafter(head, tree)

@@ -186,14 +186,14 @@ class EngineFactory:
 
     def __init__(self, target, *, dart_head=None, ngram=None, dart_pruning: PruningConfig | None = None,
                  eagle3_head=None, eagle3_tree=None, unavailable: Mapping[str, str] | None = None):
-        from .drafters.eagle3 import Eagle3TreeConfig
+        from .drafters.eagle3 import default_eagle3_tree
         from .pruning import default_pruning
         self.target = target
         self.dart_head = dart_head
         self.ngram = ngram
         self.dart_pruning = dart_pruning or default_pruning(target.name)
         self.eagle3_head = eagle3_head
-        self.eagle3_tree_base = eagle3_tree or Eagle3TreeConfig()
+        self.eagle3_tree_base = eagle3_tree or default_eagle3_tree(target.name)
         self.unavailable: dict[str, str] = dict(unavailable or {})
         self._cache: dict[str, tuple[Any, SpeculativeEngine]] = {}
 

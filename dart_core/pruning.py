@@ -95,14 +95,20 @@ class PruningConfig:
 TUNED_PRUNING: dict[str, dict[str, Any]] = {"smollm2-135m-instruct": {"budget": 30}}
 
 
-def default_pruning(target_name: str | None) -> PruningConfig:
-    """The pruning defaults for a target: its measured setting if it has one, else the paper's."""
+def tuned_key(target_name: str | None) -> str:
+    """The key under which a target's measured tree settings are filed (the bundled model's aliases
+    all map to one name)."""
     from .models.bundled import BUNDLED_ALIASES, BUNDLED_NAME
 
     key = target_name or BUNDLED_NAME
     if key in BUNDLED_ALIASES or key.startswith("bundled"):
         key = BUNDLED_NAME
-    return PruningConfig(**TUNED_PRUNING.get(key, {}))
+    return key
+
+
+def default_pruning(target_name: str | None) -> PruningConfig:
+    """The pruning defaults for a target: its measured setting if it has one, else the paper's."""
+    return PruningConfig(**TUNED_PRUNING.get(tuned_key(target_name), {}))
 
 
 def _context_tail(context: Sequence[int], store: Any) -> np.ndarray:

@@ -512,11 +512,14 @@ def test_drafter_refuses_out_of_step_use(tiny):
 
 
 # ---------------------------------------------------------------------------------------------- bench
-def test_bench_method_registration(tiny, tiny_head_dir):
+def test_bench_method_registration(tiny, tiny_head_dir, tmp_path, monkeypatch):
     import argparse
 
     from dart_core import bench
     from dart_core.bench_methods import register_all
+    from dart_core.drafters import eagle3 as eagle3_drafter
+    from dart_core.models import eagle3_head
+    from dart_core.pruning import tuned_key
 
     registry: dict = {}
 
@@ -538,9 +541,23 @@ def test_bench_method_registration(tiny, tiny_head_dir):
     cfg = GenerationConfig(max_new_tokens=20, max_length=100)
     assert runner.run(ids, cfg).tokens == SpeculativeEngine(t).generate(ids, cfg).tokens
 
-    # No head given: the bundled target's default does not ship yet, another target has none.
+    # Unset tree flags take the target's tuned default; set ones win.
+    monkeypatch.setitem(eagle3_drafter.TUNED_EAGLE3_TREE, tuned_key(t.name), {"total_token": 9, "depth": 2,
+                                                                             "top_k": 3})
+    args = p.parse_args(["--eagle3-model-name-or-path", str(tiny_head_dir), "--eagle3-depth", "4"])
+    args.base_model_name_or_path = str(dirs["llama"])
+    tc = registry["eagle3"].factory(t, args).engine.drafter.tree_config
+    assert (tc.total_token, tc.depth, tc.top_k) == (9, 4, 3)
+
+    # No head given: the bundled target's shipped head refuses a target it was not trained for; a
+    # checkout without it says how to get one; another target has no default.
     args = p.parse_args([])
     args.base_model_name_or_path = None
+    if (eagle3_head.bundled_eagle3_head_dir() / "config.json").is_file():
+        from dart_core.models.dart_head import HeadTargetMismatch
+        with pytest.raises(HeadTargetMismatch, match="hidden size 576 .* has hidden size 64"):
+            registry["eagle3"].factory(t, args)
+    monkeypatch.setattr(eagle3_head, "bundled_eagle3_head_dir", lambda: tmp_path / "none")
     with pytest.raises(Eagle3HeadError, match="no EAGLE-3 head ships .*--eagle3-model-name-or-path"):
         registry["eagle3"].factory(t, args)
     with pytest.raises(Eagle3HeadError, match="no default EAGLE-3 head for"):

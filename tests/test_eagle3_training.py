@@ -258,3 +258,17 @@ def test_train_flags_are_validated(tiny, tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["eagle3", "--data", str(data), "--out", str(tmp_path / "z"), "--attention", "flex"])  # a DART flag
+
+
+def test_budget_paragraph_claims_comparable_only_on_the_same_cpu():
+    from dart_core.training.runner import card_budget_lines
+    dart_run = {"dir": "runs/dart", "method": "dart", "steps": 800, "batch_seqs": 8, "train_wall_s": 5689,
+                "device": "cpu", "cpu": "Intel Xeon (native bf16)", "time_budget_min": 100, "sequences_seen": 6400}
+    s = {"method": "eagle3", "steps": 200, "batch_seqs": 8, "sequences_seen": 1600, "train_wall_s": 5700.0,
+         "device": "cpu", "cpu": "AMD EPYC (no native bf16)", "config": {"time_budget_min": 95},
+         "compare_with": dart_run}
+    text = "\n".join(card_budget_lines(s, "dart"))
+    assert "comparable" not in text and "not equal in compute" in text
+    assert "25% as many training sequences" in text and "AMD EPYC" in text and "Intel Xeon" in text
+    s["cpu"] = dart_run["cpu"]
+    assert "comparable to the DART head" in "\n".join(card_budget_lines(s, "dart"))

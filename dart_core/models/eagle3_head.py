@@ -53,7 +53,7 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAMES = ("model.safetensors", "pytorch_model.bin")   # preference order
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 TARGET_KEY = "eagle3_target"
-#: where a bundled default head for the bundled target would live (none ships yet)
+#: where the bundled target's default EAGLE-3 head lives (assets/eagle3/, with its model card)
 BUNDLED_EAGLE3_HEAD_NAME = "smollm2-135m-instruct"
 
 
@@ -511,7 +511,8 @@ def load_eagle3_for_target(target, base_model_name_or_path: str | None, eagle3_m
                                   + how.format(t=base_model_name_or_path))
         head_dir = bundled_eagle3_head_dir()
         if not (head_dir / CONFIG_NAME).is_file():
-            raise Eagle3HeadError(f"no EAGLE-3 head ships for the bundled target yet (looked in {head_dir}): "
+            raise Eagle3HeadError(f"no EAGLE-3 head ships for the bundled target in this checkout (looked in "
+                                  f"{head_dir}): "
                                   + how.format(t="bundled")
                                   + " and copy DIR/config.json and DIR/model.safetensors there")
         eagle3_model_name_or_path = str(head_dir)

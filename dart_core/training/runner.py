@@ -396,7 +396,8 @@ def run_training(cfg: BaseTrainConfig, method: TrainMethod) -> dict:
         log_path.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
     run_info = {"method": method.name, "target": target.name, "data": str(cfg.data), "train_rows": len(train_rows),
                 "train_tokens": corpus_stats(train_rows), "heldout_rows": len(heldout), "eval_rows": len(eval_rows),
-                "device": str(device), "target_dtype": str(rt.dtype).replace("torch.", ""), **rt.extra,
+                "device": str(device), "cpu": cpu_description(),
+                "target_dtype": str(rt.dtype).replace("torch.", ""), **rt.extra,
                 "argmax": rt.argmax, "autocast_bf16": rt.autocast,
                 "threads": torch.get_num_threads(), "world_size": dist.world, "vocab": vocab_info,
                 "config": asdict(cfg)}
@@ -554,12 +555,21 @@ def lr_restarts(log_path: Path, warmup: int) -> list[int]:
     return [steps[i] for i in range(1, len(lrs)) if steps[i] > warmup + 1 and lrs[i] > 1.5 * lrs[i - 1]]
 
 
+def cpu_description() -> str:
+    """The CPU model and whether it has native bf16 matmuls: wall-time budgets on two CPUs compare only
+    when both are named (a 2-core AMX Xeon trains several times faster than a 2-core AVX2 EPYC)."""
+    from ..machine import _cpu_model
+    from ..models.loader import cpu_supports_bf16
+    return f"{_cpu_model()} ({'native bf16' if cpu_supports_bf16() else 'no native bf16'})"
+
+
 def compared_run(run_dir: str | Path) -> dict:
     """The budget of another finished run (its training_summary.json), for a model card's comparison."""
     s = json.loads((Path(run_dir) / "training_summary.json").read_text(encoding="utf-8"))
     return {"dir": str(run_dir), "method": s.get("method", "dart"), "steps": s.get("steps"),
             "batch_seqs": s.get("batch_seqs"), "train_wall_s": s.get("train_wall_s"), "device": s.get("device"),
-            "threads": s.get("threads"), "time_budget_min": (s.get("config") or {}).get("time_budget_min")}
+            "threads": s.get("threads"), "time_budget_min": (s.get("config") or {}).get("time_budget_min"),
+            "cpu": s.get("cpu"), "sequences_seen": s.get("sequences_seen")}
 
 
 def display_target(name: str) -> str:
@@ -598,7 +608,8 @@ def card_training_lines(s: dict) -> list[str]:
     restarts = s.get("lr_restarts") or []
     schedule = (f"; the finished schedule was extended at step(s) {', '.join(map(str, restarts))} with "
                 "`--resume --max-steps` (a cosine warm restart)" if restarts else "")
-    return [f"- target: `{s['target']}` ({s['target_dtype']} on {s['device']}, {s['threads']} threads)",
+    cpu = f", {s['cpu']}" if s.get("cpu") and s["device"] == "cpu" else ""
+    return [f"- target: `{s['target']}` ({s['target_dtype']} on {s['device']}{cpu}, {s['threads']} threads)",
             f"- data: `{Path(s['data']).name}`: the target's own greedy answers; {s['train_rows']} training rows "
             f"({s['train_tokens']['prompt_tokens']} prompt + {s['train_tokens']['response_tokens']} response tokens), "
             f"{s['heldout_rows']} held out",
@@ -612,25 +623,36 @@ def card_training_lines(s: dict) -> list[str]:
 def card_budget_lines(s: dict, other: str) -> list[str]:
     """The budget paragraph: this head's steps and wall time, and the other method's head's for comparison.
 
+    Comparable is claimed only when both runs name the same CPU: the same minutes on a slower CPU
+    buy fewer steps, and the card then says how many fewer sequences this head saw.
     other: the method this head is compared with ("dart" or "eagle3")."""
     me = METHOD_NAMES.get(s.get("method", "dart"), s.get("method", "head"))
     them = METHOD_NAMES.get(other, other)
     budget = s.get("config", {}).get("time_budget_min")
     c = s.get("compare_with")
+
+    def where(r: dict) -> str:
+        return r["device"] + (f" ({r['cpu']})" if r.get("cpu") and r["device"] == "cpu" else "")
+
     spent = (f"{s['steps']} optimizer steps x {s['batch_seqs']} sequences in {s['train_wall_s'] / 60:.1f} min "
-             f"({s['train_wall_s']:.0f} s) of training wall time on {s['device']}"
+             f"({s['train_wall_s']:.0f} s) of training wall time on {where(s)}"
              + (f" (time budget {budget:g} min, evaluation included)" if budget else "") + ".")
     if not c:  # claim comparability only when the other run is named (--compare-with)
         return ["", "## Training budget", "", f"This {me} head: {spent}"]
-    lines = ["", "## Training budget", "",
-             f"This {me} head was trained with a budget comparable to the {them} head's for the same target (same "
-             f"corpus, draft vocabulary and batch size; both model cards say so): {spent}"]
-    if c:
-        cb = f" (time budget {c['time_budget_min']:g} min)" if c.get("time_budget_min") else ""
-        lines += ["", f"The {METHOD_NAMES.get(c.get('method'), c.get('method'))} head it is compared with "
-                  f"(`{Path(c['dir']).name}`): {c['steps']} steps x {c['batch_seqs']} sequences in "
-                  f"{(c['train_wall_s'] or 0) / 60:.1f} min ({c['train_wall_s'] or 0:.0f} s) on {c['device']}{cb}."]
-    return lines
+    if c.get("cpu") == s.get("cpu"):
+        lead = (f"This {me} head was trained with a budget comparable to the {them} head's for the same target "
+                f"(same corpus, draft vocabulary, batch size and machine; both model cards say so): {spent}")
+    else:
+        seen, theirs = s.get("sequences_seen"), c.get("sequences_seen") or (c["steps"] or 0) * (c["batch_seqs"] or 0)
+        share = f" It saw {seen / theirs:.0%} as many training sequences as the {them} head." if seen and theirs else ""
+        lead = (f"This {me} head had the same data, draft vocabulary, batch size and kind of budget (minutes of a "
+                f"2-thread CPU) as the {them} head, but on another CPU, so the budgets are not equal in compute: "
+                f"{spent}{share}")
+    cb = f" (time budget {c['time_budget_min']:g} min)" if c.get("time_budget_min") else ""
+    return ["", "## Training budget", "", lead, "",
+            f"The {METHOD_NAMES.get(c.get('method'), c.get('method'))} head it is compared with "
+            f"(`{Path(c['dir']).name}`): {c['steps']} steps x {c['batch_seqs']} sequences in "
+            f"{(c['train_wall_s'] or 0) / 60:.1f} min ({c['train_wall_s'] or 0:.0f} s) on {where(c)}{cb}."]
 
 
 def card_eval_table(ev: dict) -> list[str]:
