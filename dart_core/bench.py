@@ -59,6 +59,7 @@ class Question:
     question_id: str
     category: str
     turns: list[str]
+    question_set: str = ""            # the question file's stem (mt_bench, humaneval, ...)
 
 
 def load_questions(path: str | Path, limit: int | None = None) -> list[Question]:
@@ -98,11 +99,25 @@ def load_questions(path: str | Path, limit: int | None = None) -> list[Question]
             if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t for t in turns):
                 raise BenchInputError(f"{where}: turns must be a non-empty list of non-empty strings "
                                       "(the user turns)")
-            questions.append(Question(qid, row["category"], list(turns)))
+            questions.append(Question(qid, row["category"], list(turns), question_set=path.stem))
             if limit is not None and len(questions) >= limit:
                 break
     if not questions:
         raise BenchInputError(f"question file {path} holds no questions")
+    return questions
+
+
+def load_question_sets(paths: Sequence[str | Path], limit: int | None = None) -> list[Question]:
+    """Several question files in one run (``limit`` applies to each); ids must be unique across them."""
+    questions: list[Question] = []
+    seen: dict[str, str] = {}
+    for path in paths:
+        for q in load_questions(path, limit):
+            if q.question_id in seen:
+                raise BenchInputError(f"question_id {q.question_id!r} of {path} is also in {seen[q.question_id]}; "
+                                      "ids must be unique across the --questions files")
+            seen[q.question_id] = str(path)
+            questions.append(q)
     return questions
 
 
@@ -114,6 +129,7 @@ class RunOutput:
     text: str                         # answer text before EOS: what --turns all feeds back as the reply
     stats: GenerationStats            # engine stats; for methods without verify steps only new_tokens/stop_reason
     target_forwards: int              # target forwards this answer took (prefill included)
+    accept_lengths: list[int] = field(default_factory=list)   # tokens committed by each verify step (bonus incl.)
 
 
 class MethodRunner(Protocol):
@@ -134,7 +150,8 @@ class EngineRunner:
 
     def run(self, prompt_ids: list[int], config: GenerationConfig) -> RunOutput:
         result = self.engine.generate(prompt_ids, config)
-        return RunOutput(result.tokens, result.text, result.stats, target_forwards=result.stats.steps + 1)
+        return RunOutput(result.tokens, result.text, result.stats, target_forwards=result.stats.steps + 1,
+                         accept_lengths=[len(t.emitted_tokens) for t in result.traces])
 
 
 class HFGenerateRunner:
@@ -230,6 +247,8 @@ class AnswerRecord:
     stop_reason: str
     text: str
     tokens: list[int] = field(default_factory=list)
+    question_set: str = ""
+    accept_lengths: list[int] = field(default_factory=list)   # per verify step
 
 
 def _sync(device: torch.device) -> None:
@@ -287,7 +306,8 @@ def run_benchmark(target, runners: dict[str, MethodRunner], questions: Sequence[
                         question_id=q.question_id, category=q.category, turn=t, prompt_tokens=len(prompt),
                         new_tokens=len(out.tokens), wall_s=wall, steps=out.stats.steps,
                         target_forwards=out.target_forwards, stage_s=dict(out.stats.stage_s),
-                        stop_reason=out.stats.stop_reason, text=out.text, tokens=list(out.tokens)))
+                        stop_reason=out.stats.stop_reason, text=out.text, tokens=list(out.tokens),
+                        question_set=q.question_set, accept_lengths=list(out.accept_lengths)))
                     messages.append({"role": "assistant", "content": out.text})
                 bar.update(1)
     finally:
@@ -330,10 +350,6 @@ def summarize(records: dict[str, list[AnswerRecord]], runners: dict[str, MethodR
     base = records.get("vanilla")
     base_by_key = {(r.question_id, r.turn): r for r in base} if base is not None else {}
     base_rates = _rates(base, True) if base is not None else None
-    base_cat = {}
-    if base is not None:
-        for cat in sorted({r.category for r in base}):
-            base_cat[cat] = _rates([r for r in base if r.category == cat], True)
 
     out: dict[str, dict] = {}
     for name, recs in records.items():
@@ -370,15 +386,26 @@ def summarize(records: dict[str, list[AnswerRecord]], runners: dict[str, MethodR
                                  "vanilla_token": ref.tokens[pos] if ref is not None and pos < len(ref.tokens)
                                  else None})
             summary.update(identical_to_vanilla=not divs, n_divergent=len(divs), divergences=divs)
-        per_cat = {}
-        for cat in sorted({r.category for r in recs}):
-            c = _rates([r for r in recs if r.category == cat], spec)
-            b = base_cat.get(cat)
-            per_cat[cat] = {"answers": c["answers"], "new_tokens": c["new_tokens"],
-                            "tokens_per_s": c["tokens_per_s"], "tau": c["tau"],
-                            "speedup_vs_vanilla": _ratio(c["tokens_per_s"], b["tokens_per_s"]) if b else None}
-        summary["per_category"] = per_cat
+        summary["per_category"] = _grouped(recs, base, spec, lambda r: r.category)
+        summary["per_set"] = _grouped(recs, base, spec, lambda r: r.question_set)
+        lengths = [n for r in recs for n in r.accept_lengths]
+        summary["accept_length_hist"] = ({str(n): lengths.count(n) for n in range(1, max(lengths) + 1)}
+                                         if spec and lengths else None)
         out[name] = summary
+    return out
+
+
+def _grouped(recs: Sequence[AnswerRecord], base: Sequence[AnswerRecord] | None, speculative: bool,
+             key: Callable[[AnswerRecord], str]) -> dict[str, dict]:
+    """tokens/s, tau and speedup vs vanilla per group (category or question set)."""
+    out = {}
+    for group in sorted({key(r) for r in recs}):
+        c = _rates([r for r in recs if key(r) == group], speculative)
+        b = _rates([r for r in base if key(r) == group], True) if base is not None else None
+        out[group] = {"answers": c["answers"], "new_tokens": c["new_tokens"], "tokens_per_s": c["tokens_per_s"],
+                      "tau": c["tau"],
+                      "speedup_vs_vanilla": _ratio(c["tokens_per_s"], b["tokens_per_s"]) if b and b["answers"]
+                      else None}
     return out
 
 
@@ -394,7 +421,8 @@ def render_markdown(report: dict) -> str:
     lines = [
         f"### dart_core.bench: {t['name']} ({t['dtype']}, {t['device']})",
         "",
-        f"{s['n_questions']} questions from `{Path(s['questions']).name}` (turns: {s['turns']}), "
+        f"{s['n_questions']} questions from {', '.join(f'`{Path(q).name}`' for q in _as_list(s['questions']))} "
+        f"(turns: {s['turns']}), "
         f"max_new_tokens {s['max_new_tokens']}, temperature {s['temperature']}"
         + (f", seed {s['seed']}" if s["temperature"] > 0 else " (greedy)") + ".  ",
         f"Machine: {m['cpu_model']}" + (f", GPU {m['gpu']}" if m.get("gpu") else "")
@@ -423,23 +451,36 @@ def render_markdown(report: dict) -> str:
         row += [_f(r["stage_ms_per_step"][st], "{:.2f}") for st in STAGES]
         row += [bw_cell, ident]
         lines.append("| " + " | ".join(row) + " |")
-    cats = sorted({c for r in report["methods"].values() for c in r["per_category"]})
-    if len(cats) > 1:
-        names = list(report["methods"])
-        lines += ["", "Per category: tok/s (speedup vs vanilla, tau)", "",
-                  "| category | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
-        for cat in cats:
-            cells = []
-            for name in names:
-                c = report["methods"][name]["per_category"].get(cat)
-                if c is None:
-                    cells.append("–")
-                    continue
-                extra = [x for x in (_f(c["speedup_vs_vanilla"], "{:.2f}x", ""), _f(c["tau"], "tau {:.2f}", ""))
-                         if x]
-                cells.append(_f(c["tokens_per_s"], "{:.1f}") + (f" ({', '.join(extra)})" if extra else ""))
-            lines.append(f"| {cat} | " + " | ".join(cells) + " |")
+    lines += _group_table(report, "per_set", "Per question set")
+    lines += _group_table(report, "per_category", "Per category")
+    if report.get("busy_warning"):
+        lines += ["", f"**Warning: {report['busy_warning']}**"]
     return "\n".join(lines) + "\n"
+
+
+def _as_list(x) -> list:
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _group_table(report: dict, key: str, title: str) -> list[str]:
+    """A Markdown table of tok/s (speedup, tau) per group, when there is more than one group."""
+    groups = sorted({g for r in report["methods"].values() for g in r.get(key) or {}})
+    if len(groups) < 2:
+        return []
+    names = list(report["methods"])
+    lines = ["", f"{title}: tok/s (speedup vs vanilla, tau)", "",
+             f"| {key.removeprefix('per_')} | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    for group in groups:
+        cells = []
+        for name in names:
+            c = (report["methods"][name].get(key) or {}).get(group)
+            if c is None:
+                cells.append("–")
+                continue
+            extra = [x for x in (_f(c["speedup_vs_vanilla"], "{:.2f}x", ""), _f(c["tau"], "tau {:.2f}", "")) if x]
+            cells.append(_f(c["tokens_per_s"], "{:.1f}") + (f" ({', '.join(extra)})" if extra else ""))
+        lines.append(f"| {group} | " + " | ".join(cells) + " |")
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -447,7 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m dart_core.bench",
         description="Benchmark decoding methods on Spec-Bench questions (one target load; JSON + Markdown).")
-    p.add_argument("--questions", required=True, metavar="FILE.jsonl",
+    p.add_argument("--questions", required=True, nargs="+", metavar="FILE.jsonl",
                    help="Spec-Bench question file: one {question_id, category, turns} object per line")
     p.add_argument("--methods", default="hf_generate,vanilla,prompt_lookup",
                    help=f"comma-separated methods, run in this order; known: {', '.join(METHODS)}")
@@ -474,6 +515,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", dest="json_out", default=None, metavar="OUT.json", help="write the full report here")
     p.add_argument("--markdown", dest="markdown_out", default=None, metavar="OUT.md",
                    help="also write the Markdown table here")
+    p.add_argument("--report", dest="report_dir", default=None, metavar="DIR",
+                   help="write DIR/report.json, DIR/report.md and DIR/report.html (standalone Plotly charts)")
+    p.add_argument("--sweep", default=None, metavar="TUNE.json",
+                   help="a benchmarks/tune_tree.py --json output to chart in the HTML report (tau and speed vs tree size)")
+    p.add_argument("--max-busy", type=float, default=0.2, metavar="FRACTION",
+                   help="refuse to start when other processes use more than this share of the CPU (default 0.2; "
+                        "1 = do not check)")
+    p.add_argument("--allow-busy", action="store_true",
+                   help="run on a busy machine anyway; the report carries a warning that its timings are unreliable")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     for spec in METHODS.values():
         if spec.add_arguments is not None:
@@ -502,7 +552,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from .models.loader import ModelLoadError, load_target, resolve_device, resolve_dtype
     from .templates import get_template
-    from .machine import describe_machine, measure_memory_bandwidth_gbs
+    from .machine import busy_machine_reason, describe_machine, measure_memory_bandwidth_gbs
 
     # Everything a user can get wrong is checked before the (slow) model load.
     try:
@@ -519,7 +569,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             get_template(args.template_name)
         device = resolve_device(args.device)
         dtype = resolve_dtype(args.dtype, device)
-        questions = load_questions(args.questions, args.limit)
+        questions = load_question_sets(args.questions, args.limit)
+        sweep = None
+        if args.sweep is not None:
+            from .bench_report import load_sweep
+            sweep = load_sweep(args.sweep)
+        if not 0.0 <= args.max_busy <= 1.0:
+            raise BenchInputError(f"--max-busy is a share of the CPU between 0 and 1, got {args.max_busy}")
     except ConfigError as exc:  # GenerationConfig's message starts with the setting; name its flag too
         setting = str(exc).split(" ", 1)[0]
         flag = f"--{setting.replace('_', '-')}"
@@ -527,6 +583,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (BenchInputError, ModelLoadError, ValueError) as exc:
         parser.error(str(exc))
 
+    # A GPU's timings do not suffer from a busy host CPU the same way; --max-busy 1 skips the check.
+    busy = busy_machine_reason(args.max_busy) if device.type == "cpu" and args.max_busy < 1 else None
+    if busy and not args.allow_busy:
+        parser.exit(3, f"{parser.prog}: error: {busy}. Stop the other work and run again, or pass --allow-busy to "
+                       "run anyway (the report then says its timings are unreliable).\n")
+    if busy:
+        logger.warning("!!! %s; running anyway (--allow-busy): treat tokens/s and speedups as unreliable", busy)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     machine = describe_machine(device, dtype)  # load average before our own work starts
@@ -556,7 +619,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": ["python", "-m", "dart_core.bench", *(sys.argv[1:] if argv is None else argv)],
         "settings": {
-            "questions": str(args.questions), "n_questions": len(questions), "turns": args.turns,
+            "questions": [str(q) for q in args.questions], "n_questions": len(questions), "turns": args.turns,
             "methods": methods, "max_new_tokens": config.max_new_tokens, "max_length": config.max_length,
             "temperature": config.temperature, "top_p": config.top_p, "top_k": config.top_k, "seed": config.seed,
             "greedy": config.greedy, "warmup_tokens": WARMUP_TOKENS, "elapsed_s": elapsed,
@@ -567,6 +630,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "hidden_size": target.hidden_size, "vocab_size": target.vocab_size, "weight_bytes": target.weight_bytes},
         "methods": summarize(records, runners, target.weight_bytes, bandwidth["read"], config.greedy),
         "answers": {name: [asdict(r) for r in recs] for name, recs in records.items()},
+        "busy_warning": busy,
     }
     markdown = render_markdown(report)
     sys.stdout.write(markdown)
@@ -579,6 +643,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         Path(args.markdown_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.markdown_out).write_text(markdown, encoding="utf-8")
         logger.info("wrote %s", args.markdown_out)
+    if args.report_dir:
+        from .bench_report import write_report
+        for path in write_report(report, markdown, args.report_dir, sweep=sweep):
+            logger.info("wrote %s", path)
     return 0
 
 

@@ -116,3 +116,42 @@ def measure_memory_bandwidth_gbs(size_mib: int | None = None, repeats: int = 5,
     logger.info("memory bandwidth (%s, %d MiB, %d threads): %.1f GB/s", kind, size_mib, torch.get_num_threads(),
                 gbs)
     return gbs
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    """(busy, total) jiffies over all cores from /proc/stat, or None where there is no /proc."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return None
+    values = [int(v) for v in fields[1:9]]       # user nice system idle iowait irq softirq steal
+    idle = values[3] + values[4]
+    return sum(values) - idle, sum(values)
+
+
+def cpu_busy_fraction(interval_s: float = 2.0) -> float | None:
+    """Share of the machine's CPU time (all cores) that something was using over ``interval_s``."""
+    a = _cpu_times()
+    time.sleep(interval_s)
+    b = _cpu_times()
+    if a is None or b is None or b[1] <= a[1]:
+        return None
+    return (b[0] - a[0]) / (b[1] - a[1])
+
+
+def busy_machine_reason(max_busy: float = 0.2, interval_s: float = 2.0) -> str | None:
+    """Why this machine is too busy for timed benchmarks, or None when it is quiet.
+
+    Two cores are easily shared: another process using a fifth of the CPU already moves tokens/s
+    by more than the differences a benchmark reports. Sampled over ``interval_s`` from /proc/stat
+    (the load average lags by minutes and is reported next to it)."""
+    busy = cpu_busy_fraction(interval_s)
+    if busy is None or busy <= max_busy:
+        return None
+    try:
+        load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        load = "n/a"
+    return (f"the machine is busy: {100 * busy:.0f}% of its CPU time was in use by other processes over "
+            f"{interval_s:g} s before the benchmark (threshold {100 * max_busy:.0f}%; load average {load} on "
+            f"{os.cpu_count()} CPUs), so tokens/s figures would not be reliable")

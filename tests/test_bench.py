@@ -42,7 +42,8 @@ def _run(argv, capsys):
 def _common(tiny_dir, questions_file):
     # One thread: the test machine is shared, and oversubscribed OpenMP threads crawl.
     return ["--questions", questions_file, "--base-model-name-or-path", tiny_dir, "--dtype", "float32",
-            "--device", "cpu", "--threads", "1", "--bandwidth-mib", "8", "--no-progress"]
+            "--device", "cpu", "--threads", "1", "--bandwidth-mib", "8", "--no-progress",
+            "--max-busy", "1"]   # the test machine is shared: the busy check has its own test
 
 
 def test_bench_greedy_report(tiny_dir, questions_file, tmp_path, capsys):
@@ -192,7 +193,7 @@ def test_unknown_method_lists_valid_ones(questions_file, capsys):
     (["--base-model-name-or-path", "/no/such/model"], "/no/such/model"),
 ])
 def test_bad_flags(questions_file, capsys, argv, needle):
-    _fails(["--questions", questions_file, "--bandwidth-mib", "0", *argv], capsys, needle)
+    _fails(["--questions", questions_file, "--bandwidth-mib", "0", "--max-busy", "1", *argv], capsys, needle)
 
 
 def test_missing_question_file(tmp_path, capsys):
@@ -247,3 +248,93 @@ def test_registry_rejects_duplicates_and_lists_methods():
     assert {"hf_generate", "vanilla", "prompt_lookup"} <= set(bench.METHODS)
     with pytest.raises(ValueError, match="twice"):
         bench.register_method(bench.MethodSpec("vanilla", lambda target, args: None))
+
+
+# ------------------------------------------------------------------------------------------- the report
+@pytest.fixture()
+def second_set(tmp_path):
+    p = tmp_path / "code_set.jsonl"
+    p.write_text(json.dumps({"question_id": "c/1", "category": "code",
+                             "turns": ["def f(x): return x + 1. def g(x): return f(x) + 1. Explain g."]}) + "\n")
+    return p
+
+
+def test_report_dir_writes_json_markdown_and_offline_html(tiny_dir, questions_file, second_set, tmp_path, capsys):
+    sweep = tmp_path / "tune.json"
+    sweep.write_text(json.dumps({"limit": 2, "max_new_tokens": 8, "vanilla": {"tokens_per_s": 10.0}, "sweep": [
+        {"arm": "dart@8", "method": "dart", "nodes": 9, "budget": 8, "tau": 1.8, "speedup": 1.2},
+        {"arm": "dart@30", "method": "dart", "nodes": 31, "budget": 30, "tau": 2.0, "speedup": 1.1},
+        {"arm": "eagle3@16/4/4", "method": "eagle3", "nodes": 16, "depth": 4, "top_k": 4, "tau": 1.7,
+         "speedup": 1.0}]}))
+    out = tmp_path / "rep"
+    res = _run(_common(tiny_dir, questions_file) + [
+        "--questions", questions_file, second_set, "--methods", "vanilla,prompt_lookup", "--max-new-tokens", "10",
+        "--report", out, "--sweep", sweep], capsys)
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["n_questions"] == 4 and report["busy_warning"] is None
+    pl = report["methods"]["prompt_lookup"]
+    assert set(pl["per_set"]) == {"questions", "code_set"}
+    assert all(g["speedup_vs_vanilla"] > 0 for g in pl["per_set"].values())
+    # the histogram counts every verify step, and its mean is tau
+    hist = {int(k): v for k, v in pl["accept_length_hist"].items()}
+    assert sum(hist.values()) == pl["steps"]
+    assert sum(k * v for k, v in hist.items()) / pl["steps"] == pytest.approx(pl["tau"])
+    assert (out / "report.md").read_text() == res.out and "Per question set" in res.out
+    page = (out / "report.html").read_text()
+    for title in ("Speedup over vanilla per question set", "τ: tokens committed per target forward",
+                  "Time per speculative step, by stage", "Acceptance length per step", "τ against tree size"):
+        assert title in page, title
+    # standalone and offline: plotly.js is inlined once, nothing is fetched from elsewhere
+    # (plotly.js itself names its CDN for maps and MathJax, which these charts never load)
+    assert "<script src=" not in page and "<link" not in page
+    assert page.count("plotly.js v") >= 1
+
+
+def test_ids_must_be_unique_across_question_files(questions_file, tmp_path, capsys):
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps(QUESTIONS[0]) + "\n")
+    _fails(["--questions", questions_file, other], capsys, "t/1", "unique across")
+
+
+def test_bad_sweep_file_names_it(questions_file, tmp_path, capsys):
+    bad = tmp_path / "tune.json"
+    bad.write_text(json.dumps({"rows": []}))
+    _fails(["--questions", questions_file, "--sweep", bad], capsys, str(bad), "tune_tree.py")
+    _fails(["--questions", questions_file, "--sweep", tmp_path / "none.json"], capsys, "does not exist")
+
+
+def test_busy_machine_refuses_unless_allowed(tiny_dir, questions_file, tmp_path, capsys, monkeypatch):
+    from dart_core import machine
+    monkeypatch.setattr(machine, "cpu_busy_fraction", lambda interval_s=2.0: 0.9)
+    argv = _common(tiny_dir, questions_file)
+    del argv[argv.index("--max-busy"):argv.index("--max-busy") + 2]   # the default threshold, so the check runs
+    with pytest.raises(SystemExit) as exc:
+        bench.main([str(a) for a in argv + ["--methods", "vanilla"]])
+    assert exc.value.code == 3
+    err = capsys.readouterr().err
+    assert "machine is busy: 90%" in err and "--allow-busy" in err and "Traceback" not in err
+    out = tmp_path / "busy.json"
+    res = _run(argv + ["--methods", "vanilla", "--limit", "1", "--max-new-tokens", "4", "--allow-busy",
+                       "--json", out], capsys)
+    assert "machine is busy" in json.loads(out.read_text())["busy_warning"]
+    assert "**Warning: the machine is busy" in res.out
+    monkeypatch.setattr(machine, "cpu_busy_fraction", lambda interval_s=2.0: 0.05)
+    assert machine.busy_machine_reason(0.2) is None
+
+
+def test_tune_tree_arm_parsing():
+    import argparse
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "tune_tree.py"
+    spec = importlib.util.spec_from_file_location("tune_tree", path)
+    tune_tree = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tune_tree)
+    assert tune_tree.parse_eagle3_trees("60/7/10, 16/4/4") == [(60, 7, 10), (16, 4, 4)]
+    assert tune_tree.parse_methods("dart,eagle3") == ["dart", "eagle3"]
+    for bad, needle in (("60/7", "total_token/depth/top_k"), ("a/b/c", "60/7/10"), ("", "empty")):
+        with pytest.raises(argparse.ArgumentTypeError, match=needle):
+            tune_tree.parse_eagle3_trees(bad)
+    with pytest.raises(argparse.ArgumentTypeError, match="dart and/or eagle3"):
+        tune_tree.parse_methods("dart,medusa")
