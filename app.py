@@ -5,7 +5,7 @@ records their StepTraces, narrates steps and exports / replays runs; dart_core.v
 figures. This file builds engines from flags and renders RunRecords (live or replayed).
 
     python app.py                                   # bundled SmolLM2-135M + DART head, http://127.0.0.1:7860
-    python app.py --compare-eagle3                  # also EAGLE-3 (needs a head; the page says how to get one)
+    python app.py --compare-eagle3                  # also EAGLE-3 (the bundled head, or --eagle3-model-name-or-path)
     python app.py --help
 """
 from __future__ import annotations
@@ -23,6 +23,16 @@ from pathlib import Path
 from typing import Any, Iterator
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # offline: no request leaves the machine
+
+from dart_core import space  # noqa: E402  (light: no torch, no native extension)
+
+# On a Hugging Face Space only: build the C++ extension if missing, before any module imports it (Spaces installs
+# requirements.txt before copying the repository, so `.` cannot be a requirement). A no-op elsewhere.
+try:
+    space.bootstrap_native()
+except space.NativeBuildError as _exc:
+    raise SystemExit(f"error: {_exc}") from None
+space.zerogpu_module()  # ZeroGPU wants `spaces` imported before torch touches CUDA (None elsewhere)
 
 import gradio as gr  # noqa: E402
 
@@ -182,9 +192,11 @@ def _empty_fig(message: str):
 class Visualiser:
     """Builds the Blocks page for one loaded target and its engines; handlers are plain methods."""
 
-    def __init__(self, target, args: argparse.Namespace, factory: EngineFactory | None = None):
+    def __init__(self, target, args: argparse.Namespace, factory: EngineFactory | None = None,
+                 banner: str | None = None):
         self.target = target
         self.args = args
+        self.banner = banner     # shown atop the page (e.g. why a Space without a GPU runs the CPU models)
         self.factory = factory or EngineFactory.from_flags(
             target, base_model_name_or_path=args.base_model_name_or_path,
             dart_model_name_or_path=args.dart_model_name_or_path,
@@ -196,6 +208,8 @@ class Visualiser:
         self.view_slots = [s for s in SPEC_SLOTS if s in self.available]   # engines with trees to draw
         self._tabs: dict[str, TabState] = {}     # session hash -> tab, so an unload can release it at once
         self._tabs_lock = threading.Lock()
+        gpu = space.gpu_decorator()  # spaces.GPU on a Space with ZeroGPU's package: the handlers that run engines
+        self._run_ui, self._step_ui = gpu(self._run_ui), gpu(self._step_ui)
         self.demo = self._build()
 
     # ------------------------------------------------------------------ helpers
@@ -483,6 +497,8 @@ class Visualiser:
         with gr.Blocks(title="DART speculative decoding visualiser", analytics_enabled=False) as demo:
             self.tab = gr.State(TabState, time_to_live=TAB_TTL_S, delete_callback=self._on_state_deleted)
             gr.Markdown(INTRO)
+            if self.banner:
+                gr.Markdown(f"⚠ **{self.banner}**", elem_id="fallback-banner")
             notes = [f"Target: `{t.name}` ({str(t.dtype).replace('torch.', '')} on {t.device}). "
                      f"Engines: {', '.join(label_of(n) for n in self.available)}."]
             notes += [f"⚠ {why}" for why in self.factory.unavailable.values()]
@@ -593,9 +609,10 @@ class Visualiser:
         return demo
 
 
-def build_demo(target, args: argparse.Namespace, factory: EngineFactory | None = None) -> gr.Blocks:
+def build_demo(target, args: argparse.Namespace, factory: EngineFactory | None = None,
+               banner: str | None = None) -> gr.Blocks:
     """The page for a loaded target (engines from the flags in ``args``, or from ``factory``)."""
-    return Visualiser(target, args, factory).demo
+    return Visualiser(target, args, factory, banner).demo
 
 
 def launch_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -607,16 +624,36 @@ def launch_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     from dart_core.models.dart_head import DartHeadError
     from dart_core.models.loader import load_target
+    from dart_core.startup import startup_summary, warm_up
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    banner = None
+    if argv is None and space.on_space():  # Spaces passes no flags: the launch settings of spaces_config.yaml
+        import torch
+        try:
+            argv = space.space_app_argv()
+        except space.SpaceConfigError as exc:
+            raise SystemExit(f"error: {exc}") from None
+        # without CUDA: the bundled CPU models, and a banner saying why
+        argv, banner = space.cpu_fallback(argv, cuda_available=torch.cuda.is_available())
+        if banner:
+            logger.warning("%s", banner)
+        logger.info("Space %s: launching with %s", os.environ["SPACE_ID"], " ".join(argv))
     args = parse_args(argv)
     try:
         target = load_target(args.base_model_name_or_path, dtype=args.dtype, device=args.device,
                              template_name=args.template_name)
-        vis = Visualiser(target, args)
+        vis = Visualiser(target, args, banner=banner)
     except (ConfigError, DartHeadError, OSError, ValueError) as exc:
         raise SystemExit(f"error: {exc}") from None
-    logger.info("serving %s (%s on %s) with %s", target.name, target.dtype, target.device, ", ".join(vis.available))
+    logger.info("%s", startup_summary(target, vis.factory))
+    if space.on_zerogpu():
+        logger.info("ZeroGPU: no warm-up (a GPU is attached only while a request runs)")
+    else:
+        try:
+            warm_up(vis.factory, vis.template, max_length=args.max_length)
+        except Exception:  # noqa: BLE001 - the page still serves and reports each engine's error per request
+            logger.exception("warm-up failed; the first request will show the error")
     vis.demo.queue(default_concurrency_limit=1, max_size=64).launch(**launch_kwargs(args))
 
 

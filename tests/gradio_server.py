@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import socket
+import time
 
 
 def free_port() -> int:
@@ -21,7 +22,21 @@ def launch_local(demo, **kwargs) -> str:
                                                            **kwargs)
             return f"http://127.0.0.1:{port}/"
         except ValueError as exc:
-            if "localhost is not accessible" not in str(exc) or attempt == 3:
+            if "localhost is not accessible" not in str(exc):
                 raise
+            status = _probe(f"http://127.0.0.1:{port}/")
             demo.close()
+            if attempt == 3:
+                raise AssertionError(f"the app did not come up on 127.0.0.1:{port} ({status}) after 4 tries") from exc
+            time.sleep(2.0)
     raise AssertionError("unreachable")
+
+
+def _probe(url: str) -> str:
+    """What the start-up probe saw, for the failure message."""
+    import httpx
+    try:
+        r = httpx.head(url, timeout=10)
+        return f"HEAD / answered {r.status_code}: {r.text[:300]!r}"
+    except Exception as exc:  # noqa: BLE001 - any failure is the diagnosis
+        return f"HEAD / failed: {type(exc).__name__}: {exc}"

@@ -1,0 +1,62 @@
+"""Serving start-up for app.py (no Gradio here): the one log line naming what was loaded, and a warm-up.
+
+    factory = EngineFactory.from_flags(target, ...)
+    logger.info("%s", startup_summary(target, factory))   # target, heads, N-gram table, dtype, device
+    warm_up(factory, template, max_length=2048)            # a few tokens per engine before the first request
+
+The warm-up runs each engine the page will use (same tree settings, same KV-cache size) for a few tokens, so the
+first request does not pay for CUDA context set-up, kernel selection and cache allocation. On ZeroGPU hardware a
+GPU exists only inside ``spaces.GPU`` calls: app.py skips the warm-up there (see ``space.on_zerogpu``).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from .compare import EngineFactory, RunSettings, label_of
+from .templates import encode_chat
+
+logger = logging.getLogger(__name__)
+
+WARMUP_PROMPT = "Hello!"
+WARMUP_TOKENS = 4
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def startup_summary(target: Any, factory: EngineFactory) -> str:
+    """One line: target (dtype, device, attention), each head's source, the N-gram table, and the engines."""
+    attn = getattr(getattr(target, "config", None), "_attn_implementation", None)
+    parts = [f"target {target.name} ({_dtype_name(target.dtype)} on {target.device}"
+             + (f", {attn} attention)" if attn else ")")]
+    for name, head in (("DART", factory.dart_head), ("EAGLE-3", factory.eagle3_head)):
+        if head is not None:
+            parts.append(f"{name} head {getattr(head, 'source', '?')}")
+    if factory.dart_head is not None:
+        store = factory.ngram
+        parts.append("N-gram table " + (f"{store.path} (order {store.order}, {store.node_count:,} nodes)"
+                                        if store is not None else "none (pruning by the head's logits only)"))
+    parts.append("engines " + ", ".join(label_of(n) for n in factory.names))
+    if factory.unavailable:
+        parts.append("unavailable " + ", ".join(label_of(n) for n in factory.unavailable))
+    return "startup: " + "; ".join(parts)
+
+
+def warm_up(factory: EngineFactory, template: Any, *, max_length: int, max_new_tokens: int = WARMUP_TOKENS,
+            prompt: str = WARMUP_PROMPT) -> dict[str, float]:
+    """Generate ``max_new_tokens`` tokens (greedy) with every engine at the page's default settings, which
+    builds and caches the very engines (and KV caches of ``max_length``) the first request reuses.
+    Returns seconds per engine."""
+    settings = RunSettings(max_new_tokens=max_new_tokens)
+    config = settings.generation_config(max_length)
+    ids = encode_chat(factory.target.tokenizer, template, [{"role": "user", "content": prompt}])
+    seconds: dict[str, float] = {}
+    for name, engine in factory.build(settings).items():
+        t0 = time.perf_counter()
+        engine.generate(ids, config)
+        seconds[name] = time.perf_counter() - t0
+    logger.info("warm-up: %s", ", ".join(f"{label_of(n)} {s:.2f} s" for n, s in seconds.items()))
+    return seconds
