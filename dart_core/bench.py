@@ -421,7 +421,7 @@ def render_markdown(report: dict) -> str:
     lines = [
         f"### dart_core.bench: {t['name']} ({t['dtype']}, {t['device']})",
         "",
-        f"{s['n_questions']} questions from {', '.join(f'`{Path(q).name}`' for q in _as_list(s['questions']))} "
+        f"{s['n_questions']} questions from {', '.join(f'`{Path(q).name}`' for q in question_files(s))} "
         f"(turns: {s['turns']}), "
         f"max_new_tokens {s['max_new_tokens']}, temperature {s['temperature']}"
         + (f", seed {s['seed']}" if s["temperature"] > 0 else " (greedy)") + ".  ",
@@ -458,8 +458,11 @@ def render_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _as_list(x) -> list:
-    return list(x) if isinstance(x, (list, tuple)) else [x]
+def question_files(settings: dict) -> list[str]:
+    """The question files of a report's settings (a single string in reports written before --questions took
+    several files)."""
+    q = settings["questions"]
+    return list(q) if isinstance(q, (list, tuple)) else [q]
 
 
 def _group_table(report: dict, key: str, title: str) -> list[str]:

@@ -34,18 +34,23 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="weight of the N-gram term (default 0.5; dart_no_ngram has no N-gram term)")
 
 
-def _pruning(target, args):
+def _flags_over(base, args, flags: dict[str, str], what: str):
+    """``base`` (a tree-settings dataclass) with every set flag in ``flags`` (field -> argparse dest) applied;
+    a bad value exits naming the flags, not the dataclass fields."""
     from dataclasses import replace
 
-    from .pruning import default_pruning
-    flags = {"budget": "tree_budget", "beam_width": "beam_width", "top_k": "per_level_top_k",
-             "ngram_weight": "ngram_weight"}
-    given = {field: getattr(args, flag) for field, flag in flags.items() if getattr(args, flag, None) is not None}
+    given = {field: getattr(args, dest) for field, dest in flags.items() if getattr(args, dest, None) is not None}
     try:
-        return replace(default_pruning(target.name), **given)
-    except ValueError as e:  # name the flag, not the dataclass field
-        raise SystemExit(f"bad DART pruning flag: {e} (see --tree-budget, --beam-width, --per-level-top-k, "
-                         "--ngram-weight)") from None
+        return replace(base, **given)
+    except ValueError as e:
+        names = ", ".join("--" + dest.replace("_", "-") for dest in flags.values())
+        raise SystemExit(f"bad {what} flag: {e} (see {names})") from None
+
+
+def _pruning(target, args):
+    from .pruning import default_pruning
+    return _flags_over(default_pruning(target.name), args, {"budget": "tree_budget", "beam_width": "beam_width",
+                       "top_k": "per_level_top_k", "ngram_weight": "ngram_weight"}, "DART pruning")
 
 
 def _add_eagle3_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,16 +68,9 @@ def _add_eagle3_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _eagle3_tree(target, args):
-    from dataclasses import replace
-
     from .drafters.eagle3 import default_eagle3_tree
-    flags = {"total_token": "eagle3_total_token", "depth": "eagle3_depth", "top_k": "eagle3_top_k"}
-    given = {field: getattr(args, flag) for field, flag in flags.items() if getattr(args, flag, None) is not None}
-    try:
-        return replace(default_eagle3_tree(target.name), **given)
-    except ValueError as e:  # name the flag, not the dataclass field
-        raise SystemExit(f"bad EAGLE-3 tree flag: {e} (see --eagle3-total-token, --eagle3-depth, "
-                         "--eagle3-top-k)") from None
+    return _flags_over(default_eagle3_tree(target.name), args, {"total_token": "eagle3_total_token",
+                       "depth": "eagle3_depth", "top_k": "eagle3_top_k"}, "EAGLE-3 tree")
 
 
 def _load_eagle3(target, args):

@@ -176,11 +176,13 @@ def _summary_rows(report: dict) -> Iterable[str]:
 
 def render_html(report: dict, sweep: dict | None = None) -> str:
     """One self-contained page: header facts, a summary table and every chart (plotly.js inlined)."""
+    from .bench import question_files  # here: bench imports this module when it writes a report
+
     s, m, t = report["settings"], report["machine"], report["target"]
     figs = report_figures(report, sweep)
     charts = [f.to_html(full_html=False, include_plotlyjs=(i == 0), config={"displaylogo": False})
               for i, f in enumerate(figs)]
-    sets = ", ".join(Path(q).stem for q in (s["questions"] if isinstance(s["questions"], list) else [s["questions"]]))
+    sets = ", ".join(Path(q).stem for q in question_files(s))
     warning = (f"<p class='warn'>Warning: {html.escape(report['busy_warning'])}</p>"
                if report.get("busy_warning") else "")
     facts = (f"{t['name']} ({t['dtype']}, {t['device']}); {s['n_questions']} questions from {html.escape(sets)} "
