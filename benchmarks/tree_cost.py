@@ -2,6 +2,7 @@
 
     python benchmarks/tree_cost.py                          # bundled SmolLM2-135M, bf16 and fp32
     python benchmarks/tree_cost.py --nodes 8,16,32,61 --prefix 300 --reps 30 --threads 2
+    python benchmarks/tree_cost.py --backends hf,native --dtypes bfloat16,float32 --nodes 2,5,16,31
 
 After a prefix of ``--prefix`` tokens (default 300) is in the KV cache, it times
 ``TargetSession.verify`` on a 1-node tree (the root only: a vanilla step) and on a
@@ -57,32 +58,41 @@ def time_verify(session, tree: DraftTree, prefix_len: int, device: torch.device)
 
 
 def measure(model: str | None, dtype: str, device: str, prefix: int, sizes: list[int], max_depth: int,
-            reps: int, warmup: int, seed: int) -> dict:
+            reps: int, warmup: int, seed: int, backends: list[str]) -> list[dict]:
+    """One result per backend, all timed in one interleaved loop on one loaded target."""
     target = load_target(model, dtype=dtype, device=device)
     rng = np.random.default_rng(seed)
     vocab = target.vocab_size
     trees = {n: random_tree(n, vocab, max_depth, rng) for n in sizes}
-    one = DraftTree.root_only(int(rng.integers(0, vocab)))
-    session = target.new_session(prefix + max(sizes) + 1)
-    session.prefill(rng.integers(0, vocab, size=prefix).tolist())
+    trees[1] = DraftTree.root_only(int(rng.integers(0, vocab)))
+    prompt = rng.integers(0, vocab, size=prefix).tolist()
+    sessions = {}
+    for b in backends:
+        target.set_fast_forward(b == "native")
+        if b == "native" and target.fast is None:
+            raise SystemExit(f"--backends native: {target.fast_unavailable_reason}")
+        sessions[b] = target.new_session(prefix + max(sizes) + 1)
+        sessions[b].prefill(prompt)
     dev = target.device
-    for _ in range(warmup):
-        time_verify(session, one, prefix, dev)
-        for tree in trees.values():
-            time_verify(session, tree, prefix, dev)
-    t_one: list[float] = []
-    t_tree: dict[int, list[float]] = {n: [] for n in sizes}
-    for _ in range(reps):  # interleaved
-        t_one.append(time_verify(session, one, prefix, dev))
-        for n, tree in trees.items():
-            t_tree[n].append(time_verify(session, tree, prefix, dev))
-    one_ms = 1000 * statistics.median(t_one)
-    out = {"dtype": str(target.dtype).replace("torch.", ""), "device": str(dev), "model": target.name,
-           "prefix": prefix, "one_token_ms": one_ms, "trees": {}}
-    for n in sizes:
-        ms = 1000 * statistics.median(t_tree[n])
-        out["trees"][n] = {"nodes": n, "max_depth": int(trees[n].max_depth), "median_ms": ms, "ratio": ms / one_ms}
-    del session, target
+    times: dict[tuple[str, int], list[float]] = {(b, n): [] for b in backends for n in trees}
+    for rep in range(warmup + reps):  # interleaved: load drifts hit every arm alike
+        for b in backends:
+            target.set_fast_forward(b == "native")
+            for n, tree in trees.items():
+                dt = time_verify(sessions[b], tree, prefix, dev)
+                if rep >= warmup:
+                    times[(b, n)].append(dt)
+    out = []
+    for b in backends:
+        one_ms = 1000 * statistics.median(times[(b, 1)])
+        r = {"dtype": str(target.dtype).replace("torch.", ""), "backend": b, "device": str(dev),
+             "model": target.name, "prefix": prefix, "one_token_ms": one_ms, "trees": {}}
+        for n in sizes:
+            ms = 1000 * statistics.median(times[(b, n)])
+            r["trees"][n] = {"nodes": n, "max_depth": int(trees[n].max_depth), "median_ms": ms,
+                             "ratio": ms / one_ms}
+        out.append(r)
+    del sessions, target
     return out
 
 
@@ -98,6 +108,9 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--backends", default="native",
+                   help="comma-separated target forward paths to compare: hf, native (default: native, "
+                        "the path sessions use on a CPU)")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
     try:
@@ -108,6 +121,9 @@ def main(argv=None) -> int:
         p.error("--nodes sizes must be >= 2 (the 1-node step is always measured)")
     if args.prefix < 1 or args.reps < 1 or args.max_depth < 1:
         p.error("--prefix, --reps and --max-depth must be >= 1")
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if not backends or any(b not in ("hf", "native") for b in backends):
+        p.error(f"--backends takes hf and/or native, got {args.backends!r}")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
@@ -115,16 +131,24 @@ def main(argv=None) -> int:
     print(f"# tree verification cost: {machine['cpu_model']}"
           + (f", {machine['gpu']}" if machine.get("gpu") else "")
           + f", {machine['torch_threads']} threads, load average {machine['load_average']}, prefix {args.prefix}")
-    print("| dtype | nodes | max depth | 1-token step ms | tree ms | ratio |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| dtype | backend | nodes | max depth | 1-token step ms | tree ms | ratio to 1 token | speedup over hf |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     results = []
     for dtype in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
-        r = measure(args.model, dtype, args.device, args.prefix, sizes, args.max_depth, args.reps, args.warmup,
-                    args.seed)
-        results.append(r)
-        for t in r["trees"].values():
-            print(f"| {r['dtype']} | {t['nodes']} | {t['max_depth']} | {r['one_token_ms']:.1f} | "
-                  f"{t['median_ms']:.1f} | {t['ratio']:.2f}x |", flush=True)
+        rs = measure(args.model, dtype, args.device, args.prefix, sizes, args.max_depth, args.reps, args.warmup,
+                     args.seed, backends)
+        results.extend(rs)
+        hf = next((r for r in rs if r["backend"] == "hf"), None)
+        for r in rs:
+            rows = [(1, {"nodes": 1, "max_depth": 0, "median_ms": r["one_token_ms"], "ratio": 1.0})]
+            rows += list(r["trees"].items())
+            for n, t in rows:
+                vs = "–"
+                if hf is not None and r is not hf:
+                    base = hf["one_token_ms"] if n == 1 else hf["trees"][n]["median_ms"]
+                    vs = f"{base / t['median_ms']:.2f}x"
+                print(f"| {r['dtype']} | {r['backend']} | {t['nodes']} | {t['max_depth']} | {r['one_token_ms']:.1f} | "
+                      f"{t['median_ms']:.1f} | {t['ratio']:.2f}x | {vs} |", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": machine, "results": results}, indent=1) + "\n")
     return 0

@@ -68,7 +68,8 @@ class SpeculativeEngine:
 
     def _session_for(self, capacity: int):
         # Reuse the preallocated cache across requests when it is big enough.
-        if self._session is None or self._session_capacity < capacity:
+        if (self._session is None or self._session_capacity < capacity
+                or self._session.cache.key_dtype != self.target.activation_dtype):
             self._session = self.target.new_session(capacity)
             self._session_capacity = capacity
         self._session.reset()

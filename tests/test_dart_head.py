@@ -294,6 +294,31 @@ def test_greedy_output_identical_to_vanilla_fp32(tiny, tiny_store, model, with_s
         assert sum(tr.candidates.kept) == len(tr.tree) - 1
 
 
+def test_fewer_levels_give_the_first_rows_of_a_full_step(tmp_path):
+    """The drafter asks only for as many levels as its tree budget can use; attention is causal, so those
+    rows equal a full step's first rows, through the native projections too."""
+    from dart_core.models.native_linear import use_native_linears
+
+    sd = published_state()
+    path = write_head(tmp_path / "head", sd, published_config())
+    g = torch.Generator().manual_seed(2)
+    aux, ids = torch.randn(5, 3 * H, generator=g), torch.randint(0, V, (5,), generator=g)
+    emb = torch.randn(V, H, generator=g)
+    full_head, short_head = load_dart_head(path), load_dart_head(path)
+    for h in (full_head, short_head):
+        h.attach_embedding(emb)
+    assert use_native_linears(short_head) > 0
+    full = full_head.step(aux, ids, full_head.new_cache())
+    D = full_head.config.draft_length
+    for levels in (1, 3, D + 1):
+        short = short_head.step(aux, ids, cache := short_head.new_cache(), levels=levels)
+        assert short.shape[0] == levels and cache.length == 5
+        torch.testing.assert_close(short, full[:levels], atol=2e-5, rtol=1e-5)
+    for bad in (0, D + 2):
+        with pytest.raises(ValueError, match="levels"):
+            short_head.step(aux, ids, short_head.new_cache(), levels=bad)
+
+
 def test_an_oracle_head_is_fully_accepted(tiny):
     """The whole drafting path (d2t mapping, top-k, pruning, tree, verification): a head whose row l
     puts the target's own l-th next greedy token first gets every level accepted (tau = D + 2)."""
@@ -307,10 +332,10 @@ def test_an_oracle_head_is_fully_accepted(tiny):
     to_draft = head.target_to_draft()
     full = ids + truth
 
-    def oracle_step(aux, next_ids, cache):
+    def oracle_step(aux, next_ids, cache, levels=None):
         cache.length += int(next_ids.shape[0])
         root_at = cache.length                                                   # index of the root in full
-        logits = torch.zeros(head.config.draft_length + 1, head.config.draft_vocab_size)
+        logits = torch.zeros(levels or head.config.draft_length + 1, head.config.draft_vocab_size)
         for level in range(logits.shape[0]):
             if root_at + 1 + level < len(full):
                 logits[level, to_draft[full[root_at + 1 + level]]] = 10.0

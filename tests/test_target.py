@@ -1,4 +1,7 @@
-"""TargetModel / TargetSession on tiny random Llama and Qwen3 models (fp32, exact up to float error)."""
+"""TargetModel / TargetSession on tiny random Llama, Qwen2 and Qwen3 models, through both forward paths
+(the lean native CPU forward and the HF modules), against a float64 reference."""
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -9,11 +12,14 @@ from dart_core.tree import DraftTree
 from tiny_models import make_tiny_model_dir
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3"])
+@pytest.fixture(scope="module", params=[(m, b) for m in ("llama", "qwen2", "qwen3") for b in ("native", "hf")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
 def tiny_target(request, tmp_path_factory):
-    path = make_tiny_model_dir(tmp_path_factory.mktemp(request.param), model_type=request.param,
-                               num_hidden_layers=6)
-    return load_target(str(path), dtype="float32", device="cpu")
+    model_type, backend = request.param
+    path = make_tiny_model_dir(tmp_path_factory.mktemp(model_type), model_type=model_type, num_hidden_layers=6)
+    target = load_target(str(path), dtype="float32", device="cpu", fast_forward=backend == "native")
+    assert (target.fast is not None) == (backend == "native"), target.fast_unavailable_reason
+    return target
 
 
 def random_tree(rng, n, vocab, root):
@@ -23,11 +29,21 @@ def random_tree(rng, n, vocab, root):
 
 
 def reference_forward(target, ids):
-    """Plain full forward without any cache: logits [T, V] and aux [T, 3H]."""
+    """Plain full forward without any cache, in float64: logits [T, V] and aux [T, 3H]."""
+    ref = getattr(target, "_float64_reference", None)
+    if ref is None:
+        ref = target._float64_reference = copy.deepcopy(target.model).double()
     with torch.no_grad():
-        out = target.model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+        out = ref(input_ids=torch.tensor([ids]), output_hidden_states=True)
     aux = torch.cat([out.hidden_states[i][0] for i in target.aux_layer_ids], dim=-1)
-    return out.logits[0].float(), aux
+    return out.logits[0], aux
+
+
+def assert_near(actual, expected):
+    """float32 vs the float64 reference: errors a few ulps of the largest value (these tiny random models
+    have activations in the hundreds, so a relative bound per element would be noise)."""
+    scale = max(1.0, float(expected.abs().max()))
+    torch.testing.assert_close(actual.double(), expected, atol=6e-5 * scale, rtol=0)
 
 
 def test_aux_layers_follow_the_convention(tiny_target):
@@ -47,8 +63,8 @@ def test_verify_matches_token_by_token_decoding(tiny_target):
     for i in range(len(tree)):
         seq = prompt + tree.tokens[tree.path_to(i)].tolist()
         ref_logits, ref_aux = reference_forward(tiny_target, seq)
-        torch.testing.assert_close(out.logits[i], ref_logits[-1], atol=2e-4, rtol=1e-4)
-        torch.testing.assert_close(out.aux[i], ref_aux[-1], atol=2e-4, rtol=1e-4)
+        assert_near(out.logits[i], ref_logits[-1])
+        assert_near(out.aux[i], ref_aux[-1])
 
 
 def test_commit_compacts_the_accepted_path(tiny_target):
@@ -66,7 +82,7 @@ def test_commit_compacts_the_accepted_path(tiny_target):
     nxt = int(rng.integers(0, vocab))
     out = session.verify(DraftTree.root_only(nxt))
     ref, _ = reference_forward(tiny_target, prompt + tree.tokens[path].tolist() + [nxt])
-    torch.testing.assert_close(out.logits[0], ref[-1], atol=2e-4, rtol=1e-4)
+    assert_near(out.logits[0], ref[-1])
 
 
 def test_commit_without_verify_is_an_error(tiny_target):
@@ -82,7 +98,7 @@ def test_sessions_share_weights_but_not_caches(tiny_target):
     b.prefill([9, 10])
     out_a = a.verify(DraftTree.root_only(11))
     ref, _ = reference_forward(tiny_target, [5, 6, 7, 8, 11])
-    torch.testing.assert_close(out_a.logits[0], ref[-1], atol=2e-4, rtol=1e-4)
+    assert_near(out_a.logits[0], ref[-1])
     assert b.length == 2
 
 
@@ -121,4 +137,57 @@ def test_truncate_rolls_back_a_verify(tiny_target):
         session.truncate(5)
     out = session.verify(DraftTree.root_only(8))
     ref, _ = reference_forward(tiny_target, [4, 5, 6, 7, 8])
-    torch.testing.assert_close(out.logits[0], ref[-1], atol=2e-4, rtol=1e-4)
+    assert_near(out.logits[0], ref[-1])
+
+
+def test_long_prompt_then_short_steps_share_one_cache(tiny_target):
+    """A prompt longer than NATIVE_MAX_ROWS runs torch ops, a short continuation (causal, after a prefix)
+    and a tree run the native decoder: all three must write and read the same cache layout."""
+    from dart_core.models.fast_forward import NATIVE_MAX_ROWS
+
+    rng = np.random.default_rng(3)
+    vocab = tiny_target.vocab_size
+    prompt = rng.integers(0, vocab, size=NATIVE_MAX_ROWS + 6).tolist()
+    more = rng.integers(0, vocab, size=3).tolist()
+    session = tiny_target.new_session(NATIVE_MAX_ROWS + 40)
+    session.prefill(prompt)
+    out = session.prefill(more)
+    ref, _ = reference_forward(tiny_target, prompt + more)
+    assert_near(out.logits[-1], ref[-1])
+    tree = random_tree(rng, 9, vocab, root=int(rng.integers(0, vocab)))
+    vout = session.verify(tree)
+    for i in (0, len(tree) - 1):
+        ref, _ = reference_forward(tiny_target, prompt + more + tree.tokens[tree.path_to(i)].tolist())
+        assert_near(vout.logits[i], ref[-1])
+
+
+def test_switching_the_forward_path_needs_new_sessions(tmp_path):
+    """bf16 weights: the native path keeps float32 activations and cache, the HF path bf16 ones."""
+    path = make_tiny_model_dir(tmp_path, "llama")
+    target = load_target(str(path), dtype="bfloat16", device="cpu")
+    assert target.fast is not None and target.activation_dtype == torch.float32
+    old = target.new_session(16)
+    old.prefill([3, 4, 5])
+    target.set_fast_forward(False)
+    assert target.fast is None and target.activation_dtype == torch.bfloat16
+    with pytest.raises(RuntimeError, match="new session"):
+        old.verify(DraftTree.root_only(6))
+    target.new_session(16).prefill([3, 4, 5])   # a new session works
+    target.set_fast_forward(True)
+    assert target.fast is not None and "native" in target.forward_backend
+
+
+def test_fast_forward_refuses_what_it_cannot_run(tmp_path):
+    from dart_core.models.fast_forward import FastForward
+
+    path = make_tiny_model_dir(tmp_path, "qwen3")
+    target = load_target(str(path), dtype="float32", device="cpu")
+    model = target.model
+    assert FastForward.supports(model) is None
+    model.config.use_sliding_window = True
+    assert "sliding-window" in FastForward.supports(model)
+    with pytest.raises(ValueError, match="sliding-window"):
+        FastForward(model)
+    model.config.use_sliding_window = False
+    half = load_target(str(path), dtype="float16", device="cpu")
+    assert half.fast is None and "float16" in half.fast_unavailable_reason

@@ -44,15 +44,15 @@ def make_tiny_tokenizer(vocab_size: int = 320):
 
 def make_tiny_model_dir(tmp_path, model_type: str = "llama", *, seed: int = 0, num_hidden_layers: int = 4,
                         initializer_range: float = 0.5, vocab_size: int = 320, name: str | None = None) -> Path:
-    """Save a tiny random ``model_type`` ("llama" or "qwen3") causal LM + tokenizer under ``tmp_path``.
+    """Save a tiny random ``model_type`` ("llama", "qwen2" or "qwen3") causal LM + tokenizer under ``tmp_path``.
 
     Returns the model directory (``tmp_path / name``, default ``tiny-{model_type}-{seed}``).
     """
     import torch
     from transformers import AutoModelForCausalLM
 
-    if model_type not in ("llama", "qwen3"):
-        raise ValueError(f"model_type must be 'llama' or 'qwen3', got {model_type!r}")
+    if model_type not in ("llama", "qwen2", "qwen3"):
+        raise ValueError(f"model_type must be 'llama', 'qwen2' or 'qwen3', got {model_type!r}")
     out = Path(tmp_path) / (name or f"tiny-{model_type}-{seed}")
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = make_tiny_tokenizer(vocab_size)
@@ -66,6 +66,9 @@ def make_tiny_model_dir(tmp_path, model_type: str = "llama", *, seed: int = 0, n
     if model_type == "llama":
         from transformers import LlamaConfig
         config = LlamaConfig(**common)
+    elif model_type == "qwen2":   # q/k/v projections with bias
+        from transformers import Qwen2Config
+        config = Qwen2Config(**common)
     else:
         from transformers import Qwen3Config
         config = Qwen3Config(head_dim=16, **common)

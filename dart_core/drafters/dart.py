@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ..models.dart_head import DartHead
+from ..models.native_linear import use_native_linears
 from ..pruning import PruningConfig, prune_dart_tree
 from .base import FeatureDrafter, Proposal
 
@@ -33,13 +34,17 @@ class DartDrafter(FeatureDrafter):
     name = "dart"
 
     def __init__(self, head: DartHead, store=None, eos_token_ids: Sequence[int] = (),
-                 pruning: PruningConfig | None = None, backend: str = "native", name: str = "dart"):
+                 pruning: PruningConfig | None = None, backend: str = "native", name: str = "dart",
+                 native_linears: bool = True):
         """head: a DartHead with the target's embedding attached, on the target's device and dtype.
-        store: an NgramStore (None = no N-gram term). backend: the pruner, "native" or "python"."""
+        store: an NgramStore (None = no N-gram term). backend: the pruner, "native" or "python".
+        native_linears: on a CPU, run the head's projections through the native small-GEMM kernel."""
         if head._embed is None:
             raise ValueError("the DART head has no token embedding: load it with load_dart_head(path, target) "
                              "or call head.attach_embedding(target embedding)")
         self.head = head.eval()
+        if native_linears:
+            use_native_linears(self.head)
         self.store = store
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self.pruning = pruning or PruningConfig()
@@ -67,7 +72,9 @@ class DartDrafter(FeatureDrafter):
         next_ids = torch.as_tensor(list(context[start + 1:]), dtype=torch.long, device=dev)
 
         t0 = time.perf_counter()
-        logits = self.head.step(self._pending, next_ids, self._cache)           # [D+1, V_d] float32
+        # A tree of `budget` nodes is at most `budget` levels deep: deeper rows could never be kept.
+        levels = min(self.head.config.draft_length + 1, int(self.pruning.budget))
+        logits = self.head.step(self._pending, next_ids, self._cache, levels)   # [levels, V_d] float32
         if sync:
             torch.cuda.synchronize(dev)
         t1 = time.perf_counter()

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from ..models.eagle3_head import Eagle3Head
+from ..models.native_linear import use_native_linears
 from ..trace import ScoredCandidates
 from ..tree import DraftTree
 from .base import FeatureDrafter, Proposal
@@ -98,12 +99,16 @@ def rank_candidates(scores: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
 class Eagle3Drafter(FeatureDrafter):
     name = "eagle3"
 
-    def __init__(self, head: Eagle3Head, tree: Eagle3TreeConfig | None = None, name: str = "eagle3"):
-        """head: an Eagle3Head with the target's embedding attached, on the target's device and dtype."""
+    def __init__(self, head: Eagle3Head, tree: Eagle3TreeConfig | None = None, name: str = "eagle3",
+                 native_linears: bool = True):
+        """head: an Eagle3Head with the target's embedding attached, on the target's device and dtype.
+        native_linears: on a CPU, run the head's projections through the native small-GEMM kernel."""
         if head._embed is None:
             raise ValueError("the EAGLE-3 head has no token embedding: load it with load_eagle3_head(path, target) "
                              "or call head.attach_embedding(target embedding)")
         self.head = head.eval()
+        if native_linears:
+            use_native_linears(self.head)
         self.tree_config = tree or Eagle3TreeConfig()
         self.tree_config.validate()
         self.name = name

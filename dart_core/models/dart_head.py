@@ -471,14 +471,21 @@ class DartHead(DraftHeadBase):
         return DartHeadCache(self.config, capacity, p.dtype, p.device)
 
     @torch.inference_mode()
-    def step(self, aux: torch.Tensor, next_ids: torch.Tensor, cache: "DartHeadCache") -> torch.Tensor:
+    def step(self, aux: torch.Tensor, next_ids: torch.Tensor, cache: "DartHeadCache",
+             levels: int | None = None) -> torch.Tensor:
         """One drafting forward: n new real positions + D mask slots -> logits [D+1, V_d] (float32).
 
         aux [n, 3H_t] are the target features of the newly committed positions, next_ids [n]
         the token that follows each (the last one is the tree root). The cache keeps the real
-        positions and drops this step's mask slots.
+        positions and drops this step's mask slots. ``levels`` (1..D+1) drafts only the first
+        levels: attention is causal, so row l does not depend on later mask slots and the rows
+        it returns equal the first ``levels`` rows of a full step.
         """
         n, D = int(next_ids.shape[0]), self.config.draft_length
+        if levels is not None:
+            if not 1 <= levels <= D + 1:
+                raise ValueError(f"levels must lie in [1, {D + 1}], got {levels}")
+            D = levels - 1
         if n < 1 or aux.shape[0] != n:
             raise ValueError(f"step() needs n >= 1 features with one next token each, got aux {tuple(aux.shape)} "
                              f"and next_ids {tuple(next_ids.shape)}")

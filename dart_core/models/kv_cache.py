@@ -86,9 +86,20 @@ class PreallocatedCache(Cache):
     def length(self) -> int:
         return self.layers[0].length
 
+    @property
+    def key_dtype(self) -> torch.dtype:
+        return self.layers[0].key_buffer.dtype
+
     def truncate(self, length: int) -> None:
         for layer in self.layers:
             layer.truncate(length)
+
+    def set_length(self, length: int) -> None:
+        """After a caller wrote K/V of slots ``[length_before, length)`` into the buffers directly."""
+        if not 0 <= length <= self.capacity:
+            raise CacheFullError(f"KV cache holds {self.capacity} positions, cannot mark {length} as valid")
+        for layer in self.layers:
+            layer.length = length
 
     def commit(self, prefix_length: int, kept_offsets: Sequence[int] | torch.Tensor) -> None:
         """Keep only slots ``prefix_length + kept_offsets`` after the prefix, made contiguous.

@@ -80,8 +80,11 @@ def load_tokenizer(name_or_path: str | None = None):
 
 def load_target(name_or_path: str | None = None, *, dtype: str | torch.dtype | None = "auto",
                 device: str | None = "auto", template_name: str | None = None,
-                attn_implementation: str = "sdpa") -> TargetModel:
-    """Load a Llama / Qwen2 / Qwen3 causal LM as a TargetModel (None = the bundled SmolLM2-135M)."""
+                attn_implementation: str = "sdpa", fast_forward: bool = True) -> TargetModel:
+    """Load a Llama / Qwen2 / Qwen3 causal LM as a TargetModel (None = the bundled SmolLM2-135M).
+
+    ``fast_forward``: on a CPU, run sessions through the lean native forward (models/fast_forward.py);
+    False keeps the HF forward (for comparisons)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     dev = resolve_device(device)
@@ -103,4 +106,4 @@ def load_target(name_or_path: str | None = None, *, dtype: str | torch.dtype | N
     name = name_or_path or "bundled:SmolLM2-135M-Instruct"
     logger.info("target %s: %s, %d layers, dtype %s, device %s", name, config.model_type,
                 config.num_hidden_layers, torch_dtype, dev)
-    return TargetModel(model, tokenizer, name=name, template_name=template)
+    return TargetModel(model, tokenizer, name=name, template_name=template, fast_forward=fast_forward)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ..tree import DraftTree
+from .fast_forward import FastForward
 from .kv_cache import CacheFullError, PreallocatedCache
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ class ForwardOutput:
 class TargetModel:
     """A Hugging Face causal LM plus its tokenizer, used only through sessions."""
 
-    def __init__(self, model, tokenizer, name: str, template_name: str):
+    def __init__(self, model, tokenizer, name: str, template_name: str, fast_forward: bool = True):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
@@ -46,6 +47,36 @@ class TargetModel:
         L = self.num_layers
         self.aux_layer_ids = (2, L // 2, L - 3) if L >= 4 else (0, L // 2, L - 1)
         self.eos_token_ids = _eos_ids(model, tokenizer)
+        # The lean CPU path (models/fast_forward.py) when it applies; the HF forward otherwise.
+        self.fast: FastForward | None = None
+        self.fast_unavailable_reason: str | None = None
+        self.set_fast_forward(fast_forward)
+
+    def set_fast_forward(self, enabled: bool) -> None:
+        """Run sessions through the lean CPU forward (when the model allows it) or the HF forward.
+        Sessions made before a switch hold a cache of the old activation dtype: make new ones."""
+        self.fast_unavailable_reason = FastForward.supports(self.model) if enabled else "switched off"
+        if self.fast_unavailable_reason is None:
+            # Built once (it binds every layer's weights); switching back reuses it.
+            if getattr(self, "_fast_built", None) is None:
+                self._fast_built = FastForward(self.model)
+            self.fast = self._fast_built
+        else:
+            self.fast = None
+        if enabled and self.fast is None:
+            logger.info("lean CPU forward not used for %s: %s", self.name, self.fast_unavailable_reason)
+
+    @property
+    def activation_dtype(self) -> torch.dtype:
+        """dtype of hidden states and the KV cache: float32 on the lean CPU path, else the weights'."""
+        return torch.float32 if self.fast is not None else self.dtype
+
+    @property
+    def forward_backend(self) -> str:
+        """Short description for logs and benchmark records."""
+        if self.fast is None:
+            return f"hf ({str(self.dtype).replace('torch.', '')})"
+        return f"native small-GEMM ({str(self.dtype).replace('torch.', '')} weights, float32 activations)"
 
     @property
     def device(self) -> torch.device:
@@ -69,16 +100,30 @@ class TargetModel:
         """A fresh KV cache for ``capacity`` positions (prompt + answer + one tree)."""
         if capacity <= 0:
             raise ValueError(f"cache capacity must be positive, got {capacity}")
-        cache = PreallocatedCache(self.num_layers, capacity, self.kv_heads, self.head_dim, self.dtype, self.device)
+        cache = PreallocatedCache(self.num_layers, capacity, self.kv_heads, self.head_dim, self.activation_dtype,
+                                  self.device)
         return TargetSession(self, cache)
 
     @torch.inference_mode()
     def forward(self, cache: PreallocatedCache, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                attention_mask: torch.Tensor | None, want_aux: bool, last_only: bool = False) -> ForwardOutput:
+                allowed: torch.Tensor | None, want_aux: bool, last_only: bool = False) -> ForwardOutput:
         """One target forward over ``q`` new positions written after the cache's current length.
 
-        input_ids, position_ids: [q] int64; attention_mask: [1, 1, q, length + q] additive, or None for causal.
+        input_ids, position_ids: [q] int64; allowed: bool [q, length + q], True where a new position may
+        attend, or None for causal attention.
         """
+        if cache.key_dtype != self.activation_dtype:
+            raise RuntimeError(f"this session's cache holds {cache.key_dtype} but the target now runs "
+                               f"{self.activation_dtype} activations: make a new session after set_fast_forward()")
+        if self.fast is not None:
+            logits, aux = self.fast.forward(cache, input_ids, position_ids, allowed,
+                                            self.aux_layer_ids if want_aux else None, last_only)
+            return ForwardOutput(logits=logits, aux=aux)
+        attention_mask = None
+        if allowed is not None:
+            attention_mask = torch.zeros(allowed.shape, dtype=self.dtype)
+            attention_mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+            attention_mask = attention_mask.view(1, 1, *allowed.shape).to(self.device)
         out = self.model(
             input_ids=input_ids.view(1, -1).to(self.device),
             position_ids=position_ids.view(1, -1).to(self.device),
@@ -145,17 +190,13 @@ class TargetSession:
         if prefix + n > self.capacity:
             raise CacheFullError(f"verifying {n} nodes after {prefix} positions would overflow the "
                                  f"cache of {self.capacity}")
-        device, dtype = self.target.device, self.target.dtype
         ids = torch.from_numpy(tree.tokens)
         pos = torch.from_numpy(tree.depths) + prefix
-        mask = None
+        allowed = None
         if n > 1:
             allowed = torch.ones(n, prefix + n, dtype=torch.bool)
             allowed[:, prefix:] = torch.from_numpy(tree.ancestor_mask())
-            mask = torch.zeros(n, prefix + n, dtype=dtype)
-            mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-            mask = mask.view(1, 1, n, prefix + n).to(device)
-        out = self.target.forward(self.cache, ids, pos, mask, want_aux=want_aux)
+        out = self.target.forward(self.cache, ids, pos, allowed, want_aux=want_aux)
         self._verified_prefix = prefix
         return out
 

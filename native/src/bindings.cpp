@@ -17,6 +17,8 @@
 #include "ngram_builder.hpp"
 #include "ngram_store.hpp"
 #include "pruner.hpp"
+#include "small_gemm.hpp"
+#include "decoder.hpp"
 #include "trie_import.hpp"
 
 namespace py = pybind11;
@@ -99,6 +101,156 @@ py::dict stats_dict(const dart::BuildStats& s) {
   return d;
 }
 
+// y = x @ w^T into a caller-owned y; every array must already have the right dtype and be
+// C-contiguous (no silent copies: the caller packs weights once, at load time).
+void small_gemm_checked(const py::array& x, const py::array& w, py::array& y, int threads) {
+  auto contiguous = [](const py::array& a) { return (a.flags() & py::array::c_style) != 0; };
+  if (x.ndim() != 2 || w.ndim() != 2 || y.ndim() != 2)
+    throw py::value_error("small_gemm: x [M, K], w [N, K] and y [M, N] must be 2-D");
+  if (!contiguous(x) || !contiguous(w) || !contiguous(y))
+    throw py::value_error("small_gemm: x, w and y must be C-contiguous");
+  if (!x.dtype().is(py::dtype::of<float>()) || !y.dtype().is(py::dtype::of<float>()))
+    throw py::type_error("small_gemm: x and y must be float32");
+  const int64_t M = x.shape(0), K = x.shape(1), N = w.shape(0);
+  if (w.shape(1) != K || y.shape(0) != M || y.shape(1) != N)
+    throw py::value_error("small_gemm: shapes do not match: x [" + std::to_string(M) + ", " + std::to_string(K) +
+                          "], w [" + std::to_string(N) + ", " + std::to_string(w.shape(1)) + "], y [" +
+                          std::to_string(y.shape(0)) + ", " + std::to_string(y.shape(1)) + "]");
+  if (!y.writeable()) throw py::value_error("small_gemm: y is read-only");
+  if (threads < 1) throw py::value_error("small_gemm: threads must be >= 1");
+  const float* xp = static_cast<const float*>(x.data());
+  float* yp = static_cast<float*>(y.mutable_data());
+  if (w.dtype().is(py::dtype::of<float>())) {
+    const float* wp = static_cast<const float*>(w.data());
+    py::gil_scoped_release release;
+    dart::small_gemm_f32(xp, wp, yp, M, N, K, threads);
+  } else if (w.dtype().is(py::dtype::of<uint16_t>())) {
+    const uint16_t* wp = static_cast<const uint16_t*>(w.data());
+    py::gil_scoped_release release;
+    dart::small_gemm_bf16(xp, wp, yp, M, N, K, threads);
+  } else {
+    throw py::type_error("small_gemm: w must be float32 or uint16 (bfloat16 bit patterns)");
+  }
+}
+
+// ---- decoder layers (dart_core/models/fast_forward.py) -----------------------------------------
+bool is_f32(const py::array& a) { return a.dtype().is(py::dtype::of<float>()); }
+bool c_contig(const py::array& a) { return (a.flags() & py::array::c_style) != 0; }
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw py::value_error("native decoder: " + what);
+}
+
+// A session's K/V buffers, bound once: one float32 [kv_heads, capacity, head_dim] array per layer.
+struct PyDecoderCache {
+  std::vector<dart::LayerCache> layers;
+  std::vector<py::array> keep;
+  int64_t capacity = 0, kv_heads = 0, head_dim = 0;
+
+  PyDecoderCache(const std::vector<py::array>& keys, const std::vector<py::array>& values) {
+    require(!keys.empty() && keys.size() == values.size(), "keys and values need one array per layer");
+    for (size_t l = 0; l < keys.size(); ++l) {
+      for (const py::array& a : {keys[l], values[l]}) {
+        require(a.ndim() == 3 && is_f32(a) && c_contig(a) && a.writeable(),
+                "cache buffers must be writeable C-contiguous float32 [kv_heads, capacity, head_dim]");
+        require(a.shape(0) == keys[0].shape(0) && a.shape(1) == keys[0].shape(1) && a.shape(2) == keys[0].shape(2),
+                "every cache buffer must have the same shape");
+        keep.push_back(a);
+      }
+      py::array k = keys[l], v = values[l];
+      layers.push_back({static_cast<float*>(k.mutable_data()), static_cast<float*>(v.mutable_data())});
+    }
+    kv_heads = keys[0].shape(0);
+    capacity = keys[0].shape(1);
+    head_dim = keys[0].shape(2);
+  }
+};
+
+// The model's layer weights, borrowed from torch tensors (numpy views kept alive here).
+struct PyDecoder {
+  dart::DecoderShape shape;
+  std::vector<dart::LayerWeights> layers;
+  std::vector<py::array> keep;
+
+  PyDecoder(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, float eps,
+            bool bf16_weights) {
+    require(hidden > 0 && heads > 0 && kv_heads > 0 && head_dim > 0 && intermediate > 0, "sizes must be positive");
+    require(heads % kv_heads == 0, "heads must be a multiple of kv_heads");
+    shape = {hidden, heads, kv_heads, head_dim, intermediate, eps, bf16_weights};
+  }
+
+  const void* weight(const py::dict& d, const char* name, int64_t rows, int64_t cols) {
+    require(d.contains(name), std::string("layer lacks ") + name);
+    py::array a = d[name].cast<py::array>();
+    const bool dtype_ok = shape.bf16_weights ? a.dtype().is(py::dtype::of<uint16_t>()) : is_f32(a);
+    require(dtype_ok, std::string(name) + (shape.bf16_weights ? " must be uint16 (bfloat16 bits)" : " must be float32"));
+    require(a.ndim() == 2 && a.shape(0) == rows && a.shape(1) == cols && c_contig(a),
+            std::string(name) + " must be C-contiguous [" + std::to_string(rows) + ", " + std::to_string(cols) + "]");
+    keep.push_back(a);
+    return a.data();
+  }
+  const float* vec(const py::dict& d, const char* name, int64_t n, bool optional) {
+    if (!d.contains(name) || d[name].is_none()) {
+      require(optional, std::string("layer lacks ") + name);
+      return nullptr;
+    }
+    py::array a = d[name].cast<py::array>();
+    require(a.ndim() == 1 && a.shape(0) == n && is_f32(a) && c_contig(a),
+            std::string(name) + " must be float32 [" + std::to_string(n) + "]");
+    keep.push_back(a);
+    return static_cast<const float*>(a.data());
+  }
+
+  void add_layer(const py::dict& d) {
+    const int64_t hid = shape.hidden, qd = shape.heads * shape.head_dim, kvd = shape.kv_heads * shape.head_dim,
+                  I = shape.intermediate, D = shape.head_dim;
+    dart::LayerWeights w;
+    w.q = weight(d, "q", qd, hid);
+    w.k = weight(d, "k", kvd, hid);
+    w.v = weight(d, "v", kvd, hid);
+    w.o = weight(d, "o", hid, qd);
+    w.gate = weight(d, "gate", I, hid);
+    w.up = weight(d, "up", I, hid);
+    w.down = weight(d, "down", hid, I);
+    w.q_bias = vec(d, "q_bias", qd, true);
+    w.k_bias = vec(d, "k_bias", kvd, true);
+    w.v_bias = vec(d, "v_bias", kvd, true);
+    w.in_norm = vec(d, "in_norm", hid, false);
+    w.post_norm = vec(d, "post_norm", hid, false);
+    w.q_norm = vec(d, "q_norm", D, true);
+    w.k_norm = vec(d, "k_norm", D, true);
+    layers.push_back(w);
+  }
+
+  void run(py::array h, py::array cos, py::array sin, py::object allowed, int64_t start, const PyDecoderCache& cache,
+           int64_t begin, int64_t end, int threads) {
+    require(h.ndim() == 2 && h.shape(1) == shape.hidden && is_f32(h) && c_contig(h) && h.writeable(),
+            "h must be writeable C-contiguous float32 [q, hidden]");
+    const int64_t q = h.shape(0), D = shape.head_dim;
+    for (const py::array& a : {cos, sin})
+      require(a.ndim() == 2 && a.shape(0) == q && a.shape(1) == D && is_f32(a) && c_contig(a),
+              "cos and sin must be C-contiguous float32 [q, head_dim]");
+    require(cache.layers.size() == layers.size() && cache.kv_heads == shape.kv_heads && cache.head_dim == D,
+            "the cache was made for another model");
+    require(start >= 0 && start + q <= cache.capacity, "the step does not fit the cache");
+    require(threads >= 1, "threads must be >= 1");
+    py::array mask;
+    const uint8_t* mp = nullptr;
+    if (!allowed.is_none()) {
+      mask = allowed.cast<py::array>();
+      require(mask.ndim() == 2 && mask.shape(0) == q && mask.shape(1) == start + q && mask.itemsize() == 1 &&
+                  c_contig(mask),
+              "allowed must be a C-contiguous bool [q, start + q] array");
+      mp = static_cast<const uint8_t*>(mask.data());
+    }
+    float* hp = static_cast<float*>(h.mutable_data());
+    const float* cp = static_cast<const float*>(cos.data());
+    const float* sp = static_cast<const float*>(sin.data());
+    py::gil_scoped_release release;
+    dart::decoder_layers(shape, layers, cache.layers, cache.capacity, begin, end, hp, q, cp, sp, mp, start, threads);
+  }
+};
+
 dart::PruneParams make_params(int64_t top_k, int64_t beam_width, int64_t budget, double level_decay,
                               double logit_decay, double ngram_weight, double eps) {
   dart::PruneParams p;
@@ -164,7 +316,23 @@ py::dict prune_result_dict(dart::PruneResult&& r) {
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "DART native core: memory-mapped N-gram store, table builder, .trie importer and tree pruner";
-  m.def("abi_version", []() { return 2; }, "Version of the native ABI, bumped when a binding changes.");
+  m.def("abi_version", []() { return 3; }, "Version of the native ABI, bumped when a binding changes.");
+  m.def("small_gemm", &small_gemm_checked, py::arg("x"), py::arg("w"), py::arg("y"), py::arg("threads") = 1,
+        "y = x @ w.T for float32 x [M, K] and w [N, K] (float32, or uint16 holding bfloat16), written into "
+        "float32 y [M, N]. Reads w once for all M rows; see native/src/small_gemm.hpp.");
+  py::class_<PyDecoderCache>(m, "DecoderCache", "A session's K/V buffers bound for the native decoder.")
+      .def(py::init<const std::vector<py::array>&, const std::vector<py::array>&>(), py::arg("keys"),
+           py::arg("values"))
+      .def_readonly("capacity", &PyDecoderCache::capacity);
+  py::class_<PyDecoder>(m, "Decoder", "Llama/Qwen2/Qwen3 decoder layers for short CPU steps (native/src/decoder.hpp).")
+      .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, float, bool>(), py::arg("hidden"),
+           py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("intermediate"), py::arg("eps"),
+           py::arg("bf16_weights"))
+      .def("add_layer", &PyDecoder::add_layer, py::arg("arrays"))
+      .def("run", &PyDecoder::run, py::arg("h"), py::arg("cos"), py::arg("sin"), py::arg("allowed"),
+           py::arg("start"), py::arg("cache"), py::arg("begin"), py::arg("end"), py::arg("threads"))
+      .def_property_readonly("num_layers", [](const PyDecoder& d) { return d.layers.size(); });
+  m.def("small_gemm_has_avx2", &dart::small_gemm_has_avx2, "True when the AVX2+FMA small-GEMM kernel runs here.");
   m.def("has_openmp", []() {
 #if defined(_OPENMP)
     return true;

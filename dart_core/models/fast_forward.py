@@ -1,0 +1,230 @@
+"""A lean CPU forward pass for Llama / Qwen2 / Qwen3 targets, over the HF model's own weights.
+
+Why: on a CPU a decoding step is bound by reading the weights once, but the stock path
+pays twice that and more. BLAS libraries run the 2..64-row products of a tree
+verification as a small GEMM costing 2-3x a one-row product (on CPUs without AMX), bf16
+weights run slower than float32 without AVX512-BF16, and the HF modules add per-layer
+Python and mask work. This path keeps the model's math and changes only how it is run:
+
+* a step of up to ``NATIVE_MAX_ROWS`` positions (a plain token or a draft tree) runs the
+  decoder layers in one native call per stretch of layers (``_native.Decoder``): RMSNorm,
+  projections, RoPE, K/V written straight into the preallocated cache, tree-masked attention
+  and the MLP, with no torch op per layer;
+* every projection goes through the native small-GEMM kernel, which reads each weight row
+  once for all rows of the step (bf16 weights are read as bf16 and widened in registers), so
+  a tree of a few dozen nodes costs little more than one token;
+* longer inputs (prompts) run the same math as torch ops, with BLAS projections on float32
+  copies of the weights (large products are compute-bound, where BLAS is at its best);
+* activations, norms, attention and the KV cache are float32 (bf16 weights, float32
+  arithmetic, like a native bf16 GEMM that accumulates in float32).
+
+A projection's output row depends only on its input row (the kernel's summation order does
+not depend on the number of rows), so tree verification and plain decoding compute the same
+projections bit for bit. ``FastForward.supports`` says when the path applies; otherwise
+``TargetModel`` uses the HF forward. The stock HF model stays untouched (``hf_generate``
+benchmarks it as it is).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .kv_cache import CacheFullError, PreallocatedCache
+
+try:
+    from .. import _native
+except ImportError:  # the extension is built by `pip install -e .`; without it the HF path runs
+    _native = None
+
+FAST_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+NATIVE_MAX_ROWS = 64   # steps up to this many positions run the native decoder; longer ones run torch ops
+
+
+def _weight_array(weight: torch.Tensor) -> np.ndarray:
+    """A zero-copy numpy view the kernel reads: float32 as is, bf16 as its uint16 bit patterns."""
+    w = weight.detach()
+    if not w.is_contiguous():
+        raise ValueError("the lean CPU forward needs contiguous weights")
+    return w.view(torch.uint16).numpy() if w.dtype == torch.bfloat16 else w.numpy()
+
+
+def _float_vector(t: torch.Tensor | None) -> np.ndarray | None:
+    return None if t is None else t.detach().float().contiguous().numpy()
+
+
+def _norm_eps(module) -> float:
+    return float(getattr(module, "variance_epsilon", None) or getattr(module, "eps"))
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _linear_long(x: torch.Tensor, module: torch.nn.Linear) -> torch.Tensor:
+    """A projection of many rows: BLAS on float32 weights (bf16 weights widened per call)."""
+    return F.linear(x, module.weight.float(), None if module.bias is None else module.bias.float())
+
+
+class FastForward:
+    """The decoder stack of one HF causal LM, run by :meth:`forward` with float32 activations."""
+
+    @staticmethod
+    def supports(model) -> str | None:
+        """None when the lean path can run ``model``; otherwise why not (the HF path runs instead)."""
+        cfg = model.config
+        if _native is None or not hasattr(_native, "Decoder"):
+            return "the native extension is not built (pip install -e .)"
+        if cfg.model_type not in FAST_MODEL_TYPES:
+            return f"model type {cfg.model_type!r} is not one of {FAST_MODEL_TYPES}"
+        p = next(model.parameters())
+        if p.device.type != "cpu":
+            return f"the model is on {p.device.type}, the lean path is for CPUs"
+        if p.dtype not in (torch.float32, torch.bfloat16):
+            return f"weights are {p.dtype}; the kernel reads float32 or bfloat16"
+        if getattr(cfg, "hidden_act", "silu") != "silu":
+            return f"activation {cfg.hidden_act!r} is not silu"
+        if getattr(cfg, "use_sliding_window", False):
+            return "sliding-window attention is not implemented in the lean path"
+        if getattr(cfg, "mlp_bias", False) or getattr(cfg, "attention_bias", False) and cfg.model_type == "llama":
+            return "Llama projections with bias are not implemented in the lean path"
+        rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+        if isinstance(rope, dict) and rope.get("rope_type", "default") in ("dynamic", "longrope"):
+            return f"RoPE type {rope['rope_type']!r} changes with the sequence length"
+        if not all(p.is_contiguous() for p in model.parameters()):
+            return "some weights are not contiguous"
+        return None
+
+    def __init__(self, model):
+        why = self.supports(model)
+        if why is not None:
+            raise ValueError(f"the lean CPU forward cannot run this model: {why}")
+        cfg = model.config
+        inner = model.model
+        self.model = model
+        self.num_heads = int(cfg.num_attention_heads)
+        self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        self.scaling = self.head_dim ** -0.5
+        self.eps = _norm_eps(inner.norm)
+        self.layers = list(inner.layers)
+        self.rotary = inner.rotary_emb
+        self.embed = inner.embed_tokens.weight
+        self.final_norm = inner.norm.weight.detach().float()
+        self.lm_head = model.lm_head
+        self.lm_head_array = _weight_array(model.lm_head.weight)
+        self.decoder = _native.Decoder(int(cfg.hidden_size), self.num_heads, self.kv_heads, self.head_dim,
+                                       int(cfg.intermediate_size), self.eps,
+                                       next(model.parameters()).dtype == torch.bfloat16)
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            self.decoder.add_layer({
+                "q": _weight_array(attn.q_proj.weight), "k": _weight_array(attn.k_proj.weight),
+                "v": _weight_array(attn.v_proj.weight), "o": _weight_array(attn.o_proj.weight),
+                "gate": _weight_array(mlp.gate_proj.weight), "up": _weight_array(mlp.up_proj.weight),
+                "down": _weight_array(mlp.down_proj.weight),
+                "q_bias": _float_vector(attn.q_proj.bias), "k_bias": _float_vector(attn.k_proj.bias),
+                "v_bias": _float_vector(attn.v_proj.bias),
+                "in_norm": _float_vector(layer.input_layernorm.weight),
+                "post_norm": _float_vector(layer.post_attention_layernorm.weight),
+                "q_norm": _float_vector(attn.q_norm.weight) if hasattr(attn, "q_norm") else None,
+                "k_norm": _float_vector(attn.k_norm.weight) if hasattr(attn, "k_norm") else None,
+            })
+
+    @torch.inference_mode()
+    def forward(self, cache: PreallocatedCache, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                allowed: torch.Tensor | None, aux_layer_ids: tuple[int, ...] | None, last_only: bool
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits [q, V] (or [1, V] with ``last_only``) and, with ``aux_layer_ids``, the hidden
+        states entering those layers, concatenated -> [q, len(ids) * H].
+
+        ``allowed``: bool [q, length + q], True where a new position may attend; None = causal.
+        """
+        q = int(input_ids.numel())
+        start = cache.length
+        if start + q > cache.capacity:
+            raise CacheFullError(f"KV cache holds {cache.capacity} positions; writing {q} after {start} "
+                                 "would overflow it (raise max_length)")
+        h = F.embedding(input_ids.view(-1), self.embed).float().contiguous()
+        cos, sin = self.rotary(h, position_ids.view(1, -1))
+        cos, sin = cos[0].float().contiguous(), sin[0].float().contiguous()      # [q, D]
+        run = self._layers_native if q <= NATIVE_MAX_ROWS else self._layers_torch
+        aux: dict[int, torch.Tensor] = {}
+        begin = 0
+        # Stop at each aux layer to keep the hidden state entering it.
+        for stop in sorted(set(aux_layer_ids or ())) + [len(self.layers)]:
+            if stop > begin:
+                h = run(h, cos, sin, allowed, start, cache, begin, stop)
+                begin = stop
+            if aux_layer_ids is not None and stop in aux_layer_ids:
+                aux[stop] = h.clone()
+        cache.set_length(start + q)
+        if last_only:
+            h = h[-1:]
+        h = _rms_norm(h, self.final_norm, self.eps).contiguous()
+        if h.shape[0] > NATIVE_MAX_ROWS:
+            logits = _linear_long(h, self.lm_head)
+        else:
+            logits = torch.empty(h.shape[0], self.lm_head_array.shape[0], dtype=torch.float32)
+            _native.small_gemm(h.numpy(), self.lm_head_array, logits.numpy(), torch.get_num_threads())
+        aux_out = None
+        if aux_layer_ids is not None:
+            aux_out = torch.cat([aux[i] for i in aux_layer_ids], dim=-1)
+            if last_only:
+                aux_out = aux_out[-1:]
+        return logits, aux_out
+
+    def _native_cache(self, cache: PreallocatedCache):
+        """The cache's buffers bound for the native decoder, once per cache."""
+        handle = getattr(cache, "_native_decoder_cache", None)
+        if handle is None:
+            handle = _native.DecoderCache([layer.key_buffer[0].numpy() for layer in cache.layers],
+                                          [layer.value_buffer[0].numpy() for layer in cache.layers])
+            cache._native_decoder_cache = handle
+        return handle
+
+    def _layers_native(self, h, cos, sin, allowed, start, cache, begin, end) -> torch.Tensor:
+        mask = None if allowed is None else allowed.contiguous().numpy()
+        self.decoder.run(h.numpy(), cos.numpy(), sin.numpy(), mask, start, self._native_cache(cache), begin, end,
+                         torch.get_num_threads())
+        return h
+
+    def _layers_torch(self, h, cos, sin, allowed, start, cache, begin, end) -> torch.Tensor:
+        """The same layers as torch ops, for long inputs (see the module docstring)."""
+        q, stop = h.shape[0], start + h.shape[0]
+        H, KV, D = self.num_heads, self.kv_heads, self.head_dim
+        mask, causal = None, False
+        if allowed is not None:
+            mask = allowed.view(1, 1, q, stop)
+        elif start == 0:
+            causal = True
+        else:
+            mask = torch.ones(q, stop, dtype=torch.bool).tril_(start).view(1, 1, q, stop)
+        for i in range(begin, end):
+            layer = self.layers[i]
+            attn, mlp = layer.self_attn, layer.mlp
+            x = _rms_norm(h, layer.input_layernorm.weight.float(), self.eps)
+            qs = _linear_long(x, attn.q_proj).view(q, H, D)
+            ks = _linear_long(x, attn.k_proj).view(q, KV, D)
+            vs = _linear_long(x, attn.v_proj).view(q, KV, D)
+            if hasattr(attn, "q_norm"):
+                qs = _rms_norm(qs, attn.q_norm.weight.float(), self.eps)
+                ks = _rms_norm(ks, attn.k_norm.weight.float(), self.eps)
+            qs, ks, vs = qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1)   # [heads, q, D]
+            qs = qs * cos + _rotate_half(qs) * sin
+            ks = ks * cos + _rotate_half(ks) * sin
+            kv = cache.layers[i]
+            kv.key_buffer[0, :, start:stop].copy_(ks)
+            kv.value_buffer[0, :, start:stop].copy_(vs)
+            out = F.scaled_dot_product_attention(
+                qs.unsqueeze(0), kv.key_buffer[:, :, :stop], kv.value_buffer[:, :, :stop], attn_mask=mask,
+                is_causal=causal, scale=self.scaling, enable_gqa=KV != H)
+            h = h + _linear_long(out[0].transpose(0, 1).reshape(q, H * D), attn.o_proj)
+            x = _rms_norm(h, layer.post_attention_layernorm.weight.float(), self.eps)
+            h = h + _linear_long(F.silu(_linear_long(x, mlp.gate_proj)) * _linear_long(x, mlp.up_proj), mlp.down_proj)
+        return h.contiguous()

@@ -1,0 +1,229 @@
+// See decoder.hpp. The arithmetic follows the HF modules it replaces (RMSNorm as
+// w * (x * rsqrt(mean(x^2) + eps)), RoPE as x * cos + rotate_half(x) * sin, softmax with the
+// row maximum subtracted); sums run in a different order, so results agree to float32
+// rounding, not bit for bit.
+#include "decoder.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include "small_gemm.hpp"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define DART_X86 1
+#endif
+
+namespace dart {
+namespace {
+
+void project(const DecoderShape& s, const float* x, const void* w, const float* bias, float* y, int64_t M,
+             int64_t N, int64_t K, int threads) {
+  if (s.bf16_weights)
+    small_gemm_bf16(x, static_cast<const uint16_t*>(w), y, M, N, K, threads);
+  else
+    small_gemm_f32(x, static_cast<const float*>(w), y, M, N, K, threads);
+  if (bias)
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) y[m * N + n] += bias[n];
+}
+
+// out[r] = weight * (x[r] * rsqrt(mean(x[r]^2) + eps)) for rows of length n.
+void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t n, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+    const float inv = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(n)) + eps);
+    float* o = out + r * n;
+    for (int64_t i = 0; i < n; ++i) o[i] = weight[i] * (xr[i] * inv);
+  }
+}
+
+// x [q, heads, D] rotated in place: x * cos + rotate_half(x) * sin, rotate_half = (-x2, x1).
+void rope(float* x, int64_t q, int64_t heads, int64_t D, const float* cos, const float* sin) {
+  const int64_t half = D / 2;
+  for (int64_t i = 0; i < q; ++i) {
+    const float* c = cos + i * D;
+    const float* sn = sin + i * D;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = x + (i * heads + h) * D;
+      for (int64_t d = 0; d < half; ++d) {
+        const float x1 = v[d], x2 = v[d + half];
+        v[d] = x1 * c[d] - x2 * sn[d];
+        v[d + half] = x2 * c[d + half] + x1 * sn[d + half];
+      }
+    }
+  }
+}
+
+#ifdef DART_X86
+// exp(x) for 8 lanes, Cephes' single-precision polynomial (about 1 ulp over the softmax range;
+// inputs below -87.3 give ~1e-38, not 0: callers zero masked lanes themselves).
+__attribute__((target("avx2,fma"))) inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3365478515625f)), _mm256_set1_ps(88.3762626647949f));
+  __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(0.693359375f)));
+  x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(-2.12194440e-4f)));
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  const __m256i pow2 = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(pow2));
+}
+
+// p[j] = exp(s[j] - mx) (0 where s[j] is -inf); returns the sum.
+__attribute__((target("avx2,fma"))) float softmax_numerators_avx2(const float* s, float mx, float* p, int64_t n) {
+  const __m256 m = _mm256_set1_ps(mx), ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m256 acc = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 v = _mm256_loadu_ps(s + j);
+    const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(v, m)), _mm256_cmp_ps(v, ninf, _CMP_NEQ_OQ));
+    _mm256_storeu_ps(p + j, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  float total = 0.f;
+  for (float l : lanes) total += l;
+  for (; j < n; ++j) {
+    p[j] = std::isinf(s[j]) ? 0.f : std::exp(s[j] - mx);
+    total += p[j];
+  }
+  return total;
+}
+
+// g[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u.
+__attribute__((target("avx2,fma"))) void silu_mul_avx2(float* g, const float* u, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(g + i);
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), v));
+    _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(v, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+  }
+  for (; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+#endif
+
+float softmax_numerators(const float* s, float mx, float* p, int64_t n) {
+#ifdef DART_X86
+  if (small_gemm_has_avx2()) return softmax_numerators_avx2(s, mx, p, n);
+#endif
+  float total = 0.f;
+  for (int64_t j = 0; j < n; ++j) {
+    p[j] = std::isinf(s[j]) ? 0.f : std::exp(s[j] - mx);
+    total += p[j];
+  }
+  return total;
+}
+
+void silu_mul(float* g, const float* u, int64_t n) {
+#ifdef DART_X86
+  if (small_gemm_has_avx2()) return silu_mul_avx2(g, u, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+#ifdef DART_X86
+__attribute__((target("avx2,fma"))) void axpy_avx2(float a, const float* x, float* y, int64_t n) {
+  const __m256 av = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+#endif
+void axpy(float a, const float* x, float* y, int64_t n) {
+#ifdef DART_X86
+  if (small_gemm_has_avx2()) return axpy_avx2(a, x, y, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+// out [q, heads * D] = softmax(q k^T * scale, masked) v, query head h reading K/V head h / group.
+// Per head, its q query rows meet the cached keys as one small GEMM (keys are rows of
+// [capacity, D], the layout small_gemm reads), then a masked softmax per row and a weighted
+// sum of value rows. Heads are split across threads.
+void attention(const DecoderShape& s, const float* qs, const LayerCache& cache, int64_t capacity, float* out,
+               int64_t q, int64_t start, const uint8_t* allowed, int threads) {
+  const int64_t H = s.heads, D = s.head_dim, group = s.heads / s.kv_heads, end = start + q;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1 && H > 1)
+  for (int64_t h = 0; h < H; ++h) {
+    const int64_t kvh = h / group;
+    const float* keys = cache.keys + kvh * capacity * D;
+    const float* values = cache.values + kvh * capacity * D;
+    std::vector<float> qh(static_cast<size_t>(q * D)), score(static_cast<size_t>(q * end)), p(static_cast<size_t>(end));
+    for (int64_t i = 0; i < q; ++i) std::copy_n(qs + (i * H + h) * D, D, qh.data() + i * D);
+    small_gemm_f32(qh.data(), keys, score.data(), q, end, D, 1);
+    for (int64_t i = 0; i < q; ++i) {
+      const uint8_t* row = allowed ? allowed + i * end : nullptr;
+      const int64_t last = allowed ? end : start + i + 1;   // causal: up to the position itself
+      float* sr = score.data() + i * end;
+      float mx = kNegInf;
+      for (int64_t j = 0; j < last; ++j) {
+        sr[j] = (row && !row[j]) ? kNegInf : sr[j] * scale;
+        mx = std::max(mx, sr[j]);
+      }
+      float* o = out + (i * H + h) * D;
+      std::fill(o, o + D, 0.f);
+      if (mx == kNegInf) continue;  // no visible key (never in a valid tree): output 0
+      const float inv = 1.0f / softmax_numerators(sr, mx, p.data(), last);
+      for (int64_t j = 0; j < last; ++j)
+        if (p[j] != 0.f) axpy(p[j], values + j * D, o, D);
+      for (int64_t d = 0; d < D; ++d) o[d] *= inv;
+    }
+  }
+}
+
+}  // namespace
+
+void decoder_layers(const DecoderShape& s, const std::vector<LayerWeights>& layers,
+                    const std::vector<LayerCache>& caches, int64_t capacity, int64_t begin, int64_t end, float* h,
+                    int64_t q, const float* cos, const float* sin, const uint8_t* allowed, int64_t start,
+                    int threads) {
+  if (begin < 0 || end > static_cast<int64_t>(layers.size()) || begin > end || caches.size() != layers.size())
+    throw std::invalid_argument("decoder_layers: layer range or cache count does not match the model");
+  if (q <= 0 || start < 0 || start + q > capacity)
+    throw std::invalid_argument("decoder_layers: positions outside the cache");
+  const int64_t H = s.heads, KV = s.kv_heads, D = s.head_dim, hid = s.hidden, I = s.intermediate;
+  std::vector<float> x(q * hid), qs(q * H * D), ks(q * KV * D), vs(q * KV * D), attn(q * H * D), tmp(q * hid),
+      gate(q * I), up(q * I);
+  for (int64_t l = begin; l < end; ++l) {
+    const LayerWeights& w = layers[l];
+    const LayerCache& c = caches[l];
+    rms_norm(h, w.in_norm, x.data(), q, hid, s.eps);
+    project(s, x.data(), w.q, w.q_bias, qs.data(), q, H * D, hid, threads);
+    project(s, x.data(), w.k, w.k_bias, ks.data(), q, KV * D, hid, threads);
+    project(s, x.data(), w.v, w.v_bias, vs.data(), q, KV * D, hid, threads);
+    if (w.q_norm) rms_norm(qs.data(), w.q_norm, qs.data(), q * H, D, s.eps);
+    if (w.k_norm) rms_norm(ks.data(), w.k_norm, ks.data(), q * KV, D, s.eps);
+    rope(qs.data(), q, H, D, cos, sin);
+    rope(ks.data(), q, KV, D, cos, sin);
+    for (int64_t i = 0; i < q; ++i)
+      for (int64_t kvh = 0; kvh < KV; ++kvh) {
+        const size_t slot = static_cast<size_t>((kvh * capacity + start + i) * D);
+        std::copy_n(ks.data() + (i * KV + kvh) * D, D, c.keys + slot);
+        std::copy_n(vs.data() + (i * KV + kvh) * D, D, c.values + slot);
+      }
+    attention(s, qs.data(), c, capacity, attn.data(), q, start, allowed, threads);
+    project(s, attn.data(), w.o, nullptr, tmp.data(), q, hid, H * D, threads);
+    for (int64_t i = 0; i < q * hid; ++i) h[i] += tmp[i];
+    rms_norm(h, w.post_norm, x.data(), q, hid, s.eps);
+    project(s, x.data(), w.gate, nullptr, gate.data(), q, I, hid, threads);
+    project(s, x.data(), w.up, nullptr, up.data(), q, I, hid, threads);
+    silu_mul(gate.data(), up.data(), q * I);
+    project(s, gate.data(), w.down, nullptr, tmp.data(), q, hid, I, threads);
+    for (int64_t i = 0; i < q * hid; ++i) h[i] += tmp[i];
+  }
+}
+
+}  // namespace dart
