@@ -502,7 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-length", type=int, default=2048, metavar="N",
                    help="prompt + answer tokens at most (sizes the KV caches)")
     p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"),
-                   help="target precision (auto: bf16 where the CPU/GPU has it, else fp32)")
+                   help="target precision (auto: bf16 on GPUs and on CPUs with native bf16 or AVX2 (the native kernel), else fp32)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 = sampling")
     p.add_argument("--top-p", type=float, default=1.0)

@@ -67,9 +67,9 @@ def oracle_dart_engine(target, prompt_ids, cfg) -> SpeculativeEngine:
     head = new_head_for_target(target, draft_length=4, seed=0)
     to_draft = head.target_to_draft()
 
-    def step(aux, next_ids, cache):
+    def step(aux, next_ids, cache, levels=None):
         cache.length += int(next_ids.shape[0])
-        logits = torch.randn(head.config.draft_length + 1, head.config.draft_vocab_size,
+        logits = torch.randn(levels or head.config.draft_length + 1, head.config.draft_vocab_size,
                              generator=torch.Generator().manual_seed(cache.length))
         for level in range(logits.shape[0]):
             pos = cache.length + 1 + level

@@ -158,7 +158,10 @@ def test_features_align_with_the_engine(tiny):
     data = compute_features(t, ids, len(r["prompt_ids"]), draft_ids, "data")
     session = t.new_session(128)
     out = session.prefill(ids, want_aux=True)
-    torch.testing.assert_close(full.aux, out.aux, atol=1e-4, rtol=1e-4)
+    # The session may run the native CPU forward (another summation order): float32 agreement is a few
+    # ulps of the largest activation (in the hundreds for these random weights), not 1e-4 per element.
+    scale = max(1.0, float(out.aux.abs().max()))
+    torch.testing.assert_close(full.aux, out.aux, atol=3e-5 * scale, rtol=0)
     P, T = len(r["prompt_ids"]), len(ids)
     assert full.logits.shape == (T - 1 - P, len(draft_ids))
     torch.testing.assert_close(full.logits, data.logits, atol=1e-4, rtol=1e-4)

@@ -75,9 +75,9 @@ def oracle_run(tiny, prompt_ids):
     to_draft = head.target_to_draft()
     full = list(prompt_ids) + truth
 
-    def oracle_step(aux, next_ids, cache):
+    def oracle_step(aux, next_ids, cache, levels=None):
         cache.length += int(next_ids.shape[0])
-        logits = torch.randn(head.config.draft_length + 1, head.config.draft_vocab_size,
+        logits = torch.randn(levels or head.config.draft_length + 1, head.config.draft_vocab_size,
                              generator=torch.Generator().manual_seed(cache.length))
         for level in range(logits.shape[0]):
             if cache.length + 1 + level < len(full):

@@ -38,13 +38,27 @@ def resolve_device(device: str | None) -> torch.device:
     return dev
 
 
-def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+def native_kernel_available() -> bool:
+    """True when the native small-GEMM kernel runs vectorised here (it reads bf16 weights at full speed
+    on any AVX2 CPU, native bf16 or not)."""
+    try:
+        from .. import _native
+    except ImportError:
+        return False
+    return bool(getattr(_native, "small_gemm_has_avx2", lambda: False)())
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device, inference: bool = True) -> torch.dtype:
+    """``auto`` on a CPU: bf16 where bf16 is fast, float32 elsewhere. For inference bf16 is fast on CPUs
+    with native bf16 or with the native kernel (the lean forward, models/fast_forward.py); training
+    runs torch's own kernels, so only native bf16 counts there."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype in (None, "auto"):
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.bfloat16 if cpu_supports_bf16() else torch.float32
+        fast_bf16 = cpu_supports_bf16() or (inference and native_kernel_available())
+        return torch.bfloat16 if fast_bf16 else torch.float32
     names = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
              "half": torch.float16, "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
     if dtype not in names:

@@ -299,7 +299,7 @@ def resolve_runtime(cfg: BaseTrainConfig, dist: _Dist, method: TrainMethod) -> R
     if dist.enabled and device.type == "cuda":
         device = torch.device(f"cuda:{dist.local_rank}")
         torch.cuda.set_device(device)
-    dtype = resolve_dtype(cfg.dtype, device)
+    dtype = resolve_dtype(cfg.dtype, device, inference=False)
     extra = method.resolve(device)
     argmax = cfg.argmax if cfg.argmax != "auto" else ("full" if device.type == "cuda" else "data")
     autocast = cfg.autocast and (device.type == "cuda" or cpu_supports_bf16())

@@ -113,6 +113,57 @@ __attribute__((target("avx2,fma"))) void silu_mul_avx2(float* g, const float* u,
 }
 #endif
 
+#ifdef DART_X86
+__attribute__((target("avx2,fma"))) void axpy_avx2(float a, const float* x, float* y, int64_t n) {
+  const __m256 av = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+#endif
+void axpy(float a, const float* x, float* y, int64_t n) {
+#ifdef DART_X86
+  if (small_gemm_has_avx2()) return axpy_avx2(a, x, y, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+#ifdef DART_X86
+// o[0:D] = sum_j p[j] * v[j, 0:D] for the j with p[j] != 0, 64 columns at a time in registers.
+__attribute__((target("avx2,fma"))) void weighted_rows_avx2(const float* p, const float* v, int64_t n, int64_t D,
+                                                            float* o) {
+  int64_t d0 = 0;
+  for (; d0 + 64 <= D; d0 += 64) {
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+      if (p[j] == 0.f) continue;
+      const __m256 pj = _mm256_set1_ps(p[j]);
+      const float* vj = v + j * D + d0;
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * i), acc[i]);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(o + d0 + 8 * i, acc[i]);
+  }
+  if (d0 < D) {   // head_dim not a multiple of 64
+    std::fill(o + d0, o + D, 0.f);
+    for (int64_t j = 0; j < n; ++j)
+      if (p[j] != 0.f) axpy_avx2(p[j], v + j * D + d0, o + d0, D - d0);
+  }
+}
+#endif
+
+void weighted_rows(const float* p, const float* v, int64_t n, int64_t D, float* o) {
+#ifdef DART_X86
+  if (small_gemm_has_avx2()) return weighted_rows_avx2(p, v, n, D, o);
+#endif
+  std::fill(o, o + D, 0.f);
+  for (int64_t j = 0; j < n; ++j)
+    if (p[j] != 0.f) axpy(p[j], v + j * D, o, D);
+}
+
 float softmax_numerators(const float* s, float mx, float* p, int64_t n) {
 #ifdef DART_X86
   if (small_gemm_has_avx2()) return softmax_numerators_avx2(s, mx, p, n);
@@ -132,21 +183,6 @@ void silu_mul(float* g, const float* u, int64_t n) {
   for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
 
-#ifdef DART_X86
-__attribute__((target("avx2,fma"))) void axpy_avx2(float a, const float* x, float* y, int64_t n) {
-  const __m256 av = _mm256_set1_ps(a);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-  for (; i < n; ++i) y[i] += a * x[i];
-}
-#endif
-void axpy(float a, const float* x, float* y, int64_t n) {
-#ifdef DART_X86
-  if (small_gemm_has_avx2()) return axpy_avx2(a, x, y, n);
-#endif
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
-
 // out [q, heads * D] = softmax(q k^T * scale, masked) v, query head h reading K/V head h / group.
 // Per head, its q query rows meet the cached keys as one small GEMM (keys are rows of
 // [capacity, D], the layout small_gemm reads), then a masked softmax per row and a weighted
@@ -161,7 +197,10 @@ void attention(const DecoderShape& s, const float* qs, const LayerCache& cache, 
     const int64_t kvh = h / group;
     const float* keys = cache.keys + kvh * capacity * D;
     const float* values = cache.values + kvh * capacity * D;
-    std::vector<float> qh(static_cast<size_t>(q * D)), score(static_cast<size_t>(q * end)), p(static_cast<size_t>(end));
+    thread_local std::vector<float> qh, score, p;   // reused across calls: no allocation per head
+    qh.resize(static_cast<size_t>(q * D));
+    score.resize(static_cast<size_t>(q * end));
+    p.resize(static_cast<size_t>(end));
     for (int64_t i = 0; i < q; ++i) std::copy_n(qs + (i * H + h) * D, D, qh.data() + i * D);
     small_gemm_f32(qh.data(), keys, score.data(), q, end, D, 1);
     for (int64_t i = 0; i < q; ++i) {
@@ -174,11 +213,12 @@ void attention(const DecoderShape& s, const float* qs, const LayerCache& cache, 
         mx = std::max(mx, sr[j]);
       }
       float* o = out + (i * H + h) * D;
-      std::fill(o, o + D, 0.f);
-      if (mx == kNegInf) continue;  // no visible key (never in a valid tree): output 0
+      if (mx == kNegInf) {  // no visible key (never in a valid tree): output 0
+        std::fill(o, o + D, 0.f);
+        continue;
+      }
       const float inv = 1.0f / softmax_numerators(sr, mx, p.data(), last);
-      for (int64_t j = 0; j < last; ++j)
-        if (p[j] != 0.f) axpy(p[j], values + j * D, o, D);
+      weighted_rows(p.data(), values, last, D, o);
       for (int64_t d = 0; d < D; ++d) o[d] *= inv;
     }
   }

@@ -75,7 +75,11 @@ __attribute__((target("avx2,fma"))) void block(const float* x, const W* w, float
                                                int64_t n, int64_t m, const char* prefetch = nullptr,
                                                int64_t prefetch_lines = 0) {
   __m256 acc[R][C];
+  // The accumulators must live in registers: every constant-trip loop below is unrolled (GCC at -O2
+  // would otherwise keep acc[][] on the stack, a load and a store per FMA).
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   const int64_t body = K - K % 8;
   const int64_t lines_per_step = prefetch ? (prefetch_lines * 8 + body - 1) / std::max<int64_t>(body, 8) : 0;
@@ -84,13 +88,18 @@ __attribute__((target("avx2,fma"))) void block(const float* x, const W* w, float
     for (int64_t p = 0; p < lines_per_step && line < prefetch_lines; ++p, ++line)
       _mm_prefetch(prefetch + line * 64, _MM_HINT_T0);
     __m256 xv[C];
+#pragma GCC unroll 8
     for (int c = 0; c < C; ++c) xv[c] = _mm256_loadu_ps(x + (m + c) * K + k);
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m256 wv = load8(w + (n + r) * K + k);
+#pragma GCC unroll 8
       for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv[c], wv, acc[r][c]);
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
     for (int c = 0; c < C; ++c) {
       float s = hsum(acc[r][c]);
       const float* xr = x + (m + c) * K;
