@@ -66,9 +66,10 @@ class Eagle3TreeConfig:
 
 # Measured per target (benchmarks/tune_tree.py --methods dart,eagle3 on dev prompts; README "EAGLE-3 baseline"):
 # the published defaults were chosen for 8B targets on GPUs, where a wide tree costs little to verify. The bundled
-# model's setting was the fastest of five on a 2-core AVX2 CPU without native bf16, where every tree node and every
-# extra head forward costs more than it earns.
-TUNED_EAGLE3_TREE: dict[str, dict[str, int]] = {"smollm2-135m-instruct": {"total_token": 5, "depth": 2, "top_k": 2}}
+# model's setting was the fastest of five (2/1/1, 3/2/1, 4/2/2, 5/2/2, 8/3/3: 0.91/0.83/0.79/0.81/0.63x vanilla)
+# on a 2-core AVX2 CPU with the lean native forward, where every tree node and every extra head forward costs
+# more than it earns.
+TUNED_EAGLE3_TREE: dict[str, dict[str, int]] = {"smollm2-135m-instruct": {"total_token": 2, "depth": 1, "top_k": 1}}
 
 
 def default_eagle3_tree(target_name: str | None) -> Eagle3TreeConfig:
