@@ -30,8 +30,9 @@ def _dtype_name(dtype: Any) -> str:
 def startup_summary(target: Any, factory: EngineFactory) -> str:
     """One line: target (dtype, device, attention), each head's source, the N-gram table, and the engines."""
     attn = getattr(getattr(target, "config", None), "_attn_implementation", None)
+    backend = getattr(target, "forward_backend", None)
     parts = [f"target {target.name} ({_dtype_name(target.dtype)} on {target.device}"
-             + (f", {attn} attention)" if attn else ")")]
+             + (f", {attn} attention" if attn else "") + (f", forward: {backend})" if backend else ")")]
     for name, head in (("DART", factory.dart_head), ("EAGLE-3", factory.eagle3_head)):
         if head is not None:
             parts.append(f"{name} head {getattr(head, 'source', '?')}")

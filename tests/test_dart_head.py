@@ -9,6 +9,7 @@ lm_head), independently of dart_core's module code.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import math
 
 import pytest
@@ -465,7 +466,9 @@ def test_shipped_head_on_the_bundled_model(bundled_fp32):
     t = bundled_fp32
     head = load_dart_head(bundled_head_dir(), t)
     store = open_ngram(None, t.tokenizer)
-    drafter = DartDrafter(head, store, t.eos_token_ids, pruning=default_pruning(t.name))  # as shipped
+    # Head quality is judged at budget 30 (the CPU-tuned default, 2, caps tau at 3 and says more about the
+    # machine than about the head); the default itself is exercised by the bench and app tests.
+    drafter = DartDrafter(head, store, t.eos_token_ids, pruning=replace(default_pruning(t.name), budget=30))
     dart, vanilla = SpeculativeEngine(t, drafter), SpeculativeEngine(t)
     cfg = GenerationConfig(max_new_tokens=64, max_length=512)
     template = get_template(t.template_name)

@@ -160,7 +160,7 @@ def test_startup_line_and_warm_up(loaded, caplog):
     line = startup_summary(target, vis.factory)
     for part in (str(target.name), "float32 on cpu", "sdpa", f"DART head {vis.factory.dart_head.source}",
                  f"EAGLE-3 head {vis.factory.eagle3_head.source}", f"N-gram table {vis.factory.ngram.path}",
-                 "order 4", "engines DART, EAGLE-3, Vanilla"):
+                 "order 4", "engines DART, EAGLE-3, Vanilla", "forward: native small-GEMM"):
         assert part in line, (part, line)
     with caplog.at_level(logging.INFO, logger="dart_core.startup"):
         seconds = warm_up(vis.factory, vis.template, max_length=args.max_length)

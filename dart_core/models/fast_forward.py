@@ -140,8 +140,8 @@ class FastForward:
     def forward(self, cache: PreallocatedCache, input_ids: torch.Tensor, position_ids: torch.Tensor,
                 allowed: torch.Tensor | None, aux_layer_ids: tuple[int, ...] | None, last_only: bool
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits [q, V] (or [1, V] with ``last_only``) and, with ``aux_layer_ids``, the hidden
-        states entering those layers, concatenated -> [q, len(ids) * H].
+        """Logits [q, V] (or the last position's [1, V] with ``last_only``) and, with ``aux_layer_ids``,
+        the hidden states entering those layers at every position, concatenated -> [q, len(ids) * H].
 
         ``allowed``: bool [q, length + q], True where a new position may attend; None = causal.
         """
@@ -175,8 +175,6 @@ class FastForward:
         aux_out = None
         if aux_layer_ids is not None:
             aux_out = torch.cat([aux[i] for i in aux_layer_ids], dim=-1)
-            if last_only:
-                aux_out = aux_out[-1:]
         return logits, aux_out
 
     def _native_cache(self, cache: PreallocatedCache):

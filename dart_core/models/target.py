@@ -110,7 +110,8 @@ class TargetModel:
         """One target forward over ``q`` new positions written after the cache's current length.
 
         input_ids, position_ids: [q] int64; allowed: bool [q, length + q], True where a new position may
-        attend, or None for causal attention.
+        attend, or None for causal attention. ``last_only`` computes the last position's logits only
+        (the LM head is a large share of a long prompt's cost); aux features cover every position.
         """
         if cache.key_dtype != self.activation_dtype:
             raise RuntimeError(f"this session's cache holds {cache.key_dtype} but the target now runs "
@@ -137,8 +138,6 @@ class TargetModel:
         if want_aux:
             hs = out.hidden_states
             aux = torch.cat([hs[i][0] for i in self.aux_layer_ids], dim=-1)
-            if last_only:
-                aux = aux[-1:]
         return ForwardOutput(logits=out.logits[0].float(), aux=aux)
 
 
@@ -180,7 +179,7 @@ class TargetSession:
             raise CacheFullError(f"prompt of {ids.numel()} tokens does not fit a cache of {self.capacity}")
         pos = torch.arange(start, start + ids.numel())
         # Only the last position's logits are needed; aux features are needed for every position.
-        out = self.target.forward(self.cache, ids, pos, None, want_aux=want_aux, last_only=not want_aux)
+        out = self.target.forward(self.cache, ids, pos, None, want_aux=want_aux, last_only=True)
         return ForwardOutput(logits=out.logits[-1:], aux=out.aux)
 
     def verify(self, tree: DraftTree, want_aux: bool = False) -> ForwardOutput:
