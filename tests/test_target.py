@@ -191,3 +191,21 @@ def test_fast_forward_refuses_what_it_cannot_run(tmp_path):
     model.config.use_sliding_window = False
     half = load_target(str(path), dtype="float16", device="cpu")
     assert half.fast is None and "float16" in half.fast_unavailable_reason
+
+
+def test_a_tree_larger_than_one_native_chunk(tiny_target):
+    """Trees of more than NATIVE_MAX_ROWS nodes verify in chunks (nodes follow their ancestors)."""
+    from dart_core.models.fast_forward import NATIVE_MAX_ROWS
+
+    rng = np.random.default_rng(4)
+    vocab = tiny_target.vocab_size
+    prompt = rng.integers(0, vocab, size=5).tolist()
+    session = tiny_target.new_session(NATIVE_MAX_ROWS + 32)
+    session.prefill(prompt)
+    tree = random_tree(rng, NATIVE_MAX_ROWS + 9, vocab, root=int(rng.integers(0, vocab)))
+    out = session.verify(tree, want_aux=True)
+    assert out.logits.shape[0] == len(tree) and out.aux.shape[0] == len(tree)
+    for i in (1, NATIVE_MAX_ROWS - 1, NATIVE_MAX_ROWS, len(tree) - 1):
+        ref_logits, ref_aux = reference_forward(tiny_target, prompt + tree.tokens[tree.path_to(i)].tolist())
+        assert_near(out.logits[i], ref_logits[-1])
+        assert_near(out.aux[i], ref_aux[-1])
