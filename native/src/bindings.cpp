@@ -324,7 +324,7 @@ PYBIND11_MODULE(_native, m) {
       .def(py::init<const std::vector<py::array>&, const std::vector<py::array>&>(), py::arg("keys"),
            py::arg("values"))
       .def_readonly("capacity", &PyDecoderCache::capacity);
-  py::class_<PyDecoder>(m, "Decoder", "Llama/Qwen2/Qwen3 decoder layers for short CPU steps (native/src/decoder.hpp).")
+  py::class_<PyDecoder>(m, "Decoder", "Llama/Qwen2/Qwen3 decoder layers on a CPU, a few dozen positions per call (native/src/decoder.hpp).")
       .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, float, bool>(), py::arg("hidden"),
            py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("intermediate"), py::arg("eps"),
            py::arg("bf16_weights"))

@@ -1,6 +1,7 @@
-// The decoder layers of a Llama / Qwen2 / Qwen3 model for short CPU steps: a plain decoding
-// step or a draft tree of a few dozen nodes, where each torch op would cost more in dispatch
-// than in arithmetic. One call runs a range of layers in place on the hidden states:
+// The decoder layers of a Llama / Qwen2 / Qwen3 model on a CPU, for up to a few dozen positions
+// per call: a plain decoding step, a draft tree, or one chunk of a prompt. At these sizes each
+// torch op would cost more in dispatch than in arithmetic. One call runs a range of layers in
+// place on the hidden states:
 // RMSNorm, q/k/v projections (+ bias, + Qwen3's per-head q/k norm), RoPE, K/V written into
 // the preallocated cache, masked softmax attention with grouped K/V heads, the output
 // projection, and the SiLU-gated MLP, with float32 activations throughout. The projections
