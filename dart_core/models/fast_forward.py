@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from .kv_cache import CacheFullError, PreallocatedCache
+from .native_linear import KERNEL_DTYPES, kernel_array
 
 try:
     from .. import _native
@@ -38,14 +39,6 @@ except ImportError:  # the extension is built by `pip install -e .`; without it 
 FAST_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 NATIVE_MAX_ROWS = 64   # positions per native call; longer inputs run in chunks (measured: a 100-token prompt
                        # in 64-row chunks took 208 ms against 314 ms for torch ops with BLAS on widened weights)
-
-
-def _weight_array(weight: torch.Tensor) -> np.ndarray:
-    """A zero-copy numpy view the kernel reads: float32 as is, bf16 as its uint16 bit patterns."""
-    w = weight.detach()
-    if not w.is_contiguous():
-        raise ValueError("the lean CPU forward needs contiguous weights")
-    return w.view(torch.uint16).numpy() if w.dtype == torch.bfloat16 else w.numpy()
 
 
 def _float_vector(t: torch.Tensor | None) -> np.ndarray | None:
@@ -74,7 +67,7 @@ class FastForward:
         p = next(model.parameters())
         if p.device.type != "cpu":
             return f"the model is on {p.device.type}, the lean path is for CPUs"
-        if p.dtype not in (torch.float32, torch.bfloat16):
+        if p.dtype not in KERNEL_DTYPES:
             return f"weights are {p.dtype}; the kernel reads float32 or bfloat16"
         if getattr(cfg, "hidden_act", "silu") != "silu":
             return f"activation {cfg.hidden_act!r} is not silu"
@@ -95,26 +88,24 @@ class FastForward:
             raise ValueError(f"the lean CPU forward cannot run this model: {why}")
         cfg = model.config
         inner = model.model
-        self.model = model
-        self.num_heads = int(cfg.num_attention_heads)
-        self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
-        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        heads = int(cfg.num_attention_heads)
+        kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
         self.eps = _norm_eps(inner.norm)
-        self.layers = list(inner.layers)
+        self.num_layers = len(inner.layers)
         self.rotary = inner.rotary_emb
         self.embed = inner.embed_tokens.weight
         self.final_norm = inner.norm.weight.detach().float()
-        self.lm_head_array = _weight_array(model.lm_head.weight)
-        self.decoder = _native.Decoder(int(cfg.hidden_size), self.num_heads, self.kv_heads, self.head_dim,
-                                       int(cfg.intermediate_size), self.eps,
-                                       next(model.parameters()).dtype == torch.bfloat16)
-        for layer in self.layers:
+        self.lm_head_array = kernel_array(model.lm_head.weight)
+        self.decoder = _native.Decoder(int(cfg.hidden_size), heads, kv_heads, head_dim, int(cfg.intermediate_size),
+                                       self.eps, next(model.parameters()).dtype == torch.bfloat16)
+        for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
             self.decoder.add_layer({
-                "q": _weight_array(attn.q_proj.weight), "k": _weight_array(attn.k_proj.weight),
-                "v": _weight_array(attn.v_proj.weight), "o": _weight_array(attn.o_proj.weight),
-                "gate": _weight_array(mlp.gate_proj.weight), "up": _weight_array(mlp.up_proj.weight),
-                "down": _weight_array(mlp.down_proj.weight),
+                "q": kernel_array(attn.q_proj.weight), "k": kernel_array(attn.k_proj.weight),
+                "v": kernel_array(attn.v_proj.weight), "o": kernel_array(attn.o_proj.weight),
+                "gate": kernel_array(mlp.gate_proj.weight), "up": kernel_array(mlp.up_proj.weight),
+                "down": kernel_array(mlp.down_proj.weight),
                 "q_bias": _float_vector(attn.q_proj.bias), "k_bias": _float_vector(attn.k_proj.bias),
                 "v_bias": _float_vector(attn.v_proj.bias),
                 "in_norm": _float_vector(layer.input_layernorm.weight),
@@ -166,7 +157,7 @@ class FastForward:
         aux: dict[int, torch.Tensor] = {}
         begin = 0
         # Stop at each aux layer to keep the hidden state entering it.
-        for stop in sorted(set(aux_layer_ids or ())) + [len(self.layers)]:
+        for stop in sorted(set(aux_layer_ids or ())) + [self.num_layers]:
             if stop > begin:
                 self.decoder.run(h.numpy(), cos.numpy(), sin.numpy(), mask, start, handle, begin, stop, threads)
                 begin = stop

@@ -27,14 +27,20 @@ except ImportError:
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
+def kernel_array(weight: torch.Tensor):
+    """A zero-copy numpy view of a contiguous CPU weight as the kernel reads it: float32 as is, bf16 as its
+    uint16 bit patterns."""
+    w = weight.detach()
+    return w.view(torch.uint16).numpy() if w.dtype == torch.bfloat16 else w.numpy()
+
+
 def _kernel_weight(module: nn.Linear):
-    """The weight as the kernel reads it (numpy view, no copy), cached while the storage is the same."""
+    """``kernel_array`` of the layer's weight, cached while the storage is the same."""
     w = module.weight
     key = (w.data_ptr(), w.dtype, tuple(w.shape))
     cached = getattr(module, "_native_weight", None)
     if cached is None or cached[0] != key:
-        data = w.detach()
-        cached = (key, data.view(torch.uint16).numpy() if data.dtype == torch.bfloat16 else data.numpy())
+        cached = (key, kernel_array(w))
         module._native_weight = cached
     return cached[1]
 

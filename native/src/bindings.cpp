@@ -103,13 +103,15 @@ py::dict stats_dict(const dart::BuildStats& s) {
 
 // y = x @ w^T into a caller-owned y; every array must already have the right dtype and be
 // C-contiguous (no silent copies: the caller packs weights once, at load time).
+bool is_f32(const py::array& a) { return a.dtype().is(py::dtype::of<float>()); }
+bool c_contig(const py::array& a) { return (a.flags() & py::array::c_style) != 0; }
+
 void small_gemm_checked(const py::array& x, const py::array& w, py::array& y, int threads) {
-  auto contiguous = [](const py::array& a) { return (a.flags() & py::array::c_style) != 0; };
   if (x.ndim() != 2 || w.ndim() != 2 || y.ndim() != 2)
     throw py::value_error("small_gemm: x [M, K], w [N, K] and y [M, N] must be 2-D");
-  if (!contiguous(x) || !contiguous(w) || !contiguous(y))
+  if (!c_contig(x) || !c_contig(w) || !c_contig(y))
     throw py::value_error("small_gemm: x, w and y must be C-contiguous");
-  if (!x.dtype().is(py::dtype::of<float>()) || !y.dtype().is(py::dtype::of<float>()))
+  if (!is_f32(x) || !is_f32(y))
     throw py::type_error("small_gemm: x and y must be float32");
   const int64_t M = x.shape(0), K = x.shape(1), N = w.shape(0);
   if (w.shape(1) != K || y.shape(0) != M || y.shape(1) != N)
@@ -120,7 +122,7 @@ void small_gemm_checked(const py::array& x, const py::array& w, py::array& y, in
   if (threads < 1) throw py::value_error("small_gemm: threads must be >= 1");
   const float* xp = static_cast<const float*>(x.data());
   float* yp = static_cast<float*>(y.mutable_data());
-  if (w.dtype().is(py::dtype::of<float>())) {
+  if (is_f32(w)) {
     const float* wp = static_cast<const float*>(w.data());
     py::gil_scoped_release release;
     dart::small_gemm_f32(xp, wp, yp, M, N, K, threads);
@@ -134,8 +136,6 @@ void small_gemm_checked(const py::array& x, const py::array& w, py::array& y, in
 }
 
 // ---- decoder layers (dart_core/models/fast_forward.py) -----------------------------------------
-bool is_f32(const py::array& a) { return a.dtype().is(py::dtype::of<float>()); }
-bool c_contig(const py::array& a) { return (a.flags() & py::array::c_style) != 0; }
 
 void require(bool ok, const std::string& what) {
   if (!ok) throw py::value_error("native decoder: " + what);
