@@ -495,7 +495,16 @@ class Visualiser:
     def _build(self) -> gr.Blocks:
         t = self.target
         with gr.Blocks(title="DART speculative decoding visualiser", analytics_enabled=False) as demo:
-            self.tab = gr.State(TabState, time_to_live=TAB_TTL_S, delete_callback=self._on_state_deleted)
+            # gr.State lists its delete_callback in the page config, which Gradio deep-copies on every page load
+            # and /config request. A bound method there would drag this Visualiser (target weights, tokenizer)
+            # into each copy: 1-5 s per page on a 2-core CPU, longer than launch()'s 3 s start-up probe waits.
+            # copy.deepcopy keeps a plain function as it is, so the callback is one.
+            on_state_deleted = self._on_state_deleted
+
+            def release_state(tab: Any) -> None:
+                on_state_deleted(tab)
+
+            self.tab = gr.State(TabState, time_to_live=TAB_TTL_S, delete_callback=release_state)
             gr.Markdown(INTRO)
             if self.banner:
                 gr.Markdown(f"⚠ **{self.banner}**", elem_id="fallback-banner")

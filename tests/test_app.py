@@ -181,7 +181,8 @@ def test_step_once_export_replay_and_clear(vis, tmp_path):
 
 def test_tab_state_is_released_on_unload_and_on_timeout(vis):
     from types import SimpleNamespace
-    assert vis.tab.time_to_live == app.TAB_TTL_S and vis.tab.delete_callback == vis._on_state_deleted
+    # a plain function: Gradio deep-copies the page config (which lists it) on every page load
+    assert vis.tab.time_to_live == app.TAB_TTL_S and type(vis.tab.delete_callback).__name__ == "function"
     req = SimpleNamespace(session_hash="tab-1")
     out = vis.step_once(None, PROMPT, *VALUES, request=req)
     tab = out[vis.tab]
@@ -189,7 +190,7 @@ def test_tab_state_is_released_on_unload_and_on_timeout(vis):
     vis._on_unload(req)                       # the browser tab closed
     assert tab.released and tab.step_session is None and "tab-1" not in vis._tabs
     other = vis.step_once(None, PROMPT, *VALUES, request=SimpleNamespace(session_hash="tab-2"))[vis.tab]
-    vis._on_state_deleted(other)              # Gradio's time-to-live expired
+    vis.tab.delete_callback(other)            # Gradio's time-to-live expired
     assert other.released and other.record is None and "tab-2" not in vis._tabs
 
 
