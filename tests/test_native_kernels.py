@@ -115,3 +115,146 @@ def test_patched_linears_match_torch_and_leave_training_alone(dtype):
     loss = net(torch.randn(2, 24)).sum()
     loss.backward()
     assert net[0].weight.grad is not None and net[0].weight.grad.abs().sum() > 0
+
+
+# ---------------------------------------------------------------------------- edge sizes
+# Every native entry point at 0 rows, 1 row, the 64-row chunk boundary (64/65) and odd K, writing into
+# views of larger buffers whose guard rows hold a sentinel that must stay untouched.
+SENTINEL = -7.0
+GUARD = 2   # guard rows on each side of an output
+
+
+def guarded(rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """(buffer, view): a C-contiguous [rows, cols] view with GUARD sentinel rows before and after it."""
+    buf = np.full((rows + 2 * GUARD, cols), SENTINEL, dtype=np.float32)
+    return buf, buf[GUARD:GUARD + rows]
+
+
+def assert_guards_intact(buf: np.ndarray, rows: int) -> None:
+    assert (buf[:GUARD] == SENTINEL).all(), "written before the output"
+    assert (buf[GUARD + rows:] == SENTINEL).all(), "written past the output"
+
+
+@pytest.mark.parametrize("weights", ["float32", "bfloat16"])
+@pytest.mark.parametrize("M", [0, 1, 2, 3, 64, 65])
+@pytest.mark.parametrize("N,K", [(1, 1), (9, 7), (64, 13), (65, 24), (0, 5), (3, 0)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_small_gemm_edge_sizes_stay_inside_the_output(weights, M, N, K, threads):
+    g = torch.Generator().manual_seed(M * 100 + N + K)
+    x = torch.randn(M, K, generator=g)
+    w = torch.randn(N, K, generator=g)
+    w_array, w_exact = (bf16_bits(w), w.bfloat16().double()) if weights == "bfloat16" else (w.numpy(), w.double())
+    buf, y = guarded(M, N)
+    assert y.flags.c_contiguous
+    _native.small_gemm(x.numpy(), w_array, y, threads)
+    assert_guards_intact(buf, M)
+    want = (x.double() @ w_exact.T).numpy()
+    np.testing.assert_allclose(y, want, atol=1e-5 * max(K, 1) ** 0.5, rtol=1e-5)
+
+
+def test_small_gemm_with_no_rows_is_a_no_op():
+    # The reported case: 0 rows once wrote two rows past y (the multi-row kernel assumed M >= 2).
+    buf = np.full(16, SENTINEL, dtype=np.float32)
+    y = buf[4:4].reshape(0, 4)
+    _native.small_gemm(np.ones((0, 8), np.float32), np.ones((4, 8), np.float32), y)
+    assert (buf == SENTINEL).all()
+
+
+def bf16_round(a: np.ndarray) -> np.ndarray:
+    return torch.from_numpy(a).bfloat16().float().numpy()
+
+
+def reference_layers(h, layers, keys, values, start, cos, sin, allowed, heads, kv_heads, eps):
+    """float64 numpy decoder layers (the HF arithmetic): updates h, keys and values in place."""
+    q_len, D = h.shape[0], cos.shape[1]
+    end, group, half = start + q_len, heads // kv_heads, D // 2
+
+    def rms(x, wt):
+        return wt * (x / np.sqrt((x * x).mean(-1, keepdims=True) + eps))
+
+    def rope(x):   # x [q, n, D]
+        rot = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+        return x * cos[:, None] + rot * sin[:, None]
+
+    for w in layers:
+        x = rms(h, w["in_norm"])
+        q = (x @ w["q"].T + w.get("q_bias", 0)).reshape(q_len, heads, D)
+        k = (x @ w["k"].T + w.get("k_bias", 0)).reshape(q_len, kv_heads, D)
+        v = (x @ w["v"].T + w.get("v_bias", 0)).reshape(q_len, kv_heads, D)
+        if "q_norm" in w:
+            q, k = rms(q, w["q_norm"]), rms(k, w["k_norm"])
+        q, k = rope(q), rope(k)
+        for j in range(kv_heads):
+            keys[w["index"]][j, start:end] = k[:, j]
+            values[w["index"]][j, start:end] = v[:, j]
+        out = np.zeros((q_len, heads, D))
+        for hh in range(heads):
+            kk, vv = keys[w["index"]][hh // group, :end], values[w["index"]][hh // group, :end]
+            s = q[:, hh] @ kk.T / np.sqrt(D)
+            mask = allowed if allowed is not None else np.arange(end)[None, :] <= start + np.arange(q_len)[:, None]
+            s = np.where(mask, s, -np.inf)
+            p = np.exp(s - s.max(-1, keepdims=True))
+            out[:, hh] = (p / p.sum(-1, keepdims=True)) @ vv
+        h = h + out.reshape(q_len, heads * D) @ w["o"].T
+        x = rms(h, w["post_norm"])
+        g, u = x @ w["gate"].T, x @ w["up"].T
+        h = h + (g / (1 + np.exp(-g)) * u) @ w["down"].T
+    return h
+
+
+@pytest.mark.parametrize("q_len", [0, 1, 2, 64, 65])
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("tree_mask", [False, True])
+def test_native_decoder_edge_sizes_match_a_float64_reference(q_len, bf16, tree_mask):
+    # Odd hidden and intermediate sizes, a head_dim that is no multiple of 8, grouped K/V heads,
+    # Qwen-style biases and q/k norms: every tail loop runs.
+    hidden, heads, kv_heads, D, inter, eps, start, n_layers = 13, 4, 2, 6, 21, 1e-6, 3, 2
+    capacity = start + q_len + GUARD
+    rng = np.random.default_rng(q_len * 4 + 2 * bf16 + tree_mask)
+    f32 = lambda *shape, s=0.3: (rng.standard_normal(shape) * s).astype(np.float32)   # noqa: E731
+    layers, arrays = [], []
+    for i in range(n_layers):
+        w = {"q": f32(heads * D, hidden), "k": f32(kv_heads * D, hidden), "v": f32(kv_heads * D, hidden),
+             "o": f32(hidden, heads * D), "gate": f32(inter, hidden), "up": f32(inter, hidden),
+             "down": f32(hidden, inter), "q_bias": f32(heads * D), "k_bias": f32(kv_heads * D),
+             "v_bias": f32(kv_heads * D), "in_norm": 1 + f32(hidden), "post_norm": 1 + f32(hidden),
+             "q_norm": 1 + f32(D), "k_norm": 1 + f32(D)}
+        mats = ("q", "k", "v", "o", "gate", "up", "down")
+        arrays.append({n: (bf16_bits(torch.from_numpy(a)) if bf16 and n in mats else a) for n, a in w.items()})
+        layers.append({n: (bf16_round(a) if bf16 and n in mats else a).astype(np.float64) for n, a in w.items()}
+                      | {"index": i})
+    dec = _native.Decoder(hidden, heads, kv_heads, D, inter, eps, bf16)
+    for a in arrays:
+        dec.add_layer(a)
+    # Cache slots before `start` hold earlier positions; slots after the step are guards.
+    keys = [np.full((kv_heads, capacity, D), SENTINEL, np.float32) for _ in range(n_layers)]
+    values = [np.full((kv_heads, capacity, D), SENTINEL, np.float32) for _ in range(n_layers)]
+    for c in keys + values:
+        c[:, :start] = f32(kv_heads, start, D, s=1.0)
+    ref_keys, ref_values = [c.astype(np.float64) for c in keys], [c.astype(np.float64) for c in values]
+    buf, h = guarded(q_len, hidden)
+    h[:] = f32(q_len, hidden, s=1.0)
+    h0 = h.astype(np.float64)
+    angles = (start + np.arange(q_len))[:, None] * (10000.0 ** (-np.arange(D // 2) / (D // 2)))[None, :]
+    cos = np.ascontiguousarray(np.tile(np.cos(angles), 2), dtype=np.float32).reshape(q_len, D)
+    sin = np.ascontiguousarray(np.tile(np.sin(angles), 2), dtype=np.float32).reshape(q_len, D)
+    allowed = None
+    if tree_mask:   # each position sees the prompt, itself and a random subset of the others
+        allowed = rng.random((q_len, start + q_len)) < 0.5
+        allowed[:, :start] = True
+        allowed[np.arange(q_len), start + np.arange(q_len)] = True
+    dec.run(h, cos, sin, allowed, start, _native.DecoderCache(keys, values), 0, n_layers, 2)
+    want = reference_layers(h0, layers, ref_keys, ref_values, start, cos.astype(np.float64),
+                            sin.astype(np.float64), allowed, heads, kv_heads, eps)
+    assert_guards_intact(buf, q_len)
+    np.testing.assert_allclose(h, want, atol=2e-4, rtol=2e-4)
+    for got, ref in zip(keys + values, ref_keys + ref_values):
+        assert (got[:, start + q_len:] == SENTINEL).all(), "the step wrote cache slots past its positions"
+        np.testing.assert_allclose(got, ref, atol=2e-4, rtol=2e-4)
+
+
+def test_decoder_refuses_an_odd_head_dim():
+    # RoPE rotates the two halves of each head; an odd head_dim would leave the last element unrotated.
+    with pytest.raises(ValueError, match=r"head_dim 5 is odd.*even"):
+        _native.Decoder(hidden=10, heads=2, kv_heads=1, head_dim=5, intermediate=16, eps=1e-6, bf16_weights=False)
+    _native.Decoder(hidden=10, heads=2, kv_heads=1, head_dim=6, intermediate=16, eps=1e-6, bf16_weights=False)

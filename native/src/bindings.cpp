@@ -176,6 +176,10 @@ struct PyDecoder {
             bool bf16_weights) {
     require(hidden > 0 && heads > 0 && kv_heads > 0 && head_dim > 0 && intermediate > 0, "sizes must be positive");
     require(heads % kv_heads == 0, "heads must be a multiple of kv_heads");
+    // RoPE rotates the two halves of each head; an odd size would leave its last element unrotated.
+    require(head_dim % 2 == 0, "head_dim " + std::to_string(head_dim) +
+                                   " is odd, but RoPE needs an even head_dim (it rotates the two halves of each "
+                                   "head); check the model config's head_dim, or run this model on the HF forward");
     shape = {hidden, heads, kv_heads, head_dim, intermediate, eps, bf16_weights};
   }
 

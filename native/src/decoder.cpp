@@ -43,6 +43,7 @@ void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int
 }
 
 // x [q, heads, D] rotated in place: x * cos + rotate_half(x) * sin, rotate_half = (-x2, x1).
+// D is even (the binding refuses odd head_dims): the two halves cover every element.
 void rope(float* x, int64_t q, int64_t heads, int64_t D, const float* cos, const float* sin) {
   const int64_t half = D / 2;
   for (int64_t i = 0; i < q; ++i) {
@@ -232,8 +233,10 @@ void decoder_layers(const DecoderShape& s, const std::vector<LayerWeights>& laye
                     int threads) {
   if (begin < 0 || end > static_cast<int64_t>(layers.size()) || begin > end || caches.size() != layers.size())
     throw std::invalid_argument("decoder_layers: layer range or cache count does not match the model");
-  if (q <= 0 || start < 0 || start + q > capacity)
+  if (q < 0 || start < 0 || start + q > capacity)
     throw std::invalid_argument("decoder_layers: positions outside the cache");
+  if (q == 0 || begin == end) return;   // nothing to run (an empty prompt chunk)
+  if (s.head_dim % 2 != 0) throw std::invalid_argument("decoder_layers: RoPE needs an even head_dim");
   const int64_t H = s.heads, KV = s.kv_heads, D = s.head_dim, hid = s.hidden, I = s.intermediate;
   std::vector<float> x(q * hid), qs(q * H * D), ks(q * KV * D), vs(q * KV * D), attn(q * H * D), tmp(q * hid),
       gate(q * I), up(q * I);

@@ -34,7 +34,7 @@ struct LayerCache {
   float* values = nullptr;
 };
 
-// Runs layers [begin, end) on h [q, hidden] in place. The q new positions are start..start+q-1;
+// Runs layers [begin, end) on h [q, hidden] in place (q = 0: nothing to do); head_dim is even. The q new positions are start..start+q-1;
 // cos/sin [q, head_dim] are their RoPE tables. allowed [q, start + q] (1 = may attend) or
 // null for causal attention. capacity: slots per cache buffer (start + q <= capacity).
 void decoder_layers(const DecoderShape& shape, const std::vector<LayerWeights>& layers,

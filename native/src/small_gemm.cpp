@@ -120,7 +120,7 @@ __attribute__((target("avx2,fma"))) void rows_avx2(const float* x, const W* w, f
       block<8, 1>(x, w, y, N, K, n, 0, next ? reinterpret_cast<const char*>(w + (n + 8) * K) : nullptr,
                   next ? block_lines : 0);
     }
-  } else {
+  } else {  // M >= 2 (run() returns early for M = 0)
     // Each 4-row weight block stays in L1 while every group of 3 x rows passes (widening bf16
     // again per group costs less than a float32 copy of the block: measured).
     const int64_t block_lines = static_cast<int64_t>(4 * K * sizeof(W) + 63) / 64;
@@ -150,6 +150,9 @@ template <typename W>
 void run(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, int threads) {
   // Split the weight rows into equal contiguous ranges (multiples of 8): each thread reads
   // its own part of the matrix once.
+  // An empty product writes nothing; the multi-row kernel below starts with 2 rows, so M = 0
+  // must never reach it (it once wrote two rows past a 0-row y).
+  if (M <= 0 || N <= 0) return;
   const int64_t per = ((N + threads - 1) / threads + 7) / 8 * 8;
   const bool avx2 = small_gemm_has_avx2();
   auto part = [&](int t) {

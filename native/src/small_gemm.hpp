@@ -19,7 +19,8 @@ namespace dart {
 // True when this CPU runs the AVX2+FMA kernels (otherwise a portable loop runs).
 bool small_gemm_has_avx2();
 
-// y = x @ w^T for row-major x [M, K], w [N, K] and y [M, N]; threads > 0.
+// y = x @ w^T for row-major x [M, K], w [N, K] and y [M, N]; threads > 0. M = 0 or N = 0
+// writes nothing; K = 0 gives zeros.
 void small_gemm_f32(const float* x, const float* w, float* y, int64_t M, int64_t N, int64_t K, int threads);
 void small_gemm_bf16(const float* x, const uint16_t* w, float* y, int64_t M, int64_t N, int64_t K, int threads);
 
