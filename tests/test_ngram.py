@@ -289,3 +289,71 @@ def test_input_weight_multiplies_counts(tmp_path):
     assert store.info()["metadata"]["sources"][0]["weight"] == 3
     with pytest.raises(ValueError, match="positive"):
         ngram.build_ngram_table([f"{f}@0"], tmp_path / "x.dngram", None, vocab_size=4, progress=False)
+
+
+# ---------------------------------------------------------------------------- edge sizes
+def reference_continuations(ref: ReferenceNgram, context: list[int]):
+    for length in range(min(ref.order - 1, len(context)), 0, -1):
+        ctx = tuple(context[len(context) - length:])
+        kids = sorted((k[-1], c) for k, c in ref.counts.items() if len(k) == length + 1 and k[:-1] == ctx)
+        if kids and ref.counts.get(ctx, 0):
+            return length, ref.counts[ctx], [t for t, _ in kids], [c for _, c in kids]
+    return 0, 0, [], []
+
+
+@pytest.mark.parametrize("n_cands", [0, 1, 63, 64, 65])
+@pytest.mark.parametrize("ctx_len", [0, 1, 3, 64, 65])
+def test_lookups_at_edge_sizes_match_the_reference(tmp_path_factory, good_table, n_cands, ctx_len):
+    tmp = tmp_path_factory.mktemp("edge")
+    path = tmp / "t.dngram"
+    path.write_bytes(good_table)
+    store = NgramStore.open(path)
+    ref = ReferenceNgram.from_table_file(path)
+    rng = np.random.default_rng(n_cands * 100 + ctx_len)
+    context = rng.integers(0, 50, size=ctx_len).tolist()
+    candidates = rng.integers(0, 50, size=n_cands).tolist()
+    assert_same_answers(store, ref, [context, context[-1:], context[-3:]], candidates)
+    m, count, toks, counts = store.continuations(context)
+    assert (m, count, toks.tolist(), counts.tolist()) == reference_continuations(ref, context)
+
+
+@pytest.mark.parametrize("q,k", [(0, 3), (2, 0), (0, 0), (1, 1), (3, 65)])
+def test_bench_query_at_edge_sizes(good_table, tmp_path, q, k):
+    # Zero candidates once read probs[0] of an empty vector (a crash).
+    path = tmp_path / "t.dngram"
+    path.write_bytes(good_table)
+    store = native.NgramStore(str(path), True)
+    contexts, cands = np.ones((q, 3), np.int64), np.ones((q, k), np.int64)
+    if q == 0:
+        with pytest.raises(ValueError, match="at least one"):
+            store.bench_query(contexts, cands, 1)
+        return
+    out = store.bench_query(contexts, cands, 2)
+    assert np.isfinite(out["wall"]) and np.isfinite(out["cpu"])
+    with pytest.raises(ValueError, match="repeats"):
+        store.bench_query(contexts, cands, 0)
+
+
+@pytest.mark.parametrize("lengths", [[], [0], [0, 0, 1], [1], [63], [64], [65], [64, 1, 65, 0, 7]])
+@pytest.mark.parametrize("chunk", [1, 64, 65])
+def test_builder_at_edge_sizes_matches_the_reference(tmp_path, lengths, chunk):
+    # Documents of 0, 1 and 64/65 tokens around a 64/65-token chunk: the spill boundary.
+    rng = np.random.default_rng(sum(lengths) + chunk)
+    docs = [rng.integers(0, 5, size=n).tolist() for n in lengths]
+    path = build_native(tmp_path, docs, order=3, vocab=5, chunk_tokens=chunk)
+    store = NgramStore.open(path, verify=True)
+    ref = ReferenceNgram.from_sequences(docs, 3, vocab_size=5)
+    assert store.node_count == ref.node_count
+    assert ReferenceNgram.from_table_file(path).counts == ref.counts
+
+
+def test_builder_refuses_ids_beyond_its_own_vocabulary(tmp_path):
+    # add_documents' vocab_size argument once overrode the builder's: ids 4..99 were packed into the
+    # 2 bits of a 4-id builder and gave a corrupted table.
+    b = native.TableBuilder(2, 4, str(tmp_path), 100)
+    with pytest.raises(ValueError, match="vocab_size 100 .* built for 4"):
+        b.add_documents(np.array([3, 7]), np.array([2]), 100)
+    with pytest.raises(ValueError, match=r"documents holds token id 7 .*\[0, 4\)"):
+        b.add_documents(np.array([3, 7]), np.array([2]), 4)
+    b.add_documents(np.array([3, 1]), np.array([2]), 4)
+    assert b.total_tokens == 2

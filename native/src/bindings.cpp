@@ -401,6 +401,8 @@ PYBIND11_MODULE(_native, m) {
             if (contexts.ndim() != 2 || candidates.ndim() != 2 || contexts.shape(0) != candidates.shape(0)) {
               throw py::value_error("contexts [Q, L] and candidates [Q, K] must have the same Q");
             }
+            if (contexts.shape(0) < 1) throw py::value_error("bench_query needs at least one query row");
+            if (repeats < 1) throw py::value_error("bench_query: repeats must be >= 1");
             auto ctx = checked_ids(contexts, s.header().vocab_size, "contexts");
             auto cand = checked_ids(candidates, s.header().vocab_size, "candidates");
             const size_t q = contexts.shape(0), L = contexts.shape(1), K = candidates.shape(1);
@@ -413,8 +415,8 @@ PYBIND11_MODULE(_native, m) {
               watch.reset(new Stopwatch());
               for (int r = 0; r < repeats; ++r) {
                 for (size_t i = 0; i < q; ++i) {
-                  s.query(&ctx[i * L], L, &cand[i * K], K, probs.data(), matched.data());
-                  sink += probs[0];
+                  s.query(ctx.data() + i * L, L, cand.data() + i * K, K, probs.data(), matched.data());
+                  if (K > 0) sink += probs[0];   // no candidates: nothing to read
                 }
               }
             }
@@ -436,7 +438,15 @@ PYBIND11_MODULE(_native, m) {
       .def(
           "add_documents",
           [](dart::TableBuilder& b, const IdArray& tokens, const IdArray& lengths, uint32_t vocab_size) {
-            auto ids = checked_ids(tokens, vocab_size, "documents");
+            // The builder packs ids into the bits its own vocabulary needs: a larger vocab_size
+            // here would let wider ids through and corrupt the table.
+            if (vocab_size != b.vocab_size()) {
+              throw py::value_error("add_documents: vocab_size " + std::to_string(vocab_size) +
+                                    " does not match the builder, which was built for " +
+                                    std::to_string(b.vocab_size()) +
+                                    " ids; pass the same vocab_size to TableBuilder and add_documents");
+            }
+            auto ids = checked_ids(tokens, b.vocab_size(), "documents");
             std::vector<uint64_t> lens(static_cast<size_t>(lengths.size()));
             uint64_t total = 0;
             for (size_t i = 0; i < lens.size(); ++i) {

@@ -36,6 +36,9 @@ class TableBuilder {
   // Tokens added so far.
   virtual uint64_t total_tokens() const = 0;
 
+  // Ids must be below this (they are packed into bits_per_token(vocab_size) bits).
+  virtual uint32_t vocab_size() const = 0;
+
   // A builder for tables of `order` over ids < vocab_size; temporary run files go to
   // `tmp_dir` (must exist, the caller removes it); a chunk holds `chunk_tokens` tokens
   // before it is sorted and spilled (peak memory about order x chunk_tokens x 16 bytes).

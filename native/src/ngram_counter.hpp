@@ -62,6 +62,7 @@ class NgramCounter final : public TableBuilder {
 
   void set_total_tokens(uint64_t total) { total_tokens_ = total; }
   uint64_t total_tokens() const override { return total_tokens_; }
+  uint32_t vocab_size() const override { return vocab_size_; }
 
   BuildStats finish(const std::string& out_path, uint32_t min_count, const std::string& fingerprint,
                     const std::string& metadata) override {
