@@ -123,17 +123,44 @@ def _context_tail(context: Sequence[int], store: Any) -> np.ndarray:
     return tail
 
 
+#: Ids the native pruner can hold (it keeps selected tokens as uint32, the N-gram store's id type).
+MAX_TOKEN_IDS = 1 << 32
+
+
 def _check_inputs(topk_logits: Any, topk_tokens: Any) -> tuple[np.ndarray, np.ndarray]:
     logits = np.ascontiguousarray(topk_logits, dtype=np.float32)
     tokens = np.ascontiguousarray(topk_tokens, dtype=np.int64)
     if logits.ndim != 2 or logits.shape != tokens.shape:
         raise ValueError(f"topk_logits {logits.shape} and topk_tokens {tokens.shape} must both be [D+1, k]")
+    if logits.shape[0] > 0 and logits.shape[1] == 0:
+        raise ValueError(f"topk_logits has no columns: each of its {logits.shape[0]} rows needs at least one "
+                         f"(logit, token) pair: take the top-k with k >= 1")
     return logits, tokens
+
+
+def _check_token_ids(tokens: np.ndarray, context_tail: np.ndarray, store: Any, vocab_size: int | None) -> None:
+    """The one id range check of both backends: every drafted token and context token must lie in
+    [0, vocabulary), the vocabulary being the smallest of ``vocab_size``, the store's and what the
+    native pruner can hold (2**32), so neither backend ever sees an id it would misread."""
+    bounds = [(MAX_TOKEN_IDS, "the ids a token can have; pass vocab_size to check against the model's")]
+    if vocab_size is not None:
+        bounds.append((int(vocab_size), "the target's vocabulary"))
+    store_vocab = getattr(store, "vocab_size", None) if store is not None else None
+    if store_vocab is not None:
+        bounds.append((int(store_vocab), "the N-gram table's vocabulary"))
+    vocab, source = min(bounds, key=lambda x: x[0])
+    for what, ids in (("topk_tokens", tokens), ("context", context_tail)):
+        bad = (ids < 0) | (ids >= vocab)
+        if bad.any():
+            t = int(ids[bad][0])
+            raise ValueError(f"{what} holds token id {t}, outside the vocabulary [0, {vocab}) ({source}); the "
+                             f"drafter must propose target-vocabulary ids: check its draft-to-target id mapping "
+                             f"(d2t) and that the N-gram table was built with the target's tokenizer")
 
 
 def prune_dart_tree(topk_logits: np.ndarray, topk_tokens: np.ndarray, context: Sequence[int], store: Any,
                     eos_token_ids: Sequence[int], config: PruningConfig | None = None,
-                    backend: str = "native") -> tuple[DraftTree, ScoredCandidates]:
+                    backend: str = "native", vocab_size: int | None = None) -> tuple[DraftTree, ScoredCandidates]:
     """Prune the drafter's top-k tokens into a DART draft tree.
 
     topk_logits    [D+1, k] float32  raw logits of each level's top-k tokens
@@ -142,12 +169,15 @@ def prune_dart_tree(topk_logits: np.ndarray, topk_tokens: np.ndarray, context: S
     store          NgramStore (or None: no N-gram term); ``backend="python"`` also takes a
                    ReferenceNgram or anything with ``order`` and ``query(context, candidates)``
     eos_token_ids  ids that end a path (scored and kept, never expanded)
+    vocab_size     the target's vocabulary size, if known: token ids must be below it (and below
+                   the store's); ids outside raise ValueError in both backends
     Returns the tree (node 0 = root, then kept candidates best first) and every scored
     candidate (kept or pruned) for the trace.
     """
     config = config or PruningConfig()
     if backend == "python":
-        return prune_dart_tree_reference(topk_logits, topk_tokens, context, store, eos_token_ids, config)
+        return prune_dart_tree_reference(topk_logits, topk_tokens, context, store, eos_token_ids, config,
+                                         vocab_size=vocab_size)
     if backend != "native":
         raise ValueError(f"backend must be 'native' or 'python', got {backend!r}")
     from .ngram import NgramStore, require_native
@@ -157,7 +187,9 @@ def prune_dart_tree(topk_logits: np.ndarray, topk_tokens: np.ndarray, context: S
         raise TypeError(f"the native pruner needs an NgramStore, got {type(store).__name__}; use backend='python'")
     config.validate()
     logits, tokens = _check_inputs(topk_logits, topk_tokens)
-    r = native.prune_dart_tree(logits, tokens, _context_tail(context, store),
+    ctx_tail = _context_tail(context, store)
+    _check_token_ids(tokens, ctx_tail, store, vocab_size)
+    r = native.prune_dart_tree(logits, tokens, ctx_tail,
                                None if store is None else store._native,
                                np.asarray(list(eos_token_ids), dtype=np.int64), int(config.top_k),
                                int(config.beam_width), int(config.budget), float(config.level_decay),
@@ -178,21 +210,19 @@ def _clamped_log(x: float, eps: float) -> float:
 
 def prune_dart_tree_reference(topk_logits: np.ndarray, topk_tokens: np.ndarray, context: Sequence[int],
                               store: Any, eos_token_ids: Sequence[int],
-                              config: PruningConfig | None = None) -> tuple[DraftTree, ScoredCandidates]:
+                              config: PruningConfig | None = None,
+                              vocab_size: int | None = None) -> tuple[DraftTree, ScoredCandidates]:
     """Pure-Python DART pruner: the same operations, in the same order, as the native one."""
     config = config or PruningConfig()
     config.validate()
     logits, tokens = _check_inputs(topk_logits, topk_tokens)
-    ctx_tail = [int(t) for t in _context_tail(context, store)]
+    ctx_tail_array = _context_tail(context, store)
+    _check_token_ids(tokens, ctx_tail_array, store, vocab_size)
+    ctx_tail = [int(t) for t in ctx_tail_array]
     rows, k = logits.shape
     kk = min(k, int(config.top_k))
     eos = {int(t) for t in eos_token_ids}
     use_ngram = store is not None and config.ngram_weight != 0.0
-    if store is not None and getattr(store, "vocab_size", None) is not None:
-        vocab = int(store.vocab_size)
-        bad = [int(t) for t in tokens.reshape(-1).tolist() + ctx_tail if not 0 <= int(t) < vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} outside the N-gram table's vocabulary [0, {vocab})")
 
     # Per row: the kk best columns (stable), their tokens and clamped log-softmax terms.
     sel_tokens: list[list[int]] = []
@@ -201,8 +231,6 @@ def prune_dart_tree_reference(topk_logits: np.ndarray, topk_tokens: np.ndarray, 
         row = [float(x) for x in logits[r]]
         if any(math.isnan(x) or x == math.inf for x in row):
             raise ValueError(f"topk_logits[{r}] holds NaN or +inf")
-        if any(int(t) < 0 for t in tokens[r]):
-            raise ValueError("topk_tokens holds a negative token id")
         cols = sorted(range(k), key=lambda j: -row[j])  # Python's sort is stable
         m = row[cols[0]]
         if m == -math.inf:

@@ -218,3 +218,72 @@ def test_default_sized_tree(stores):
     assert len(tree) == 61
     check_invariants(tree, c, PruningConfig(), {2})
     assert_same((tree, c), prune_dart_tree_reference(logits, tokens, [0, 1, 2], stores[4], [2]))
+
+
+# ---------------------------------------------------------------------------- edge sizes and ids
+@pytest.mark.parametrize("rows", [0, 1, 2, 64, 65])
+@pytest.mark.parametrize("k", [1, 7, 64, 65])
+@pytest.mark.parametrize("store_key", [None, 3])
+def test_edge_sizes_match_the_reference_and_leave_inputs_alone(stores, rows, k, store_key):
+    # 0/1 levels, the 64/65 boundary in levels and in columns, odd k; the inputs are never written.
+    rng = np.random.default_rng(rows * 100 + k)
+    logits = (rng.normal(size=(rows, k)) * 2).astype(np.float32)
+    tokens = rng.integers(0, VOCAB, size=(rows, k))
+    logits_in, tokens_in = logits.copy(), tokens.copy()
+    store = None if store_key is None else stores[store_key]
+    cfg = PruningConfig(top_k=64, beam_width=3, budget=70)
+    got = prune_dart_tree(logits, tokens, [0, 1], store, [2], cfg)
+    assert_same(got, prune_dart_tree_reference(logits, tokens, [0, 1], store, [2], cfg))
+    check_invariants(*got, cfg, {2})
+    assert np.array_equal(logits, logits_in) and np.array_equal(tokens, tokens_in)
+
+
+@pytest.mark.parametrize("backend", ["native", "python"])
+def test_rows_without_columns_raise_the_same_error(backend):
+    with pytest.raises(ValueError, match="no columns"):
+        prune_dart_tree(np.zeros((2, 0), np.float32), np.zeros((2, 0), np.int64), [1], None, [], backend=backend)
+    tree, c = prune_dart_tree(np.zeros((0, 0), np.float32), np.zeros((0, 0), np.int64), [1], None, [],
+                              backend=backend)
+    assert len(tree) == 1 and len(c) == 0
+
+
+@pytest.mark.parametrize("backend", ["native", "python"])
+def test_a_huge_beam_width_is_bounded_by_the_candidates(backend):
+    # The beam never holds more than a level's candidates: a huge beam_width must not reserve for itself.
+    logits = np.zeros((3, 4), np.float32)
+    tokens = np.arange(12).reshape(3, 4)
+    for beam_width in (10**9, 10**12, 2**62):
+        tree, c = prune_dart_tree(logits, tokens, [1], None, [], PruningConfig(beam_width=beam_width, budget=10**9),
+                                  backend=backend)
+        assert len(c) == 4 + 16 + 64 and len(tree) == len(c) + 1
+
+
+BAD_IDS = [-1, VOCAB, 2**32, 2**32 + 5, 2**63 - 1]
+
+
+@pytest.mark.parametrize("backend", ["native", "python"])
+@pytest.mark.parametrize("bad", BAD_IDS)
+@pytest.mark.parametrize("store_key", [None, 3])
+def test_ids_outside_the_vocabulary_are_refused_by_both_backends(stores, backend, bad, store_key):
+    # Without a table the native pruner once truncated ids to 32 bits (2**32 + 5 became 5).
+    logits = np.zeros((2, 3), np.float32)
+    tokens = np.array([[0, 1, 2], [3, bad, 4]])
+    store = None if store_key is None else stores[store_key]
+    vocab = VOCAB if store is None else None   # the table knows its vocabulary
+    if bad == VOCAB and store is None:
+        prune_dart_tree(logits, tokens, [1], store, [], backend=backend)   # no limit known: any uint32 id
+    with pytest.raises(ValueError, match=rf"topk_tokens holds token id {bad}, outside the vocabulary \[0, {VOCAB}\)"):
+        prune_dart_tree(logits, tokens, [1], store, [], vocab_size=vocab, backend=backend)
+    if bad < 0 or bad >= 2**32:   # outside what any vocabulary can hold: refused even with no limit given
+        with pytest.raises(ValueError, match=rf"token id {bad}, "):
+            prune_dart_tree(logits, tokens, [1], store, [], backend=backend)
+    with pytest.raises(ValueError, match=rf"context holds token id {bad}, "):
+        prune_dart_tree(logits, np.zeros((2, 3), np.int64), [1, bad], store, [], vocab_size=vocab, backend=backend)
+
+
+def test_the_native_binding_refuses_ids_it_cannot_hold():
+    # Callers of the extension itself get the same refusal (never a truncated id).
+    for bad in (-1, 2**32 + 5):
+        with pytest.raises(ValueError, match="token id"):
+            native.prune_dart_tree(np.zeros((1, 2), np.float32), np.array([[1, bad]]), np.array([1]), None,
+                                   np.array([], np.int64), 25, 20, 60, 0.7, 0.9, 0.5, 1e-10)

@@ -528,6 +528,7 @@ PYBIND11_MODULE(_native, m) {
       [](py::array logits, py::array tokens, py::array context, const NgramStore* store, py::array eos,
          int64_t top_k, int64_t beam_width, int64_t budget, double level_decay, double logit_decay,
          double ngram_weight, double eps, int repeats) {
+        if (repeats < 1) throw py::value_error("bench_prune: repeats must be >= 1");
         auto in = check_prune_inputs(logits, tokens, context, eos, store);
         auto params = make_params(top_k, beam_width, budget, level_decay, logit_decay, ngram_weight, eps);
         size_t sink = 0;
@@ -543,7 +544,7 @@ PYBIND11_MODULE(_native, m) {
           }
         }
         auto out = watch->per(repeats);
-        out["nodes"] = sink / static_cast<size_t>(std::max(repeats, 1));
+        out["nodes"] = sink / static_cast<size_t>(repeats);
         return out;
       },
       py::arg("topk_logits"), py::arg("topk_tokens"), py::arg("context"), py::arg("store").none(true),

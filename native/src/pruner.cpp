@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -57,7 +58,13 @@ PruneResult prune_tree(const float* logits, const int64_t* tokens, size_t rows, 
       if (std::isnan(row[j]) || row[j] == INFINITY) {
         throw std::invalid_argument("topk_logits[" + std::to_string(r) + "] holds NaN or +inf");
       }
-      if (tokens[r * k + j] < 0) throw std::invalid_argument("topk_tokens holds a negative token id");
+      // Selected tokens are kept as uint32 (the store's id type): refuse, never truncate, the rest.
+      // dart_core/pruning.py checks the vocabulary first; this guards direct callers.
+      const int64_t t = tokens[r * k + j];
+      if (t < 0 || t > static_cast<int64_t>(UINT32_MAX)) {
+        throw std::invalid_argument("topk_tokens holds token id " + std::to_string(t) +
+                                    ", outside [0, 2^32): not a vocabulary id (check the drafter's id mapping)");
+      }
     }
     std::iota(cols.begin(), cols.end(), size_t(0));
     std::stable_sort(cols.begin(), cols.end(), [row](size_t a, size_t b) { return row[a] > row[b]; });
@@ -74,8 +81,15 @@ PruneResult prune_tree(const float* logits, const int64_t* tokens, size_t rows, 
     }
   }
 
+  // Candidates this search can make: a beam never holds more than the level before it made, so a
+  // huge beam_width must not size the reservation (it once asked for terabytes).
+  size_t expect = 0;
+  for (size_t l = 0, beam_size = 1; l < rows && expect < (size_t(1) << 20); ++l) {
+    expect += beam_size * kk;
+    beam_size = std::min<size_t>(beam_size * kk, static_cast<size_t>(params.beam_width));
+  }
+  expect = std::min<size_t>(expect, size_t(1) << 20);
   PruneResult out;
-  const size_t expect = rows == 0 ? 0 : kk + (rows - 1) * kk * static_cast<size_t>(params.beam_width);
   for (auto* v : {&out.token, &out.parent, &out.depth, &out.node}) v->reserve(expect);
   for (auto* v : {&out.logit_term, &out.ngram_term, &out.score}) v->reserve(expect);
   out.kept.reserve(expect);
