@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -40,9 +41,15 @@ else:
 
 log = logging.getLogger(__name__)
 
-#: Tables up to this size are checksummed on open by default (a few ms); larger ones
-#: (imported full tables) open in O(1) and can be checked with ``info --verify``.
+#: Tables up to this size are checksummed on every open (a few ms). Larger ones (imported full
+#: tables) are checksummed on their first open only: the result is recorded beside the table
+#: (:func:`verified_record_path`), keyed by size, mtime and body checksum, and later opens
+#: trust the record (O(1)) until the file changes.
 VERIFY_ON_OPEN_MAX_BYTES = 256 << 20
+
+#: A table modified less than this many seconds ago is verified but not recorded: a rewrite in the
+#: same timestamp tick could keep both its size and its mtime (git's "racy" index entries).
+RECORD_MIN_AGE_S = 2.0
 
 #: File name of the bundled default table (for the bundled SmolLM2-135M-Instruct target).
 DEFAULT_TABLE_NAME = "smollm2-135m-instruct.dngram"
@@ -114,20 +121,26 @@ class NgramStore:
 
         The header is always checked (magic, version, sizes: a truncated file fails here);
         the body checksum and structure are checked when ``verify`` is True, or when it is
-        None and the file is at most ``VERIFY_ON_OPEN_MAX_BYTES``. ``expected_fingerprint``
+        None and the file is at most ``VERIFY_ON_OPEN_MAX_BYTES``; a larger file is checked
+        on its first open with ``verify=None`` and recorded as verified (later opens are O(1)
+        until the file changes). ``verify=False`` skips the check. ``expected_fingerprint``
         (from :func:`tokenizer_fingerprint`) refuses a table built for another tokenizer.
         """
         native_mod = require_native()
         path = os.fspath(path)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"N-gram table {path} does not exist; {REBUILD_HINT}")
+        before = _file_stamp(path)   # taken before mapping: a file replaced meanwhile no longer matches
+        verify_once = verify is None and before["size"] > VERIFY_ON_OPEN_MAX_BYTES
         if verify is None:
-            verify = os.path.getsize(path) <= VERIFY_ON_OPEN_MAX_BYTES
+            verify = not verify_once
         try:
             native = native_mod.NgramStore(path, bool(verify))
         except native_mod.FormatError as e:
             raise NgramFormatError(f"{path}: {e}; {REBUILD_HINT}") from None
         store = cls(native, path)
+        if verify_once:
+            store._verify_once(before)
         if expected_fingerprint is not None and store.fingerprint != expected_fingerprint:
             raise NgramTokenizerMismatch(
                 f"{path} was built for a tokenizer with fingerprint {store.fingerprint[:16] or '(none)'}..., but the "
@@ -171,6 +184,38 @@ class NgramStore:
         except require_native().FormatError as e:
             raise NgramFormatError(f"{self.path}: {e}; {REBUILD_HINT}") from None
 
+    def _verify_once(self, before: dict[str, int]) -> None:
+        """A large table: trust a matching record of an earlier verification, else verify it now
+        (raising NgramFormatError if damaged) and record the result. ``before``: the file's stamp
+        taken before it was mapped."""
+        record = verified_record_path(self.path)
+        stamp = before | {"body_checksum": int(self._header["body_checksum"])}
+        unchanged = _file_stamp(self.path) == before   # the mapped file is the one stamped
+        try:
+            if unchanged and json.loads(record.read_text()) == stamp:
+                return
+        except (OSError, ValueError):
+            pass  # no record, or an unreadable one: verify
+        log.info("verifying N-gram table %s (%.0f MB) once; the result goes to %s", self.path,
+                 stamp["size"] / 1e6, record)
+        try:
+            self.verify()
+        except NgramFormatError:
+            record.unlink(missing_ok=True)
+            raise
+        # Record only what was verified: the file must be unchanged since, and old enough that a
+        # later same-size rewrite would show in its mtime.
+        if _file_stamp(self.path) != before or time.time() - before["mtime_ns"] / 1e9 < RECORD_MIN_AGE_S:
+            return
+        tmp = record.with_name(f"{record.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(stamp))
+            os.replace(tmp, record)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            log.warning("could not record that %s was verified (%s): it will be verified again on every "
+                        "open; make its folder writable to open it in O(1)", self.path, e)
+
     # ------------------------------------------------------------------ queries
     def query(self, context: Sequence[int], candidates: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """``P(x | context)`` for each candidate x with the original per-candidate back-off:
@@ -193,6 +238,17 @@ class NgramStore:
     def __repr__(self) -> str:
         return (f"NgramStore({self.path!r}, order={self.order}, nodes={self.node_count:,}, "
                 f"vocab={self.vocab_size})")
+
+
+def _file_stamp(path: str) -> dict[str, int]:
+    st = os.stat(path)
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino}
+
+
+def verified_record_path(table: str | os.PathLike) -> Path:
+    """Where the record of a large table's verification lives: ``TABLE.verified`` beside it."""
+    table = Path(table)
+    return table.with_name(table.name + ".verified")
 
 
 # The builder and importer live in ngram_build.py; re-exported here as the public face.

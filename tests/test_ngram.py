@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -357,3 +358,96 @@ def test_builder_refuses_ids_beyond_its_own_vocabulary(tmp_path):
         b.add_documents(np.array([3, 7]), np.array([2]), 4)
     b.add_documents(np.array([3, 1]), np.array([2]), 4)
     assert b.total_tokens == 2
+
+
+# ---------------------------------------------------------------------------- large tables
+@pytest.fixture
+def large_limit(monkeypatch):
+    """Tables over 1 KB count as large (opened without the inline checksum)."""
+    monkeypatch.setattr(ngram, "VERIFY_ON_OPEN_MAX_BYTES", 1024)
+    calls = []
+    real = NgramStore.verify
+
+    def counting_verify(self):
+        calls.append(self.path)
+        return real(self)
+
+    monkeypatch.setattr(NgramStore, "verify", counting_verify)
+    return calls
+
+
+def _settle(path: Path) -> None:
+    """Date the file a minute back: a file modified within the last seconds is never recorded as
+    verified (a same-second rewrite would keep its size and mtime)."""
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns - 60 * 10**9))
+
+
+def test_large_table_is_verified_once_then_opens_fast(tmp_path, good_table, large_limit):
+    path = tmp_path / "big.dngram"
+    path.write_bytes(good_table)
+    assert len(good_table) > 1024
+    _settle(path)
+    NgramStore.open(path)
+    assert large_limit == [str(path)], "the first open of a large table checks it"
+    assert ngram.verified_record_path(path).is_file()
+    store = NgramStore.open(path)
+    assert large_limit == [str(path)], "a recorded table is not checked again"
+    assert store.query([1, 2], [3])[0].shape == (1,)
+
+
+def test_damaged_large_table_is_refused(tmp_path, good_table, large_limit):
+    path = tmp_path / "big.dngram"
+    path.write_bytes(good_table)
+    _settle(path)
+    NgramStore.open(path)                      # good: verified and recorded
+    data = bytearray(good_table)
+    data[len(data) // 2] ^= 0x10               # a flipped bit in the body
+    path.write_bytes(bytes(data))
+    for _ in range(2):                         # refused every time, never recorded as good
+        with pytest.raises(NgramFormatError, match=r"big\.dngram.*checksum.*rebuild it with"):
+            NgramStore.open(path)
+    assert not ngram.verified_record_path(path).exists()
+
+
+def test_damaged_large_table_never_verified_before_is_refused(tmp_path, good_table, large_limit):
+    data = bytearray(good_table)
+    data[-100] ^= 0x01
+    path = tmp_path / "imported.dngram"
+    path.write_bytes(bytes(data))
+    with pytest.raises(NgramFormatError, match=r"imported\.dngram.*rebuild it with.*import"):
+        NgramStore.open(path)
+
+
+def test_fresh_large_table_is_checked_until_it_settles(tmp_path, good_table, large_limit):
+    path = tmp_path / "big.dngram"
+    path.write_bytes(good_table)               # modified just now: verified, but not recorded yet
+    NgramStore.open(path)
+    NgramStore.open(path)
+    assert len(large_limit) == 2 and not ngram.verified_record_path(path).exists()
+
+
+def test_stale_or_garbled_record_means_verify_again(tmp_path, good_table, large_limit):
+    path = tmp_path / "big.dngram"
+    path.write_bytes(good_table)
+    _settle(path)
+    NgramStore.open(path)
+    record = ngram.verified_record_path(path)
+    record.write_text("not json")
+    NgramStore.open(path)
+    assert len(large_limit) == 2 and json.loads(record.read_text())["size"] == len(good_table)
+    stamp = json.loads(record.read_text())
+    record.write_text(json.dumps(stamp | {"body_checksum": stamp["body_checksum"] ^ 1}))
+    NgramStore.open(path)
+    assert len(large_limit) == 3
+
+
+def test_small_tables_are_checked_on_every_open(tmp_path, good_table, monkeypatch):
+    monkeypatch.setattr(ngram, "VERIFY_ON_OPEN_MAX_BYTES", 1 << 30)
+    data = bytearray(good_table)
+    data[-100] ^= 0x01
+    path = tmp_path / "small.dngram"
+    path.write_bytes(bytes(data))
+    with pytest.raises(NgramFormatError, match="small.dngram"):
+        NgramStore.open(path)
+    assert not ngram.verified_record_path(path).exists()

@@ -85,6 +85,7 @@ py::dict header_dict(const NgramStore& s) {
   d["count_bytes"] = h.count_bytes;
   d["file_size"] = h.file_size;
   d["fingerprint"] = h.fingerprint;
+  d["body_checksum"] = h.body_checksum;
   std::vector<uint64_t> levels;
   for (uint32_t l = 0; l <= h.order; ++l) levels.push_back(h.level_start[l + 1] - h.level_start[l]);
   d["level_sizes"] = levels;
@@ -320,7 +321,7 @@ py::dict prune_result_dict(dart::PruneResult&& r) {
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "DART native core: memory-mapped N-gram store, table builder, .trie importer and tree pruner";
-  m.def("abi_version", []() { return 3; }, "Version of the native ABI, bumped when a binding changes.");
+  m.def("abi_version", []() { return 4; }, "Version of the native ABI, bumped when a binding changes.");
   m.def("small_gemm", &small_gemm_checked, py::arg("x"), py::arg("w"), py::arg("y"), py::arg("threads") = 1,
         "y = x @ w.T for float32 x [M, K] and w [N, K] (float32, or uint16 holding bfloat16), written into "
         "float32 y [M, N]. Reads w once for all M rows; see native/src/small_gemm.hpp.");
