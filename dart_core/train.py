@@ -16,6 +16,13 @@ Multi-GPU: ``torchrun --nproc-per-node N -m dart_core.train dart ...``.
 trains the EAGLE-3 baseline (training-time test, published EAGLE-3 layout) on the same corpus,
 draft vocabulary rule, schedule and outputs; DIR/eval.json then holds hit@1 / hit@10 per
 unrolled step (step k = future position t+k+1, as in the DART table).
+
+    python -m dart_core.train features --target bundled \
+        --data ../shared/data/distill/smollm2-135m-instruct.jsonl.gz --threads 2
+
+runs the target once over the corpus and caches its features (training/feature_cache.py); both
+trainers then find the cache by fingerprint (or take ``--features DIR``) instead of running the
+target at every step. Rerun the same command after a kill: it resumes.
 """
 from __future__ import annotations
 
@@ -75,6 +82,9 @@ def _add_run_tail(p, d) -> None:
                    help="start lm_head at random instead of the target's output embedding rows")
     p.add_argument("--compare-with", default=None, metavar="RUN_DIR",
                    help="a finished run of the other head for this target: its budget goes into the model card")
+    p.add_argument("--features", default=d.features, metavar="auto|none|DIR",
+                   help="target features: a cache directory (`train features`), auto = the cache of this target "
+                        "and corpus if one was built, none = run the target at every step")
     p.add_argument("--no-progress", dest="progress", action="store_false")
 
 
@@ -109,6 +119,52 @@ def _add_eagle3(sub) -> None:
     _add_runtime(p, d)
     _add_run_tail(p, d)
     p.set_defaults(func=_run_eagle3)
+
+
+def _add_features(sub) -> None:
+    from .training.feature_cache import DEFAULT_CHUNK_ROWS, DEFAULT_TOP_K
+    p = sub.add_parser("features", help="cache the target's features over a corpus for the trainers (resumable)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--target", default=None, help="target model: Hub id, local dir, .gguf, or 'bundled' (default)")
+    p.add_argument("--data", required=True, help="distillation corpus (.jsonl[.gz] with prompt_ids, response_ids)")
+    p.add_argument("--features", default=None, metavar="DIR",
+                   help="cache directory (default: <user cache>/dart-demo/features/<fingerprint>)")
+    p.add_argument("--top-k", type=int, default=DEFAULT_TOP_K,
+                   help="next-token candidates kept per answer position (with their log-probabilities)")
+    p.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS,
+                   help="rows per checkpointed chunk (a kill loses at most one)")
+    p.add_argument("--limit", type=int, default=None, help="only the first N rows (for a quick try)")
+    _add_runtime(p, argparse.Namespace(device="auto", dtype="auto"))
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.set_defaults(func=_run_features)
+
+
+def _run_features(args: argparse.Namespace) -> int:
+    import torch
+
+    from .models.loader import ModelLoadError, load_target, resolve_device, resolve_dtype
+    from .training.data import DataError
+    from .training.feature_cache import FeatureCacheError, build_feature_cache, cache_status
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        device = resolve_device(args.device)
+        # The trainers' dtype rule, so that a trainer with the same --dtype finds this cache.
+        target = load_target(args.target, dtype=resolve_dtype(args.dtype, device, inference=False),
+                             device=str(device))
+        path = build_feature_cache(target, args.data, args.features, top_k=args.top_k, chunk_rows=args.chunk_rows,
+                                   limit=args.limit, progress=args.progress)
+    except (FeatureCacheError, DataError, ModelLoadError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: rerun the same command to resume", file=sys.stderr)
+        return 130
+    st = cache_status(path)
+    print(f"feature cache {path}: {st.rows} rows, top-{args.top_k} keeps {st.kept_mass:.4f} of the target's "
+          f"probability mass on average, built in {st.elapsed_s:.0f} s")
+    return 0
 
 
 def _report(args: argparse.Namespace, summary: dict, what: str) -> int:
@@ -160,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="method", required=True)
     _add_dart(sub)
     _add_eagle3(sub)
+    _add_features(sub)
     return p
 
 

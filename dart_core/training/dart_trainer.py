@@ -27,7 +27,7 @@ import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -121,8 +121,9 @@ def dart_loss(head: DartHead, feats: SequenceFeatures, prefix_ends: torch.Tensor
 @torch.no_grad()
 def evaluate_head(head: DartHead, target, rows: Sequence[DistillRow], *, gamma: float, prefixes: int = 128,
                   attention: str = "sdpa", argmax_mode: str = "full", autocast: bool = False, seed: int = 0,
-                  progress: bool = False) -> dict:
-    """hit@1 / hit@10 / cross-entropy per future position on ``rows`` (held-out), plus the weighted loss."""
+                  progress: bool = False, features: Callable | None = None) -> dict:
+    """hit@1 / hit@10 / cross-entropy per future position on ``rows`` (held-out), plus the weighted loss.
+    ``features(row, draft_ids)`` supplies the target features (default: the target run on the fly)."""
     from tqdm.auto import tqdm
 
     was_training = head.training
@@ -133,7 +134,8 @@ def evaluate_head(head: DartHead, target, rows: Sequence[DistillRow], *, gamma: 
     losses, weights = 0.0, 0.0
     g = torch.Generator().manual_seed(seed)
     for row in tqdm(rows, desc="eval", unit="row", disable=not progress, file=sys.stderr, dynamic_ncols=True):
-        feats = compute_features(target, row.ids, len(row.prompt_ids), head.draft_ids, argmax_mode)
+        feats = (features(row, head.draft_ids) if features is not None else
+                 compute_features(target, row.ids, len(row.prompt_ids), head.draft_ids, argmax_mode))
         pe = sample_prefixes(feats, prefixes, g)
         if pe.numel() == 0:
             continue
@@ -195,7 +197,7 @@ class DartMethod(TrainMethod):
         cfg = self.cfg
         return evaluate_head(head, target, rows, gamma=cfg.gamma, prefixes=cfg.eval_prefixes,
                              attention=rt.extra["attention"], argmax_mode=rt.argmax, autocast=rt.autocast,
-                             seed=cfg.seed, progress=cfg.progress)
+                             seed=cfg.seed, progress=cfg.progress, features=rt.features)
 
     def model_card(self, summary: dict) -> str:
         return model_card(summary)

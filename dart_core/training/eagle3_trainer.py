@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -184,9 +184,11 @@ def eagle3_loss(head: Eagle3Head, feats: SequenceFeatures, steps: int, gamma: fl
 # ---------------------------------------------------------------------------------------------- evaluation
 @torch.no_grad()
 def evaluate_eagle3_head(head: Eagle3Head, target, rows: Sequence[DistillRow], *, steps: int = 7, gamma: float = 0.8,
-                         argmax_mode: str = "full", autocast: bool = False, progress: bool = False) -> dict:
+                         argmax_mode: str = "full", autocast: bool = False, progress: bool = False,
+                         features: Callable | None = None) -> dict:
     """hit@1 / hit@10 / cross-entropy per unrolled step on ``rows`` (held-out), every answer position;
-    step k is labelled t+(k+1), the future position DART's tables use."""
+    step k is labelled t+(k+1), the future position DART's tables use. ``features(row, draft_ids)``
+    supplies the target features (default: the target run on the fly)."""
     from tqdm.auto import tqdm
 
     was_training = head.training
@@ -195,7 +197,8 @@ def evaluate_eagle3_head(head: Eagle3Head, target, rows: Sequence[DistillRow], *
     total = LevelStats.zeros(steps)
     losses, weights = 0.0, 0.0
     for row in tqdm(rows, desc="eval", unit="row", disable=not progress, file=sys.stderr, dynamic_ncols=True):
-        feats = compute_features(target, row.ids, len(row.prompt_ids), head.draft_ids, argmax_mode)
+        feats = (features(row, head.draft_ids) if features is not None else
+                 compute_features(target, row.ids, len(row.prompt_ids), head.draft_ids, argmax_mode))
         res = eagle3_loss(head, feats, steps, gamma, t2d_index, autocast=autocast)
         if res is None:
             continue
@@ -246,7 +249,7 @@ class Eagle3Method(TrainMethod):
     def evaluate(self, head: Eagle3Head, target, rows: Sequence[DistillRow], rt: Runtime) -> dict:
         cfg = self.cfg
         return evaluate_eagle3_head(head, target, rows, steps=cfg.ttt_steps, gamma=cfg.gamma, argmax_mode=rt.argmax,
-                                    autocast=rt.autocast, progress=cfg.progress)
+                                    autocast=rt.autocast, progress=cfg.progress, features=rt.features)
 
     def model_card(self, summary: dict) -> str:
         return model_card(summary)

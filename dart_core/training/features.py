@@ -33,6 +33,17 @@ class SequenceFeatures:
 
 
 @torch.no_grad()
+def target_states(target, x: torch.Tensor, prompt_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's HF forward over ids ``x`` [T]: aux features [T, 3H] and the final-norm hidden
+    states of positions P..T-2 [R, H]. The feature cache (feature_cache.py) runs this same forward,
+    so cached and on-the-fly features agree."""
+    out = target.model.base_model(input_ids=x[None], output_hidden_states=True, use_cache=False)
+    hs = out.hidden_states
+    aux = torch.cat([hs[i][0] for i in target.aux_layer_ids], dim=-1)
+    return aux, out.last_hidden_state[0, prompt_len:x.numel() - 1]
+
+
+@torch.no_grad()
 def compute_features(target, ids: list[int], prompt_len: int, draft_ids: torch.Tensor,
                      argmax_mode: str = "full") -> SequenceFeatures:
     """One target forward over ``ids`` (see the module docstring). ``target`` is a TargetModel."""
@@ -43,10 +54,7 @@ def compute_features(target, ids: list[int], prompt_len: int, draft_ids: torch.T
     T, P = int(x.numel()), int(prompt_len)
     if not 1 <= P < T:
         raise ValueError(f"need 1 <= prompt_len < len(ids), got {P} and {T}")
-    out = target.model.base_model(input_ids=x[None], output_hidden_states=True, use_cache=False)
-    hs = out.hidden_states
-    aux = torch.cat([hs[i][0] for i in target.aux_layer_ids], dim=-1)          # [T, 3H]
-    last = out.last_hidden_state[0, P:T - 1]                                     # [R, H] (final norm applied)
+    aux, last = target_states(target, x, P)
     w = target.model.get_output_embeddings().weight                              # [V, H]
     draft_ids = draft_ids.to(dev)
     if argmax_mode == "full":

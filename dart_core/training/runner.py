@@ -99,6 +99,7 @@ class BaseTrainConfig:
     init_lm_head_from_target: bool = True
     progress: bool = True
     compare_with: str | None = None
+    features: str = "auto"
 
     @staticmethod
     def bad(flag: str, rule: str, value: Any) -> TrainError:
@@ -116,6 +117,8 @@ class BaseTrainConfig:
         if not 0 < self.checkpoint_minutes <= 10:
             raise bad("checkpoint_minutes", "must be in (0, 10]: checkpoints come at least every 10 minutes",
                       self.checkpoint_minutes)
+        if not self.features:
+            raise bad("features", "must be auto, none or a feature-cache directory", self.features)
         if not (self.epochs > 0):
             raise bad("epochs", "must be > 0", self.epochs)
         if not (self.lr > 0):
@@ -251,6 +254,8 @@ class Runtime:
     argmax: str
     autocast: bool
     extra: dict            # method-specific settings recorded in run_info (e.g. attention, prefixes_per_seq)
+    # (row, draft ids) -> SequenceFeatures: the feature cache, or the target run on the fly (set once loaded)
+    features: Callable[[DistillRow, torch.Tensor], SequenceFeatures] | None = None
 
 
 class TrainMethod:
@@ -290,6 +295,35 @@ class TrainMethod:
 
     def model_card(self, summary: dict) -> str:
         raise NotImplementedError
+
+
+def feature_source(cfg: BaseTrainConfig, target, rt: Runtime) -> tuple[Callable, dict]:
+    """Where the run's target features come from: the cache of ``--features DIR`` (refused when it was
+    built for another target or corpus), the cache found by fingerprint (``auto``), or the target run
+    on the fly (``none``, or ``auto`` with no cache). Cached features carry the full-vocabulary argmax."""
+    from .feature_cache import FeatureCache, FeatureCacheError, find_cache
+
+    if cfg.features == "none":
+        cache = None
+    elif cfg.features == "auto":
+        cache = find_cache(target, cfg.data)
+    else:
+        try:
+            cache = FeatureCache(cfg.features, target, cfg.data)
+        except FeatureCacheError as exc:
+            raise TrainError(f"--features {cfg.features}: {exc}") from None
+    if cache is None:
+        def on_the_fly(row: DistillRow, draft_ids: torch.Tensor) -> SequenceFeatures:
+            return compute_features(target, row.ids, len(row.prompt_ids), draft_ids, rt.argmax)
+        logger.info("target features: computed on the fly (no feature cache; build one with "
+                    "`python -m dart_core.train features`)")
+        return on_the_fly, {"source": "on the fly"}
+
+    def cached(row: DistillRow, draft_ids: torch.Tensor) -> SequenceFeatures:
+        return cache.features(row, draft_ids, device=rt.device, aux_dtype=target.dtype)
+    logger.info("target features: cache %s (top-%d, %.4f of the mass kept)", cache.path, cache.top_k, cache.kept_mass)
+    return cached, {"source": "cache", "path": str(cache.path), "fingerprint": cache.meta["fingerprint"][:16],
+                    "top_k": cache.top_k, "kept_mass": round(cache.kept_mass, 5), "argmax": "full"}
 
 
 def resolve_runtime(cfg: BaseTrainConfig, dist: _Dist, method: TrainMethod) -> Runtime:
@@ -340,6 +374,7 @@ def run_training(cfg: BaseTrainConfig, method: TrainMethod) -> dict:
         pick = np.random.default_rng([cfg.seed, 7]).permutation(len(train_rows))[: cfg.train_rows]
         train_rows = [train_rows[i] for i in sorted(pick.tolist())]
     eval_rows = heldout[: cfg.eval_rows]
+    rt.features, features_info = feature_source(cfg, target, rt)
     if not train_rows:
         raise TrainError(f"no training rows left in {cfg.data} after the held-out split (--heldout-permille)")
 
@@ -398,7 +433,8 @@ def run_training(cfg: BaseTrainConfig, method: TrainMethod) -> dict:
                 "train_tokens": corpus_stats(train_rows), "heldout_rows": len(heldout), "eval_rows": len(eval_rows),
                 "device": str(device), "cpu": cpu_description(),
                 "target_dtype": str(rt.dtype).replace("torch.", ""), **rt.extra,
-                "argmax": rt.argmax, "autocast_bf16": rt.autocast,
+                "argmax": features_info.get("argmax", rt.argmax), "autocast_bf16": rt.autocast,
+                "features": features_info,
                 "threads": torch.get_num_threads(), "world_size": dist.world, "vocab": vocab_info,
                 "config": asdict(cfg)}
     if dist.main:
@@ -452,7 +488,7 @@ def run_training(cfg: BaseTrainConfig, method: TrainMethod) -> dict:
             for i in my_idx:
                 row = train_rows[i]
                 tf = time.perf_counter()
-                feats = compute_features(target, row.ids, len(row.prompt_ids), head.draft_ids, rt.argmax)
+                feats = rt.features(row, head.draft_ids)
                 t_feat += time.perf_counter() - tf
                 g = torch.Generator().manual_seed(hash((cfg.seed, step, int(i))) & 0x7FFFFFFF)
                 res = method.sequence_loss(head, feats, t2d_index, rt, g)
