@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -180,8 +181,12 @@ class EngineFactory:
     """The drafters' loaded parts (heads, N-gram table) for one target, and engines built from them.
 
     ``unavailable`` maps an engine name to the reason the page shows when it cannot run.
-    Engines are cached by their tree settings (the KV caches are reused across requests);
-    ``build(..., fresh=True)`` gives new engines with their own caches (step-once sessions).
+
+    An engine (its KV cache and drafter state) belongs to one run at a time: ``checkout(settings)`` hands a run
+    an :class:`EngineLease` of engines no other run holds, taking the idle ones of the same tree settings from
+    the pool (so KV caches are reused across requests) and building the rest; ``lease.release()`` puts them
+    back. Two runs at once therefore never share an engine, whatever serves them (and
+    ``SpeculativeEngine.stream`` refuses a second open generation on one engine besides).
     """
 
     def __init__(self, target, *, dart_head=None, ngram=None, dart_pruning: PruningConfig | None = None,
@@ -195,7 +200,8 @@ class EngineFactory:
         self.eagle3_head = eagle3_head
         self.eagle3_tree_base = eagle3_tree or default_eagle3_tree(target.name)
         self.unavailable: dict[str, str] = dict(unavailable or {})
-        self._cache: dict[str, tuple[Any, SpeculativeEngine]] = {}
+        self._pool: dict[str, tuple[Any, SpeculativeEngine]] = {}   # idle engines, at most one per name
+        self._pool_lock = threading.Lock()
 
     @property
     def names(self) -> list[str]:
@@ -269,21 +275,77 @@ class EngineFactory:
             return tuple(sorted(asdict(settings.eagle3_tree(self.eagle3_tree_base)).items()))
         return ()
 
-    def build(self, settings: RunSettings, *, fresh: bool = False) -> dict[str, SpeculativeEngine]:
-        """One engine per available method, configured by ``settings`` (validated first, so a bad
-        tree setting fails before any engine work)."""
+    def checkout(self, settings: RunSettings, *, fresh: bool = False) -> "EngineLease":
+        """Engines for one run, owned by it until ``release()``: idle pooled engines of the same tree settings
+        (none when ``fresh``), the rest built new. Tree settings are validated first, so a bad one fails
+        before any engine work."""
+        keys = {name: self.tree_key(name, settings) for name in self.names}
         engines: dict[str, SpeculativeEngine] = {}
-        for name in self.names:
-            key = self.tree_key(name, settings)
-            cached = self._cache.get(name)
-            if not fresh and cached is not None and cached[0] == key:
-                engines[name] = cached[1]
-                continue
-            key, engine = self._make(name, settings)
-            if not fresh:
-                self._cache[name] = (key, engine)
-            engines[name] = engine
-        return engines
+        if not fresh:
+            with self._pool_lock:
+                for name, key in keys.items():
+                    idle = self._pool.get(name)
+                    if idle is not None and idle[0] == key and not idle[1].busy:
+                        engines[name] = self._pool.pop(name)[1]
+        for name in keys:
+            if name not in engines:
+                engines[name] = self._make(name, settings)[1]
+        return EngineLease(self, {n: engines[n] for n in keys}, keys, fresh=fresh)
+
+    def _check_in(self, lease: "EngineLease") -> None:
+        """A run's engines back into the pool. A run's lease replaces the idle engine of its name (the latest
+        settings are the likeliest next); a fresh lease (step-once) only fills an empty place. Engines still
+        generating are dropped (their owner never closed them)."""
+        with self._pool_lock:
+            for name, engine in lease.engines.items():
+                if engine.busy or (lease.fresh and name in self._pool):
+                    continue
+                self._pool[name] = (lease.keys[name], engine)
+
+    def build(self, settings: RunSettings, *, fresh: bool = False) -> dict[str, SpeculativeEngine]:
+        """Engines for single-threaded use (warm-up, scripts): with ``fresh`` new ones of their own, else the
+        pooled ones, which stay in the pool for the next checkout. Anything that may run beside other runs
+        (the app) takes its engines with :meth:`checkout`."""
+        if fresh:
+            return {name: self._make(name, settings)[1] for name in self.names}
+        lease = self.checkout(settings)
+        lease.release()
+        return dict(lease.engines)
+
+
+class EngineLease:
+    """Engines checked out of an :class:`EngineFactory` by one run: its own until ``release()`` (idempotent,
+    thread-safe) gives them back. Usable as a context manager."""
+
+    def __init__(self, factory: EngineFactory, engines: dict[str, SpeculativeEngine], keys: dict[str, Any],
+                 *, fresh: bool = False):
+        self.factory = factory
+        self.engines = engines
+        self.keys = keys
+        self.fresh = fresh
+        self._released = False
+        self._lock = threading.Lock()
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def cache_nbytes(self) -> int:
+        """Bytes in these engines' own caches while the lease is held (0 once released)."""
+        return 0 if self._released else sum(e.cache_nbytes() for e in self.engines.values())
+
+    def release(self) -> None:
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+        self.factory._check_in(self)
+
+    def __enter__(self) -> "EngineLease":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
 
 
 # ---------------------------------------------------------------------------------------------- runs
@@ -372,6 +434,20 @@ def _decoder_fn(decode: Any) -> Decode:
     return decode
 
 
+_TRACE_OVERHEAD = 2048    # bytes of one StepTrace besides its arrays (objects, dicts, small lists)
+
+
+def _seq_nbytes(x: Any) -> int:
+    """Estimated bytes of an array or list of numbers: numpy's own count, else a pointer plus a boxed number
+    (about 36 bytes) per element."""
+    if x is None:
+        return 0
+    nbytes = getattr(x, "nbytes", None)
+    if nbytes is not None:
+        return int(nbytes)
+    return 56 + 36 * len(x)
+
+
 @dataclass
 class RunRecord:
     """A comparison's runs plus what is needed to render them: the page renders only this.
@@ -423,6 +499,19 @@ class RunRecord:
             out[name] = EngineMetrics(tokens=len(run.tokens), steps=run.steps, tau=run.tau, tokens_per_s=tps,
                                       speedup=speedup, lossless=state, lossless_text=text)
         return out
+
+    def nbytes(self) -> int:
+        """Estimated bytes this record holds (its traces dominate: every scored candidate is kept)."""
+        total = 0
+        for run in self.runs.values():
+            total += _seq_nbytes(run.tokens) + (150 * len(run.spans) if run.spans is not None else 0)
+            for st in run.traces:
+                total += _TRACE_OVERHEAD + sum(_seq_nbytes(x) for x in (
+                    st.tree.tokens, st.tree.parents, st.tree.depths, st.tree.scores, st.accepted_nodes,
+                    st.emitted_tokens, st.node_target_prob, st.node_target_argmax))
+                if st.candidates is not None:
+                    total += sum(_seq_nbytes(getattr(st.candidates, f)) for f in st.candidates.__dataclass_fields__)
+        return total
 
     def max_position(self) -> int:
         """Highest answer-token position any engine reached (0 when nothing was produced)."""
@@ -509,13 +598,17 @@ class TokenTextDecoder:
 
 # ---------------------------------------------------------------------------------------------- comparison
 class Comparison:
-    """Several engines on one prompt, advanced one step at a time by one generator (fair clock)."""
+    """Several engines on one prompt, advanced one step at a time by one generator (fair clock).
+
+    ``lease``: the :class:`EngineLease` the engines came from; it is released as soon as every engine is done
+    (finished, failed, stopped or closed), so the engines serve the next run only once this one let go."""
 
     def __init__(self, engines: Mapping[str, SpeculativeEngine], prompt_ids: Sequence[int],
                  config: GenerationConfig, *, decode: Any, prompt: str = "", baseline: str = BASELINE,
-                 meta: Mapping[str, Any] | None = None):
+                 meta: Mapping[str, Any] | None = None, lease: EngineLease | None = None):
         self.config = config
         self.engines = dict(engines)
+        self.lease = lease
         self._gens: dict[str, Generator[StepTrace, None, GenerationResult]] = {
             name: engine.stream(list(prompt_ids), config) for name, engine in self.engines.items()}
         self.record = RunRecord(runs={n: EngineRun(n) for n in self.engines}, decode=decode, prompt=prompt,
@@ -547,15 +640,18 @@ class Comparison:
             result: GenerationResult = finished.value
             run.tokens = list(result.tokens)  # the engine's own answer is the truth (covers prefill-only runs)
             run.done, run.stop_reason = True, result.stats.stop_reason
+            self._release_if_done()
             return None
         except ConfigError as exc:
             run.busy_s += time.perf_counter() - t0
             run.done, run.stop_reason, run.error = True, "error", str(exc)
+            self._release_if_done()
             return None
         except Exception as exc:  # noqa: BLE001 - one engine's failure must not take the page down
             run.busy_s += time.perf_counter() - t0
             logger.exception("engine %s failed", name)
             run.done, run.stop_reason, run.error = True, "error", f"{type(exc).__name__}: {exc}"
+            self._release_if_done()
             return None
         run.busy_s += time.perf_counter() - t0
         run.add_step(trace)
@@ -567,12 +663,14 @@ class Comparison:
         """One step of every unfinished engine (step-once mode)."""
         return {name: self.advance(name) for name, run in self.record.runs.items() if not run.done}
 
-    def run(self, stop: Callable[[], bool] = lambda: False) -> Iterator[str]:
-        """Advance until every engine is done or ``stop()`` is true (checked between steps, so a stop
-        takes effect within one step). Yields the name of the engine that just advanced."""
+    def run(self, stop: Callable[[], bool | str | None] = lambda: False) -> Iterator[str]:
+        """Advance until every engine is done or ``stop()`` is truthy (checked between steps, so a stop
+        takes effect within one step); a string from ``stop()`` is the stop reason the unfinished engines
+        record (else "stopped"). Yields the name of the engine that just advanced."""
         while not self.done:
-            if stop():
-                self.stop()
+            why = stop()
+            if why:
+                self.stop(why if isinstance(why, str) else "stopped")
                 return
             name = self.next_engine()
             self.advance(name)
@@ -583,8 +681,13 @@ class Comparison:
             if not run.done:
                 self._gens[name].close()
                 run.done, run.stop_reason = True, reason
+        self._release_if_done()
 
     close = stop
+
+    def _release_if_done(self) -> None:
+        if self.lease is not None and self.done:
+            self.lease.release()
 
 
 # ---------------------------------------------------------------------------------------------- narration
@@ -743,7 +846,7 @@ def narrate_step(trace: StepTrace, decode: Any, engine: str = "dart") -> Narrati
 # ---------------------------------------------------------------------------------------------- step-once
 class StepSession:
     """Step-once teaching mode: a comparison with its own engines (own KV caches, so other tabs' runs
-    cannot disturb it), advanced one round per call. ``close()`` frees the caches."""
+    cannot disturb it), advanced one round per call. ``close()`` gives the engines back."""
 
     def __init__(self, factory: EngineFactory, settings: RunSettings, prompt_ids: Sequence[int],
                  config: GenerationConfig, *, prompt: str = "", meta: Mapping[str, Any] | None = None):
@@ -752,8 +855,9 @@ class StepSession:
         if need < config.max_length:
             config = GenerationConfig(**{**asdict(config), "max_length": need})
         self.key = (tuple(prompt_ids), repr(settings.to_dict()))
-        self.comparison = Comparison(factory.build(settings, fresh=True), prompt_ids, config,
-                                     decode=factory.target.tokenizer, prompt=prompt, meta=meta)
+        self.lease = factory.checkout(settings, fresh=True)
+        self.comparison = Comparison(self.lease.engines, prompt_ids, config, decode=factory.target.tokenizer,
+                                     prompt=prompt, meta=meta, lease=self.lease)
         self.rounds = 0
         self.last: dict[str, StepTrace | None] = {}
 
@@ -766,6 +870,10 @@ class StepSession:
         self.last = self.comparison.round()
         self.rounds += 1
         return self.last
+
+    def nbytes(self) -> int:
+        """Estimated memory this session holds: its record's traces and, until it finishes, its engines' caches."""
+        return self.comparison.record.nbytes() + self.lease.cache_nbytes()
 
     def close(self) -> None:
         self.comparison.stop("closed")

@@ -10,6 +10,7 @@ decoding share every line that could make their outputs differ.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Generator, Sequence
@@ -24,6 +25,11 @@ from .trace import STAGES, StepTrace
 from .tree import DraftTree
 
 logger = logging.getLogger(__name__)
+
+
+class EngineBusyError(RuntimeError):
+    """An engine was asked to start a generation while another one is still open on it (its KV cache and
+    drafter state belong to that generation): each generation needs an engine of its own."""
 
 
 @dataclass
@@ -52,7 +58,12 @@ class GenerationResult:
 
 
 class SpeculativeEngine:
-    """One engine = one target session (its own KV cache) + an optional drafter."""
+    """One engine = one target session (its own KV cache) + an optional drafter.
+
+    The cache and the drafter's state belong to one generation at a time: ``stream()`` owns the engine from
+    its first step until it returns or is closed, and another generation started meanwhile raises
+    :class:`EngineBusyError` before touching any state (two interleaved generations would otherwise each
+    continue from the other's cache)."""
 
     def __init__(self, target: TargetModel, drafter: Drafter | None = None, name: str | None = None):
         self.target = target
@@ -60,6 +71,27 @@ class SpeculativeEngine:
         self.name = name or (drafter.name if drafter is not None else "vanilla")
         self._session = None
         self._session_capacity = -1
+        self._owner = threading.Lock()   # held by the open generation (released by any thread that ends it)
+
+    @property
+    def busy(self) -> bool:
+        """True while a generation is open on this engine."""
+        return self._owner.locked()
+
+    def cache_nbytes(self) -> int:
+        """Bytes held by this engine's own caches (the target KV cache and the drafter head's cache);
+        the weights are shared with every other engine of the target and are not counted."""
+        total = 0
+        if self._session is not None:
+            for layer in getattr(self._session.cache, "layers", ()):
+                total += sum(int(t.nbytes) for t in (getattr(layer, "key_buffer", None),
+                                                     getattr(layer, "value_buffer", None)) if t is not None)
+        head_cache = getattr(self.drafter, "_cache", None)
+        for name in ("k", "v"):
+            t = getattr(head_cache, name, None)
+            if isinstance(t, torch.Tensor):
+                total += int(t.nbytes)
+        return total
 
     # ------------------------------------------------------------------ helpers
     def _sync(self, config: GenerationConfig) -> None:
@@ -91,6 +123,18 @@ class SpeculativeEngine:
     # ------------------------------------------------------------------ the loop
     def stream(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None
                ) -> Generator[StepTrace, None, GenerationResult]:
+        """Steps of one generation (a generator: nothing runs before the first ``next()``). The engine is this
+        generation's from its first step until it finishes or is closed; see :class:`EngineBusyError`."""
+        if not self._owner.acquire(blocking=False):
+            raise EngineBusyError(f"engine {self.name!r} is already running another generation; a generation "
+                                  "needs an engine of its own (close the other one first)")
+        try:
+            return (yield from self._stream(prompt_ids, config))
+        finally:
+            self._owner.release()
+
+    def _stream(self, prompt_ids: Sequence[int], config: GenerationConfig | None
+                ) -> Generator[StepTrace, None, GenerationResult]:
         config = config or GenerationConfig()
         prompt = self._validate(prompt_ids, config)
         drafter = self.drafter
