@@ -40,6 +40,7 @@ from dart_core import viz  # noqa: E402
 from dart_core.compare import (BASELINE, Comparison, EngineFactory, RunRecord, RunSettings,  # noqa: E402
                                StepSession, check_prompt_length, label_of, narrate_step, save_export)
 from dart_core.config import ConfigError  # noqa: E402
+from dart_core.serving import ServingLimits, serving_limits  # noqa: E402
 from dart_core.templates import encode_chat, get_template  # noqa: E402
 
 logger = logging.getLogger("dart_app")
@@ -48,6 +49,10 @@ SLOTS = ("dart", "eagle3", BASELINE)     # answer columns, in page order
 SPEC_SLOTS = ("dart", "eagle3")          # engines with a draft tree to show
 TAB_TTL_S = 30 * 60                      # per-tab state (step-once caches, last run) lives this long idle
 UI_INTERVAL_S = 0.2                      # streaming: redraw the answers at most this often
+MEMORY_CHECK_S = 0.5                     # a run checks the tabs' memory budget at most this often
+TIME_LIMIT, MEMORY_LIMIT = "time limit", "memory limit"   # stop reasons of runs a serving limit ended
+STOPPED_IN_QUEUE = ("**Stopped** before it started: **Stop** was pressed while this {what} waited in the queue, "
+                    "so no engine ran. Press the button again to start it.")
 
 EXAMPLES = [
     ("Chat", "Give three tips for staying healthy."),
@@ -107,26 +112,55 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # ---------------------------------------------------------------------------------------------- per-tab state
 class TabState:
-    """What one browser tab holds: its stop flag, the run on screen and its step-once session.
-    Released by ``release()`` when the tab closes or its state times out (gr.State delete_callback)."""
+    """What one browser tab holds: when it last pressed Stop, the run on screen and its step-once session.
+    Released by ``release()`` when the tab closes or its state times out (gr.State delete_callback), and its
+    run and session by ``drop()`` when the server needs the memory (the least recently used tab first).
+
+    Stop is a time, not a flag: a request stops when Stop was pressed after it was *queued*, so a Stop pressed
+    while the request still waits in the queue is not lost when it starts (see ``Visualiser._queued_at``)."""
 
     def __init__(self) -> None:
-        self.stop = threading.Event()
+        self.stopped_at = float("-inf")    # time.monotonic() of the last Stop (Clear, replay and release stop too)
         self.record: RunRecord | None = None
         self.step_session: StepSession | None = None
         self.export_dir: str | None = None
         self.released = False
+        self.dropped: str | None = None    # why the server released this tab's run (shown on the next request)
+        self.last_used = time.monotonic()
+        self.active = 0                    # requests of this tab in progress (never dropped meanwhile)
 
     def __deepcopy__(self, memo: dict) -> "TabState":
         return self  # gr.State deep-copies initial values; each tab's instance is built fresh by TabState()
+
+    def request_stop(self) -> None:
+        self.stopped_at = time.monotonic()
+
+    def stop_requested_since(self, t: float) -> bool:
+        """True when Stop was pressed at or after monotonic time ``t`` (a request's queue time)."""
+        return self.stopped_at >= t
+
+    def nbytes(self) -> int:
+        """Estimated memory this tab holds between requests: its run's traces and its step-once engines."""
+        n = self.step_session.nbytes() if self.step_session is not None else 0
+        if self.record is not None and (self.step_session is None or self.record is not
+                                        self.step_session.comparison.record):
+            n += self.record.nbytes()
+        return n
 
     def close_step_session(self) -> None:
         if self.step_session is not None:
             self.step_session.close()
             self.step_session = None
 
+    def drop(self, reason: str) -> None:
+        """Free the run and the step-once session (the tab stays usable); ``reason`` is shown next time."""
+        self.request_stop()
+        self.close_step_session()
+        self.record = None
+        self.dropped = reason
+
     def release(self) -> None:
-        self.stop.set()
+        self.request_stop()
         self.close_step_session()
         self.record = None
         if self.export_dir:
@@ -179,6 +213,14 @@ def _fmt_metrics(m, name: str, run, baseline: str) -> str:
             f"{icon} lossless check: {m.lossless_text}")
 
 
+def _fmt_bytes(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}".replace(".0 ", " ")
+        n /= 1024
+    return f"{n} GiB"
+
+
 def _empty_fig(message: str):
     import plotly.graph_objects as go
     fig = go.Figure()
@@ -193,10 +235,17 @@ class Visualiser:
     """Builds the Blocks page for one loaded target and its engines; handlers are plain methods."""
 
     def __init__(self, target, args: argparse.Namespace, factory: EngineFactory | None = None,
-                 banner: str | None = None):
+                 banner: str | None = None, limits: ServingLimits | None = None):
         self.target = target
         self.args = args
         self.banner = banner     # shown atop the page (e.g. why a Space without a GPU runs the CPU models)
+        # what one visitor may cost this server (dart_core.serving): hosted (Space, --listen, --share) or local
+        self.limits = limits or serving_limits(listen=getattr(args, "listen", False),
+                                               share=getattr(args, "share", False))
+        self.max_new_tokens = self.limits.cap_new_tokens(args.max_new_tokens)
+        if self.max_new_tokens < args.max_new_tokens:
+            logger.warning("--max-new-tokens %d is capped at %d on a %s server (max_new_tokens, dart_core/serving.py)",
+                           args.max_new_tokens, self.max_new_tokens, self.limits.name)
         self.factory = factory or EngineFactory.from_flags(
             target, base_model_name_or_path=args.base_model_name_or_path,
             dart_model_name_or_path=args.dart_model_name_or_path,
@@ -207,6 +256,7 @@ class Visualiser:
         self.shown = [s for s in SLOTS if s in self.available or s in self.factory.unavailable]
         self.view_slots = [s for s in SPEC_SLOTS if s in self.available]   # engines with trees to draw
         self._tabs: dict[str, TabState] = {}     # session hash -> tab, so an unload can release it at once
+        self._held: dict[int, TabState] = {}     # tabs that may hold memory, least recently used first
         self._tabs_lock = threading.Lock()
         gpu = space.gpu_decorator()  # spaces.GPU on a Space with ZeroGPU's package: the handlers that run engines
         self._run_ui, self._step_ui = gpu(self._run_ui), gpu(self._step_ui)
@@ -223,6 +273,8 @@ class Visualiser:
         """The tab closed: free its caches now (Gradio itself keeps closed tabs' state for an hour)."""
         with self._tabs_lock:
             tab = self._tabs.pop(getattr(request, "session_hash", None) or "", None)
+            if tab is not None:
+                self._held.pop(id(tab), None)
         if tab is not None:
             tab.release()
 
@@ -232,6 +284,55 @@ class Visualiser:
         with self._tabs_lock:
             for sid in [k for k, v in self._tabs.items() if v is tab]:
                 del self._tabs[sid]
+            self._held.pop(id(tab), None)
+
+    def _touch(self, tab: TabState) -> None:
+        """``tab`` was just used: last in the least-recently-used order of the memory budget."""
+        tab.last_used = time.monotonic()
+        tab.dropped = None
+        with self._tabs_lock:
+            self._held.pop(id(tab), None)
+            self._held[id(tab)] = tab
+
+    def _fit_memory(self, current: TabState | None = None) -> int:
+        """Keep the tabs' memory within ``limits.session_memory_bytes``: drop the runs and step-once sessions
+        of the least recently used tabs (never ``current``, never one with a request in progress) until the
+        total fits. Returns the estimated bytes all tabs hold afterwards."""
+        budget = self.limits.session_memory_bytes
+        with self._tabs_lock:
+            tabs = list(self._held.values())
+        sizes = {id(t): t.nbytes() for t in tabs}
+        total = sum(sizes.values())
+        for t in tabs:
+            if total <= budget:
+                break
+            if t is current or t.active or not sizes[id(t)]:
+                continue
+            t.drop(f"this tab's run was released to keep the server within its memory budget for open tabs "
+                   f"({_fmt_bytes(budget)}, `session_memory_bytes`; the least recently used tab goes first)")
+            total -= sizes[id(t)]
+            with self._tabs_lock:
+                self._held.pop(id(t), None)
+        with self._tabs_lock:
+            for t in tabs:
+                if not sizes[id(t)] and t is not current and not t.active:
+                    self._held.pop(id(t), None)   # holds nothing: no need to track it
+        return total
+
+    def _queued_at(self) -> float:
+        """time.monotonic() when the request being handled entered Gradio's queue (now when it did not go
+        through the queue, e.g. a direct call). A Stop pressed after this moment stops the request, even
+        one pressed while it still waited in the queue."""
+        try:
+            from gradio.context import LocalContext
+            event_id = LocalContext.event_id.get(None)
+            queue = getattr(self.demo, "_queue", None)
+            event = queue.event_ids_to_events.get(event_id) if event_id and queue is not None else None
+            if event is not None:
+                return float(event.enqueue_time)
+        except Exception:  # noqa: BLE001 - Gradio internals changed: fall back to the request's start
+            logger.debug("no queue time for this request", exc_info=True)
+        return time.monotonic()
 
     def _settings(self, values: tuple) -> RunSettings:
         return RunSettings.from_values(**dict(zip(SETTING_NAMES, values)))
@@ -244,7 +345,7 @@ class Visualiser:
         return ids, warn
 
     def _config(self, settings: RunSettings):
-        return settings.generation_config(self.args.max_length, max_new_tokens_limit=self.args.max_new_tokens)
+        return settings.generation_config(self.args.max_length, max_new_tokens_limit=self.max_new_tokens)
 
     def _meta(self, settings: RunSettings) -> dict[str, Any]:
         return {"target": self.target.name, "dtype": str(self.target.dtype).replace("torch.", ""),
@@ -352,42 +453,90 @@ class Visualiser:
 
     # ------------------------------------------------------------------ handlers
     def run(self, tab: TabState | None, prompt: str, *values, request: gr.Request | None = None) -> Iterator[dict]:
-        """Stream all engines side by side; redraw the answers while running, everything at the end."""
+        """Stream all engines side by side; redraw the answers while running, everything at the end.
+
+        The run stops within one step when Stop is pressed (one pressed while the run still waited in the queue
+        stops it before any engine work), when it reaches ``limits.run_time_limit_s``, or when its traces alone
+        outgrow ``limits.session_memory_bytes``; the page names the limit that stopped it."""
+        queued_at = self._queued_at()
         tab = tab if isinstance(tab, TabState) else TabState()
         self._remember(tab, request)
-        tab.stop.clear()
+        if tab.stop_requested_since(queued_at):
+            yield {self.tab: tab, self.status: STOPPED_IN_QUEUE.format(what="run")}
+            return
+        tab.active += 1
+        try:
+            yield from self._run(tab, prompt, values, queued_at)
+        finally:
+            tab.active -= 1
+
+    def _run(self, tab: TabState, prompt: str, values: tuple, queued_at: float) -> Iterator[dict]:
+        self._touch(tab)
         tab.close_step_session()  # a full run replaces a half-stepped one
         try:
             settings = self._settings(values)
             config = self._config(settings)
             ids, warn = self._encode(prompt, settings)
-            engines = self.factory.build(settings)
+            lease = self.factory.checkout(settings)   # engines no other run holds (item: one run per engine)
         except ConfigError as exc:
             yield {self.tab: tab, self.status: f"⚠ **Cannot run:** {exc}"}
             return
-        cmp = Comparison(engines, ids, config, decode=self.target.tokenizer, prompt=prompt,
-                         meta=self._meta(settings))
+        cmp = Comparison(lease.engines, ids, config, decode=self.target.tokenizer, prompt=prompt,
+                         meta=self._meta(settings), lease=lease)
         tab.record = cmp.record
+        limit_s = self.limits.run_time_limit_s
+        started = time.monotonic()
+        checked = [float("-inf")]
+
+        def why_stop() -> str | None:
+            if tab.stop_requested_since(queued_at):
+                return "stopped"
+            now = time.monotonic()
+            if limit_s is not None and now - started >= limit_s:
+                return TIME_LIMIT
+            if now - checked[0] >= MEMORY_CHECK_S:
+                checked[0] = now
+                if self._fit_memory(tab) > self.limits.session_memory_bytes:
+                    return MEMORY_LIMIT
+            return None
+
         note = f" ({warn})" if warn else ""
-        running = (f"Running {', '.join(label_of(n) for n in engines)} in turn on one clock "
-                   f"(prompt: {len(ids)} tokens){note}. **Stop** takes effect within one step.")
-        yield {self.tab: tab, self.status: running, **self.render_answers(cmp.record)}
-        last = time.perf_counter()
+        cap = f" Runs on this server stop after {limit_s:g} s." if limit_s is not None else ""
+        running = (f"Running {', '.join(label_of(n) for n in cmp.engines)} in turn on one clock "
+                   f"(prompt: {len(ids)} tokens){note}. **Stop** takes effect within one step.{cap}")
         try:
-            for _ in cmp.run(stop=tab.stop.is_set):
-                if time.perf_counter() - last >= UI_INTERVAL_S:
-                    yield {self.status: running, **self.render_answers(cmp.record)}
-                    last = time.perf_counter()
-        except Exception as exc:  # noqa: BLE001 - show it in the page; the server keeps serving
-            logger.exception("run failed")
-            cmp.stop("error")
-            yield {self.tab: tab, self.status: f"⚠ **Internal error:** {type(exc).__name__}: {exc} "
-                                               "(details in the server log)", **self.render_all(cmp.record)}
-            return
-        stopped = any(r.stop_reason == "stopped" for r in cmp.record.runs.values())
+            yield {self.tab: tab, self.status: running, **self.render_answers(cmp.record)}
+            last = time.perf_counter()
+            try:
+                for _ in cmp.run(stop=why_stop):
+                    if time.perf_counter() - last >= UI_INTERVAL_S:
+                        yield {self.status: running, **self.render_answers(cmp.record)}
+                        last = time.perf_counter()
+            except Exception as exc:  # noqa: BLE001 - show it in the page; the server keeps serving
+                logger.exception("run failed")
+                cmp.stop("error")
+                yield {self.tab: tab, self.status: f"⚠ **Internal error:** {type(exc).__name__}: {exc} "
+                                                   "(details in the server log)", **self.render_all(cmp.record)}
+                return
+        finally:
+            cmp.close()   # a run closed early (the visitor left) gives its engines back too
+        self._fit_memory(tab)
+        reasons = {r.stop_reason for r in cmp.record.runs.values()}
         busy = sum(r.busy_s for r in cmp.record.runs.values())
         errors = [f"{r.label}: {r.error}" for r in cmp.record.runs.values() if r.error]
-        status = ("**Stopped.**" if stopped else "✓ **Done.**") + f" Engine time {busy:.2f} s in all.{note}"
+        if TIME_LIMIT in reasons:
+            head = (f"⏱ **Stopped by the time limit:** a run on this server may take {limit_s:g} s "
+                    "(`run_time_limit_s`); lower *Max new tokens* or the tree sizes for a complete answer.")
+        elif MEMORY_LIMIT in reasons:
+            head = (f"**Stopped by the memory limit:** this run's traces outgrew the "
+                    f"{_fmt_bytes(self.limits.session_memory_bytes)} this server keeps for open tabs "
+                    "(`session_memory_bytes`; every scored candidate is kept); lower *Max new tokens* or the "
+                    "tree sizes.")
+        elif "stopped" in reasons:
+            head = "**Stopped.**"
+        else:
+            head = "✓ **Done.**"
+        status = head + f" Engine time {busy:.2f} s in all.{note}"
         if errors:
             status += " ⚠ " + "; ".join(errors)
         status += " Move the **answer token position** slider to inspect the step that produced each token."
@@ -395,9 +544,21 @@ class Visualiser:
 
     def step_once(self, tab: TabState | None, prompt: str, *values, request: gr.Request | None = None) -> dict:
         """Advance every engine by one speculative round and narrate it; starts a new session when the
-        prompt or settings changed or the last one finished."""
+        prompt or settings changed or the last one finished. A Stop pressed while the step waited in the
+        queue cancels it."""
+        queued_at = self._queued_at()
         tab = tab if isinstance(tab, TabState) else TabState()
         self._remember(tab, request)
+        if tab.stop_requested_since(queued_at):
+            return {self.tab: tab, self.status: STOPPED_IN_QUEUE.format(what="step")}
+        tab.active += 1
+        try:
+            return self._step_once(tab, prompt, values)
+        finally:
+            tab.active -= 1
+
+    def _step_once(self, tab: TabState, prompt: str, values: tuple) -> dict:
+        self._touch(tab)
         try:
             settings = self._settings(values)
             config = self._config(settings)
@@ -413,6 +574,7 @@ class Visualiser:
             return {self.tab: tab, self.status: f"⚠ **Cannot step:** {exc}"}
         sess.step()
         tab.record = sess.comparison.record
+        self._fit_memory(tab)
         done = (" All engines finished; the next click starts over." if sess.done else
                 " Before the next click, predict: how many of the head's drafted tokens will the target accept?")
         status = (f"**Step-once mode**, round {sess.rounds}: each engine made one speculative step "
@@ -429,17 +591,24 @@ class Visualiser:
 
     def show_step(self, tab: TabState | None, position: float) -> dict:
         record = tab.record if isinstance(tab, TabState) else None
-        return self.render_step_views(record, position)
+        if record is not None:
+            self._touch(tab)    # a tab being looked at is not the least recently used one
+        out = self.render_step_views(record, position)
+        if record is None and isinstance(tab, TabState) and tab.dropped:
+            for s in self.view_slots:
+                out[self.step_text[s]] = f"⚠ {tab.dropped[0].upper()}{tab.dropped[1:]}. Run the prompt again."
+        return out
 
     def stop(self, tab: TabState | None) -> str:
         if isinstance(tab, TabState):
-            tab.stop.set()
-            return "**Stopping** after the current step…"
+            tab.request_stop()
+            return ("**Stopping:** a running run stops after its current step; a run or step still waiting in "
+                    "the queue will not start.")
         return "Nothing is running."
 
     def clear(self, tab: TabState | None) -> dict:
         if isinstance(tab, TabState):
-            tab.stop.set()
+            tab.request_stop()
             tab.close_step_session()
             tab.record = None
         out = {self.prompt: "", self.status: "Cleared.", self.export_file: None, **self.render_all(None)}
@@ -452,12 +621,20 @@ class Visualiser:
                     self.export_file: None}
         if tab.export_dir is None:
             tab.export_dir = tempfile.mkdtemp(prefix="dart-demo-export-")
+        for old in Path(tab.export_dir).glob("*.json"):   # a tab keeps only its latest export
+            old.unlink(missing_ok=True)
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         path = save_export(record, Path(tab.export_dir) / f"dart-run-{stamp}.json")
-        size = path.stat().st_size / 1e6
-        return {self.export_file: str(path),
-                self.status: f"Exported {sum(len(r.traces) for r in record.runs.values())} steps "
-                             f"({size:.1f} MB). Load the file under *Replay* on any machine, no model needed."}
+        size = path.stat().st_size
+        status = (f"Exported {sum(len(r.traces) for r in record.runs.values())} steps ({size / 1e6:.1f} MB). "
+                  "Load the file under *Replay* on any machine, no model needed.")
+        too_big = self.limits.replay_problem(record)
+        if size > self.limits.max_upload_bytes:
+            too_big = (f"the file is larger than the {_fmt_bytes(self.limits.max_upload_bytes)} this server "
+                       "accepts under *Replay* (`max_upload_bytes`)")
+        if too_big:
+            status += f" ⚠ It will not replay here: {too_big}."
+        return {self.export_file: str(path), self.status: status}
 
     def replay(self, tab: TabState | None, file: Any, request: gr.Request | None = None) -> dict:
         tab = tab if isinstance(tab, TabState) else TabState()
@@ -469,9 +646,14 @@ class Visualiser:
             record = RunRecord.from_export(path)
         except (OSError, ValueError) as exc:
             return {self.tab: tab, self.status: f"⚠ **Cannot replay {path.name}:** {exc}"}
-        tab.stop.set()
+        too_big = self.limits.replay_problem(record)
+        if too_big:
+            return {self.tab: tab, self.status: f"⚠ **Cannot replay {path.name}:** {too_big}."}
+        tab.request_stop()
         tab.close_step_session()
         tab.record = record
+        self._touch(tab)
+        self._fit_memory(tab)
         meta = record.meta
         status = (f"**Replaying** a recorded run: target `{meta.get('target', '?')}` ({meta.get('dtype', '?')} on "
                   f"{meta.get('device', '?')}), recorded {meta.get('recorded_at', '?')}. Prompt: "
@@ -491,10 +673,18 @@ class Visualiser:
     def _replay_ui(self, request: gr.Request, tab: TabState | None, file: Any) -> dict:
         return self.replay(tab, file, request=request)
 
+    def queued(self) -> gr.Blocks:
+        """The page with its queue: one engine request at a time (runs and steps share the engine slot), at most
+        ``limits.queue_max_size`` waiting (Gradio refuses more, and shows each waiting visitor their place)."""
+        return self.demo.queue(default_concurrency_limit=1, max_size=self.limits.queue_max_size)
+
     # ------------------------------------------------------------------ layout
     def _build(self) -> gr.Blocks:
         t = self.target
-        with gr.Blocks(title="DART speculative decoding visualiser", analytics_enabled=False) as demo:
+        # delete_cache: Gradio's copies of exported and uploaded files are deleted once older than
+        # limits.file_ttl_s (a tab's own export folder goes when the tab is released)
+        with gr.Blocks(title="DART speculative decoding visualiser", analytics_enabled=False,
+                       delete_cache=self.limits.gradio_delete_cache()) as demo:
             # gr.State lists its delete_callback in the page config, which Gradio deep-copies on every page load
             # and /config request. A bound method there would drag this Visualiser (target weights, tokenizer)
             # into each copy: 1-5 s per page on a 2-core CPU, longer than launch()'s 3 s start-up probe waits.
@@ -525,7 +715,7 @@ class Visualiser:
                         stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
                         clear_btn = gr.Button("Clear", elem_id="clear-btn")
             with gr.Accordion("Settings", open=False):
-                m = self.args.max_new_tokens
+                m = self.max_new_tokens    # --max-new-tokens, capped by the serving limits
                 base_p = self.factory.dart_pruning
                 base_e = self.factory.eagle3_tree_base
                 with gr.Row():
@@ -596,14 +786,17 @@ class Visualiser:
                            + list(self.step_text.values()) + [p for ps in self.acc_plots.values() for p in ps])
             view_outputs = list(self.tree_plot.values()) + list(self.scatter_plot.values()) + list(
                 self.step_text.values())
-            # Runs and step-once share one queue slot: the engines share the target and its caches.
+            # Runs and step-once share one queue slot: the engines share the target (each run leases its own
+            # engines and caches, so the slot bounds the work, not correctness). While waiting, Gradio shows the
+            # visitor their place in the queue on the outputs.
             run_evt = run_btn.click(self._run_ui, inputs, run_outputs, api_name="run", concurrency_id="engine",
                                     concurrency_limit=1)
             self.prompt.submit(self._run_ui, inputs, run_outputs, api_name=False, concurrency_id="engine",
                                concurrency_limit=1)
             step_btn.click(self._step_ui, inputs, run_outputs, api_name="step_once", concurrency_id="engine",
                            concurrency_limit=1)
-            # Stop skips the queue (it would wait behind the run it stops); the run checks the flag between steps.
+            # Stop skips the queue (it would wait behind the run it stops); a run checks between steps whether Stop
+            # was pressed after it was queued, so a Stop pressed while it still waits is not lost either.
             stop_btn.click(self.stop, [self.tab], [self.status], api_name="stop", queue=False)
             clear_btn.click(self.clear, [self.tab], run_outputs + [self.prompt, self.export_file], api_name="clear",
                             queue=False)
@@ -625,9 +818,11 @@ def build_demo(target, args: argparse.Namespace, factory: EngineFactory | None =
 
 
 def launch_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """launch() options: local only unless asked, SSR off (no Node server), nothing fetched from outside."""
+    """launch() options: local only unless asked, SSR off (no Node server), nothing fetched from outside,
+    uploads (Replay files) no larger than the serving limit ``max_upload_bytes``."""
+    limits = serving_limits(listen=args.listen, share=args.share)
     return dict(server_name="0.0.0.0" if args.listen else "127.0.0.1", server_port=args.server_port,
-                share=args.share, ssr_mode=False)
+                share=args.share, ssr_mode=False, max_file_size=limits.max_upload_bytes)
 
 
 PAGE_WAIT_S = 120.0   # how long serve() waits for its own page to answer before it gives up
@@ -712,7 +907,7 @@ def main(argv: list[str] | None = None) -> None:
             warm_up(vis.factory, vis.template, max_length=args.max_length)
         except Exception:  # noqa: BLE001 - the page still serves and reports each engine's error per request
             logger.exception("warm-up failed; the first request will show the error")
-    serve(vis.demo.queue(default_concurrency_limit=1, max_size=64), args)
+    serve(vis.queued(), args)
 
 
 if __name__ == "__main__":

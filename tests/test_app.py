@@ -11,7 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import app  # noqa: E402
-from dart_core import viz  # noqa: E402
+from dart_core import serving, viz  # noqa: E402
 from dart_core.compare import (Comparison, EngineFactory, RunRecord, RunSettings, lossless_check,  # noqa: E402
                                narrate_step, EngineRun)
 from dart_core.config import ConfigError, GenerationConfig  # noqa: E402
@@ -87,7 +87,8 @@ def test_cli_defaults_are_the_bundled_model():
     args = app.parse_args([])
     assert args.base_model_name_or_path is None and args.dart_model_name_or_path is None
     assert args.device == "auto" and args.dtype == "auto" and args.server_port == 7860 and not args.compare_eagle3
-    assert app.launch_kwargs(args) == dict(server_name="127.0.0.1", server_port=7860, share=False, ssr_mode=False)
+    assert app.launch_kwargs(args) == dict(server_name="127.0.0.1", server_port=7860, share=False, ssr_mode=False,
+                                           max_file_size=serving.LOCAL.max_upload_bytes)
 
 
 def test_help_documents_every_flag(capsys):
