@@ -192,6 +192,7 @@ def _run_through_client(url: str) -> dict[str, str]:
     values = [p["parameter_default"] for p in info[1:]]   # the page's defaults for every setting
     out = client.submit(PROMPT, *values, api_name="/run").result(timeout=400)
     text = json.dumps(out, ensure_ascii=False, default=str)
+    assert text.count("tok/s") >= 3, text[:2000]   # one metrics line per engine (the page's checks are per column)
     return {"status": text, "metrics-dart": text, "metrics-eagle3": text, "answer-dart": text,
             "answer-eagle3": text, "metrics-vanilla": text}
 
