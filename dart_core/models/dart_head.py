@@ -834,26 +834,64 @@ def save_dart_head(head: DartHead, out_dir: str | os.PathLike, dtype: torch.dtyp
 
 
 def new_head_for_target(target, draft_ids: torch.Tensor | None = None, draft_length: int = 8,
-                        seed: int = 0, init_lm_head_from_target: bool = False) -> DartHead:
+                        seed: int = 0, init_lm_head_from_target: bool = False,
+                        init_layer_from_target: bool = False) -> DartHead:
     """A freshly initialised head for ``target`` (float32, on the target's device).
 
     draft_ids: sorted target ids of the draft vocabulary (None = the full vocabulary).
-    init_lm_head_from_target: start lm_head from the target's output embedding rows of those ids.
+    init_lm_head_from_target / init_layer_from_target: see :func:`init_head_from_target`.
+    """
+    ids = _draft_ids(target, draft_ids)
+    head = DartHead(DartHeadConfig.for_target(target, draft_vocab_size=int(ids.numel()), draft_length=draft_length))
+    return init_head_from_target(head, target, ids, seed, lm_head=init_lm_head_from_target,
+                                 layer=init_layer_from_target)
+
+
+def _draft_ids(target, draft_ids: torch.Tensor | None) -> torch.Tensor:
+    V = target.vocab_size
+    return torch.arange(V) if draft_ids is None else torch.as_tensor(draft_ids, dtype=torch.int64).cpu()
+
+
+@torch.no_grad()
+def init_head_from_target(head: DraftHeadBase, target, ids: torch.Tensor, seed: int, *, lm_head: bool,
+                          layer: bool) -> DraftHeadBase:
+    """Initialise a new DART or EAGLE-3 head for ``target`` with draft vocabulary ``ids``, then place it
+    on the target's device with the target's embedding attached.
+
+    lm_head: start lm_head from the target's output embedding rows of ``ids``.
+    layer:   start the head's decoder layer from the target's last layer: attention and MLP weights
+             and the norms. The head's q/k/v read [embedding, hidden] (2H); the target's weights go
+             on the hidden half, the embedding half keeps its random start.
     """
     V = target.vocab_size
-    ids = torch.arange(V) if draft_ids is None else torch.as_tensor(draft_ids, dtype=torch.int64).cpu()
-    config = DartHeadConfig.for_target(target, draft_vocab_size=int(ids.numel()), draft_length=draft_length)
-    head = DartHead(config)
     head.reset_parameters(seed)
-    d2t = ids - torch.arange(ids.numel())
     t2d = torch.zeros(V, dtype=torch.bool)
     t2d[ids] = True
-    head.set_vocab_mapping(d2t, t2d)
-    if init_lm_head_from_target:
+    head.set_vocab_mapping(ids - torch.arange(ids.numel()), t2d)
+    H = head.config.hidden_size
+    if lm_head:
         out_emb = target.model.get_output_embeddings()
-        if out_emb is not None and tuple(out_emb.weight.shape) == (V, config.hidden_size):
-            with torch.no_grad():
-                head.lm_head.weight.copy_(out_emb.weight.detach().float().cpu()[ids])
+        if out_emb is not None and tuple(out_emb.weight.shape) == (V, H):
+            head.lm_head.weight.copy_(out_emb.weight.detach().float().cpu()[ids])
+    if layer:
+        src = target.model.model.layers[-1]
+        mid = head.midlayer
+
+        def put(dst: torch.Tensor, w: torch.Tensor, what: str) -> None:
+            w = w.detach().float().cpu()
+            if tuple(dst.shape) != tuple(w.shape):
+                raise head.error(f"cannot start the head's {what} from the target's last layer: shapes "
+                                 f"{tuple(dst.shape)} and {tuple(w.shape)} differ; drop --init-layer-from-target")
+            dst.copy_(w)
+
+        for name in ("q_proj", "k_proj", "v_proj"):
+            put(getattr(mid.self_attn, name).weight[:, H:], getattr(src.self_attn, name).weight, name)
+        put(mid.self_attn.o_proj.weight, src.self_attn.o_proj.weight, "o_proj")
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            put(getattr(mid.mlp, name).weight, getattr(src.mlp, name).weight, name)
+        put(mid.hidden_norm.weight, src.input_layernorm.weight, "hidden_norm")
+        put(mid.input_layernorm.weight, src.input_layernorm.weight, "input_layernorm")
+        put(mid.post_attention_layernorm.weight, src.post_attention_layernorm.weight, "post_attention_layernorm")
     head.to(target.device)
     head.attach_embedding(target.model.get_input_embeddings().weight)
     return head

@@ -43,9 +43,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .dart_head import (DartAttention, DartHeadError, DartMLP, DraftHeadBase, RMSNorm,
-                        check_head_matches_target, describe_target, head_config_problems, match_state_dict,
-                        sdpa_attend)
+from .dart_head import (DartAttention, DartHeadError, DartMLP, DraftHeadBase, RMSNorm, _draft_ids,
+                        check_head_matches_target, describe_target, head_config_problems, init_head_from_target,
+                        match_state_dict, sdpa_attend)
 
 logger = logging.getLogger(__name__)
 
@@ -467,27 +467,17 @@ def save_eagle3_head(head: Eagle3Head, out_dir: str | os.PathLike,
 
 
 def new_eagle3_head_for_target(target, draft_ids: torch.Tensor | None = None, seed: int = 0,
-                               init_lm_head_from_target: bool = False) -> Eagle3Head:
+                               init_lm_head_from_target: bool = False,
+                               init_layer_from_target: bool = False) -> Eagle3Head:
     """A freshly initialised head for ``target`` (float32, on the target's device, embedding attached).
 
     draft_ids: sorted target ids of the draft vocabulary (None = the full vocabulary).
+    init_lm_head_from_target / init_layer_from_target: see ``dart_head.init_head_from_target``.
     """
-    V = target.vocab_size
-    ids = torch.arange(V) if draft_ids is None else torch.as_tensor(draft_ids, dtype=torch.int64).cpu()
-    config = Eagle3HeadConfig.for_target(target, draft_vocab_size=int(ids.numel()))
-    head = Eagle3Head(config)
-    head.reset_parameters(seed)
-    t2d = torch.zeros(V, dtype=torch.bool)
-    t2d[ids] = True
-    head.set_vocab_mapping(ids - torch.arange(ids.numel()), t2d)
-    if init_lm_head_from_target:
-        out_emb = target.model.get_output_embeddings()
-        if out_emb is not None and tuple(out_emb.weight.shape) == (V, config.hidden_size):
-            with torch.no_grad():
-                head.lm_head.weight.copy_(out_emb.weight.detach().float().cpu()[ids])
-    head.to(target.device)
-    head.attach_embedding(target.model.get_input_embeddings().weight)
-    return head
+    ids = _draft_ids(target, draft_ids)
+    head = Eagle3Head(Eagle3HeadConfig.for_target(target, draft_vocab_size=int(ids.numel())))
+    return init_head_from_target(head, target, ids, seed, lm_head=init_lm_head_from_target,
+                                 layer=init_layer_from_target)
 
 
 # ---------------------------------------------------------------------------------------------- defaults
