@@ -40,6 +40,7 @@ from dart_core import viz  # noqa: E402
 from dart_core.compare import (BASELINE, Comparison, EngineFactory, RunRecord, RunSettings,  # noqa: E402
                                StepSession, check_prompt_length, label_of, narrate_step, save_export)
 from dart_core.config import ConfigError  # noqa: E402
+from dart_core.limits import LIMITS  # noqa: E402
 from dart_core.serving import ServingLimits, serving_limits  # noqa: E402
 from dart_core.templates import encode_chat, get_template  # noqa: E402
 
@@ -211,6 +212,16 @@ def _fmt_metrics(m, name: str, run, baseline: str) -> str:
     state = "" if not run.done else f" · stopped by {run.stop_reason}"
     return (f"{tps} · {tau} · {speed} · {m.tokens} tokens in {m.steps} steps{state}  \n"
             f"{icon} lossless check: {m.lossless_text}")
+
+
+def _slider(key: str, value: float, step: float, label: str) -> gr.Slider:
+    """A settings slider spanning LIMITS[key]'s slider range; a default past that span widens it, up to the
+    limit's high end (a default beyond the limit is shown at the limit, the most a request may ask for)."""
+    limit = LIMITS[key]
+    lo, hi = limit.slider_range
+    if limit.high is not None:
+        value = min(value, limit.high)
+    return gr.Slider(lo, max(hi, value), value=max(value, lo), step=step, label=label)
 
 
 def _fmt_bytes(n: float) -> str:
@@ -720,18 +731,19 @@ class Visualiser:
                 base_e = self.factory.eagle3_tree_base
                 with gr.Row():
                     max_new = gr.Slider(1, m, value=min(96, m), step=1, label="Max new tokens")
-                    temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
-                    top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p (1 = off)")
-                    top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k (0 = off)")
+                    # slider spans come from dart_core.limits, the ranges RunSettings checks
+                    temperature = _slider("temperature", 0.0, 0.05, "Temperature (0 = greedy)")
+                    top_p = _slider("top_p", 1.0, 0.05, "Top-p (1 = off)")
+                    top_k = _slider("top_k", 0, 1, "Top-k (0 = off)")
                 with gr.Row(visible="dart" in self.available):
-                    budget = gr.Slider(0, 256, value=base_p.budget, step=1, label="DART tree budget (nodes)")
-                    beam = gr.Slider(1, 64, value=base_p.beam_width, step=1, label="DART beam width")
-                    level_k = gr.Slider(1, 64, value=base_p.top_k, step=1, label="DART per-level top-k")
-                    ngram_w = gr.Slider(0.0, 2.0, value=base_p.ngram_weight, step=0.05, label="DART N-gram weight")
+                    budget = _slider("budget", base_p.budget, 1, "DART tree budget (nodes; 0 = no draft)")
+                    beam = _slider("beam_width", base_p.beam_width, 1, "DART beam width")
+                    level_k = _slider("level_top_k", base_p.top_k, 1, "DART per-level top-k")
+                    ngram_w = _slider("ngram_weight", base_p.ngram_weight, 0.05, "DART N-gram weight")
                 with gr.Row(visible="eagle3" in self.available):
-                    e_total = gr.Slider(1, 256, value=base_e.total_token, step=1, label="EAGLE-3 total tokens")
-                    e_depth = gr.Slider(0, 16, value=base_e.depth, step=1, label="EAGLE-3 depth")
-                    e_topk = gr.Slider(1, 32, value=base_e.top_k, step=1, label="EAGLE-3 top-k")
+                    e_total = _slider("eagle3_total_token", base_e.total_token, 1, "EAGLE-3 total tokens")
+                    e_depth = _slider("eagle3_depth", base_e.depth, 1, "EAGLE-3 depth")
+                    e_topk = _slider("eagle3_top_k", base_e.top_k, 1, "EAGLE-3 top-k")
             self.controls = Controls(self.prompt, max_new, temperature, top_p, top_k, budget, beam, level_k, ngram_w,
                                      e_total, e_depth, e_topk)
             self.status = gr.Markdown("Pick an example or type a prompt, then **Run** (or **Step once**).",

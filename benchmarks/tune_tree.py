@@ -28,16 +28,26 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, str(ROOT))
+
+from dart_core.limits import LIMITS  # noqa: E402
+
 DEV_QUESTIONS = ROOT.parent / "shared" / "data" / "eval" / "alpaca.jsonl"
 
 
 def parse_int_list(text: str) -> list[int]:
+    """--budgets: comma-separated DART tree budgets, each in the range every entry shares (0 = no draft)."""
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"budgets must be >= 1, got {text!r}")
+    if not values:
+        raise argparse.ArgumentTypeError("--budgets is empty")
+    for v in values:
+        why = LIMITS["budget"].problem(v)
+        if why is not None:
+            raise argparse.ArgumentTypeError(f"--budgets: every budget {why}")
     return values
 
 
@@ -49,6 +59,10 @@ def parse_eagle3_trees(text: str) -> list[tuple[int, int, int]]:
         except ValueError:
             raise argparse.ArgumentTypeError(f"EAGLE-3 trees are total_token/depth/top_k triples such as 60/7/10, "
                                              f"got {item!r}") from None
+        for key, v in zip(("eagle3_total_token", "eagle3_depth", "eagle3_top_k"), (total, depth, top_k)):
+            why = LIMITS[key].problem(v)
+            if why is not None:
+                raise argparse.ArgumentTypeError(f"--eagle3-trees {item}: {LIMITS[key].label} {why}")
         trees.append((total, depth, top_k))
     if not trees:
         raise argparse.ArgumentTypeError("--eagle3-trees is empty")
@@ -80,7 +94,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--budgets", type=parse_int_list, default=parse_int_list("8,15,25,40,60"),
                    help="DART tree budgets (drafted nodes, root excluded)")
-    p.add_argument("--beam-width", type=int, default=None, help="DART beam; default: min(budget, 20)")
+    p.add_argument("--beam-width", type=LIMITS["beam_width"].arg_type("--beam-width"), default=None,
+                   help="DART beam; default: min(budget, 20), at least 1")
     p.add_argument("--tables", default=None,
                    help="comma-separated N-gram tables to compare ('none' = no N-gram term); default: the default table")
     p.add_argument("--eagle3-trees", type=parse_eagle3_trees, default=parse_eagle3_trees("60/7/10,30/5/8,16/4/4"),
@@ -104,6 +119,17 @@ def main(argv=None) -> int:
         e3_trees = [Eagle3TreeConfig(total_token=t, depth=d, top_k=k) for t, d, k in args.eagle3_trees]
     except ValueError as e:
         p.error(f"--eagle3-trees: {e}")
+    try:
+        default = PruningConfig()
+        # budget 0 (no draft) still needs a beam of 1
+        dart_cfgs = {b: PruningConfig(budget=b, beam_width=args.beam_width or max(1, min(b, default.beam_width)))
+                     for b in args.budgets}
+    except ValueError as e:
+        p.error(f"--budgets/--beam-width: {e}")
+    try:
+        config = GenerationConfig(max_new_tokens=args.max_new_tokens, max_length=2048)
+    except ValueError as e:
+        p.error(f"--max-new-tokens: {e}")
 
     target = load_target(args.base_model_name_or_path, dtype=args.dtype)
     runners = {"vanilla": EngineRunner("vanilla", target, None)}
@@ -113,11 +139,9 @@ def main(argv=None) -> int:
                                       with_ngram=False)
         stores = {t: open_ngram(t, target.tokenizer, bundled=is_bundled_target(args.base_model_name_or_path))
                   for t in tables}
-        default = PruningConfig()
         for t in tables:
             for b in args.budgets:
-                beam = args.beam_width or min(b, default.beam_width)
-                cfg = PruningConfig(budget=b, beam_width=beam)
+                cfg = dart_cfgs[b]
                 name = f"dart@{b}" + (f"/{Path(t).stem}" if len(tables) > 1 else "")
                 arms[name] = {"method": "dart", "nodes": b + 1, "budget": b, "table": t or "default"}
                 runners[name] = EngineRunner(name, target,
@@ -131,7 +155,6 @@ def main(argv=None) -> int:
             # each arm its own drafter (its own head cache); the head's weights are shared
             runners[name] = EngineRunner(name, target, Eagle3Drafter(e3_head, tree))
     questions = load_questions(args.questions, args.limit)
-    config = GenerationConfig(max_new_tokens=args.max_new_tokens, max_length=2048)
     records = run_benchmark(target, runners, questions, config)
 
     def rate(name):

@@ -15,6 +15,13 @@ from __future__ import annotations
 
 import argparse
 
+from .limits import LIMITS
+
+
+def _limit(key: str, flag: str):
+    """argparse type: the range of LIMITS[key], checked at parse time (before any model load)."""
+    return LIMITS[key].arg_type(flag)
+
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("dart")
@@ -24,13 +31,14 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="N-gram table for dart: .dngram file, directory, Hub repo, or 'none'; default: the bundled one")
     g.add_argument("--small-ngram", action="store_true", help="prefer small.* over full.* tables in a directory/repo")
     # Pruner knobs: unset flags take the target's default (dart_core.pruning.default_pruning).
-    g.add_argument("--tree-budget", type=int, default=None, metavar="N",
-                   help="drafted nodes kept per step, root excluded (default: the target's tuned value, else 60)")
-    g.add_argument("--beam-width", type=int, default=None, metavar="N",
+    g.add_argument("--tree-budget", type=_limit("budget", "--tree-budget"), default=None, metavar="N",
+                   help="drafted nodes kept per step, root excluded; 0 = no draft, a plain target step (default: the "
+                        "target's tuned value, else 60)")
+    g.add_argument("--beam-width", type=_limit("beam_width", "--beam-width"), default=None, metavar="N",
                    help="candidates expanded per tree level (default: the target's tuned value, else 20)")
-    g.add_argument("--per-level-top-k", type=int, default=None, metavar="K",
+    g.add_argument("--per-level-top-k", type=_limit("level_top_k", "--per-level-top-k"), default=None, metavar="K",
                    help="tokens taken from each head row (default: the target's tuned value, else 25)")
-    g.add_argument("--ngram-weight", type=float, default=None, metavar="W",
+    g.add_argument("--ngram-weight", type=_limit("ngram_weight", "--ngram-weight"), default=None, metavar="W",
                    help="weight of the N-gram term (default 0.5; dart_no_ngram has no N-gram term)")
 
 
@@ -59,11 +67,12 @@ def _add_eagle3_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eagle3-model-name-or-path", default=None, metavar="HEAD",
                    help="EAGLE-3 head: directory (config.json + model.safetensors or pytorch_model.bin) or Hub id; "
                         "default: the bundled head (assets/eagle3/)")
-    g.add_argument("--eagle3-total-token", type=int, default=None, metavar="N",
+    g.add_argument("--eagle3-total-token", type=_limit("eagle3_total_token", "--eagle3-total-token"), default=None,
+                   metavar="N",
                    help="nodes verified per step, root included (default: the target's tuned value, else 60)")
-    g.add_argument("--eagle3-depth", type=int, default=None, metavar="N",
+    g.add_argument("--eagle3-depth", type=_limit("eagle3_depth", "--eagle3-depth"), default=None, metavar="N",
                    help="tree forwards per step, drafted depth <= N + 1 (default: the target's tuned value, else 7)")
-    g.add_argument("--eagle3-top-k", type=int, default=None, metavar="K",
+    g.add_argument("--eagle3-top-k", type=_limit("eagle3_top_k", "--eagle3-top-k"), default=None, metavar="K",
                    help="children per expanded node (default: the target's tuned value, else 10)")
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -30,6 +29,7 @@ from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
 from . import viz
 from .config import ConfigError, GenerationConfig
 from .decoding import GenerationResult, SpeculativeEngine
+from .limits import LIMITS, Limit
 from .pruning import PruningConfig
 from .trace import StepTrace
 
@@ -42,6 +42,8 @@ EXPORT_FORMAT = "dart-demo-run"
 EXPORT_VERSION = 1
 
 Decode = Callable[[list[int]], str]
+#: answer tokens per request; the server's own cap (--max-new-tokens) is checked in generation_config
+MAX_NEW_TOKENS = Limit("Max new tokens", 1, None, True)
 
 
 def label_of(name: str) -> str:
@@ -69,54 +71,37 @@ class RunSettings:
     eagle3_depth: int | None = None
     eagle3_top_k: int | None = None
 
-    # (field, page name, lowest value, highest value or None, integer?)
-    _RULES = (
-        ("max_new_tokens", "Max new tokens", 1, None, True),
-        ("temperature", "Temperature", 0.0, None, False),
-        ("top_p", "Top-p", 0.0, 1.0, False),
-        ("top_k", "Top-k", 0, None, True),
-        ("budget", "DART tree budget", 0, 1024, True),
-        ("beam_width", "DART beam width", 1, 256, True),
-        ("level_top_k", "DART per-level top-k", 1, 256, True),
-        ("ngram_weight", "DART N-gram weight", 0.0, 100.0, False),
-        ("eagle3_total_token", "EAGLE-3 total tokens", 1, 1024, True),
-        ("eagle3_depth", "EAGLE-3 depth", 0, 64, True),
-        ("eagle3_top_k", "EAGLE-3 top-k", 1, 256, True),
-    )
+    # (field, limit): the ranges live in dart_core.limits, shared with the sliders, the tree configs and CLI flags
+    _RULES = (("max_new_tokens", MAX_NEW_TOKENS),) + tuple((name, LIMITS[name]) for name in (
+        "temperature", "top_p", "top_k", "budget", "beam_width", "level_top_k", "ngram_weight",
+        "eagle3_total_token", "eagle3_depth", "eagle3_top_k"))
 
     @classmethod
     def from_values(cls, **values: Any) -> "RunSettings":
         """Settings from loosely typed page values (floats from sliders, None from empty boxes), checked.
         Raises ConfigError naming the control to change."""
         s = cls()
-        for name, page, low, high, integer in cls._RULES:
+        for name, limit in cls._RULES:
             if name not in values or values[name] is None:
                 continue
             v = values[name]
-            try:
-                fv = float(v)
-            except (TypeError, ValueError):
-                raise ConfigError(f"{page} must be a number, got {v!r}: set the {page} control") from None
-            if not math.isfinite(fv):
-                raise ConfigError(f"{page} must be a finite number, got {v!r}: set the {page} control")
-            if integer and fv != int(fv):
-                raise ConfigError(f"{page} must be a whole number, got {v!r}: set the {page} control")
-            setattr(s, name, int(fv) if integer else fv)
+            why = limit.problem(v)
+            if why is not None:
+                raise ConfigError(f"{limit.label} {why}: set the {limit.label} control")
+            setattr(s, name, int(float(v)) if limit.integer else float(v))
         if "seed" in values and values["seed"] not in (None, ""):
             s.seed = int(values["seed"])
         s.validate()
         return s
 
     def validate(self) -> None:
-        for name, page, low, high, _ in self._RULES:
+        for name, limit in self._RULES:
             v = getattr(self, name)
             if v is None:
                 continue
-            if name == "top_p" and not (0.0 < v <= 1.0):
-                raise ConfigError(f"{page} must be in (0, 1] (1 = off), got {v}: set the {page} slider")
-            if v < low or (high is not None and v > high):
-                rng = f">= {low}" if high is None else f"between {low} and {high}"
-                raise ConfigError(f"{page} must be {rng}, got {v}: set the {page} control")
+            why = limit.problem(v)
+            if why is not None:
+                raise ConfigError(f"{limit.label} {why}: set the {limit.label} control")
 
     @property
     def greedy(self) -> bool:

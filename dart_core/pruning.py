@@ -32,6 +32,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .limits import LIMITS, PRUNING_FIELDS
 from .trace import ScoredCandidates
 from .tree import DraftTree
 
@@ -42,7 +43,7 @@ class PruningConfig:
 
     top_k         tokens per level taken from each row (the row's best by logit)
     beam_width    candidates expanded per level
-    budget        drafted nodes kept in the tree, root excluded (61 nodes verified at 60)
+    budget        drafted nodes kept in the tree, root excluded (61 nodes verified at 60; 0 = draft nothing)
     level_decay   w_lvl(l) = (l + 1) ** -level_decay
     logit_decay   w_logit(l) = logit_decay ** l
     ngram_weight  weight of the N-gram log-probability (levels >= 1); 0 disables it
@@ -63,17 +64,18 @@ class PruningConfig:
         """Raise ValueError naming the field to change."""
         def bad(name: str, rule: str) -> ValueError:
             return ValueError(f"PruningConfig.{name}={getattr(self, name)!r}: {rule}")
-        for name in ("top_k", "beam_width"):
-            if int(getattr(self, name)) < 1:
-                raise bad(name, "must be >= 1")
-        if int(self.budget) < 0:
-            raise bad("budget", "must be >= 0")
+        # budget, beam_width, top_k, ngram_weight: the low ends every entry point shares (dart_core.limits; the
+        # page and the CLI flags also cap the high ends). budget 0 = draft nothing (each step is a plain target step)
+        for name, key in PRUNING_FIELDS.items():
+            why = LIMITS[key].problem(getattr(self, name), upper=False)
+            if why is not None:
+                raise bad(name, why + (" (a negative weight would let scores rise along a path)"
+                                       if name == "ngram_weight" else ""))
         if not math.isfinite(self.level_decay):
             raise bad("level_decay", "must be finite")
-        for name in ("logit_decay", "ngram_weight"):
-            v = float(getattr(self, name))
-            if not (math.isfinite(v) and v >= 0):
-                raise bad(name, "must be finite and >= 0 (a negative weight would let scores rise along a path)")
+        v = float(self.logit_decay)
+        if not (math.isfinite(v) and v >= 0):
+            raise bad("logit_decay", "must be finite and >= 0 (a negative weight would let scores rise along a path)")
         if not (math.isfinite(self.eps) and self.eps > 0):
             raise bad("eps", "must be finite and > 0")
 

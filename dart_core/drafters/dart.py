@@ -7,9 +7,9 @@ Per step (``propose``): the head runs once over the positions committed since th
 plus its D mask slots and returns D+1 logit rows (row l = tree level l). Each row's top-k
 draft ids are mapped to target ids through ``d2t`` and handed with their logits to
 :func:`dart_core.pruning.prune_dart_tree`, which scores every candidate with its logit and
-N-gram terms and keeps the best ``budget`` nodes. Every scored candidate (kept or pruned)
-goes into the Proposal, so the StepTrace keeps it. Stage times: ``draft_forward_s`` = the
-head forward; ``tree_build_s`` = top-k + pruning.
+N-gram terms and keeps the best ``budget`` nodes (budget 0: no draft, a plain target step).
+Every scored candidate (kept or pruned) goes into the Proposal, so the StepTrace keeps it.
+Stage times: ``draft_forward_s`` = the head forward; ``tree_build_s`` = top-k + pruning.
 
 State across a request: the head's KV cache holds one entry per committed position; the
 features of newly committed positions (from ``begin`` / ``observe``) wait in ``_pending``
@@ -27,6 +27,7 @@ import torch
 from ..models.dart_head import DartHead
 from ..models.native_linear import use_native_linears
 from ..pruning import PruningConfig, prune_dart_tree
+from ..tree import DraftTree
 from .base import FeatureDrafter, Proposal
 
 
@@ -51,10 +52,23 @@ class DartDrafter(FeatureDrafter):
         self.pruning.validate()
         self.backend = backend
         self.name = name
-        self.max_tree_nodes = int(self.pruning.budget) + 1
+        self.max_tree_nodes = self._tree_size_bound(head.config.draft_length + 1, head.config.draft_vocab_size)
         self._cache = head.new_cache()
         self._pending: torch.Tensor | None = None   # [n, 3H] features of positions not yet in the head cache
         self._d2t = head.d2t
+
+    def _tree_size_bound(self, rows: int, draft_vocab: int) -> int:
+        """Nodes (root included) of the largest tree this drafter can propose: the budget, or fewer when the
+        head's rows x top-k x beam cannot produce that many candidates (so a huge budget sizes no cache)."""
+        p = self.pruning
+        levels, k = min(rows, int(p.budget)), min(int(p.top_k), draft_vocab)
+        total, width = 0, 1
+        for _ in range(levels):
+            width = min(width, int(p.beam_width)) * k if total else k
+            total += width
+            if total >= p.budget:
+                break
+        return min(int(p.budget), total) + 1
 
     # ------------------------------------------------------------------ protocol
 
@@ -62,6 +76,11 @@ class DartDrafter(FeatureDrafter):
         if self._pending is None:
             raise RuntimeError("DartDrafter.propose() called twice without observe(): the engine must report "
                                "every verify step through observe()")
+        if int(self.pruning.budget) == 0:
+            # Budget 0 drafts nothing: the step is one plain target forward (the output equals vanilla's). The
+            # head never runs, so its cache is not needed; begin() resets it for the next request.
+            self._pending = None
+            return Proposal(tree=DraftTree.root_only(int(context[-1])))
         dev = self.head.fc.weight.device
         sync = dev.type == "cuda"
         n = int(self._pending.shape[0])

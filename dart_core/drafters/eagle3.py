@@ -33,6 +33,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..limits import EAGLE3_FIELDS, LIMITS
 from ..models.eagle3_head import Eagle3Head
 from ..models.native_linear import use_native_linears
 from ..trace import ScoredCandidates
@@ -58,10 +59,12 @@ class Eagle3TreeConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the field to change."""
-        for name, low in (("total_token", 1), ("depth", 0), ("top_k", 1)):
+        for name, key in EAGLE3_FIELDS.items():  # the low ends every entry point shares (dart_core.limits)
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < low:
-                raise ValueError(f"Eagle3TreeConfig.{name}={v!r}: must be an integer >= {low}")
+            why = ("must be an integer" if not isinstance(v, int) or isinstance(v, bool)
+                   else LIMITS[key].problem(v, upper=False))
+            if why is not None:
+                raise ValueError(f"Eagle3TreeConfig.{name}={v!r}: {why}")
 
 
 # Measured per target (benchmarks/tune_tree.py --methods dart,eagle3 on dev prompts; README "EAGLE-3 baseline"):
@@ -113,7 +116,9 @@ class Eagle3Drafter(FeatureDrafter):
         self.tree_config = tree or Eagle3TreeConfig()
         self.tree_config.validate()
         self.name = name
-        self.max_tree_nodes = int(self.tree_config.total_token)
+        # the best total_token - 1 of at most k + depth * k^2 candidates, plus the root
+        k = min(int(self.tree_config.top_k), head.config.draft_vocab_size)
+        self.max_tree_nodes = min(int(self.tree_config.total_token), 1 + k + int(self.tree_config.depth) * k * k)
         self._cache = head.new_cache()
         self._pending: torch.Tensor | None = None   # [n, 3H] features of positions not yet in the head cache
 

@@ -25,10 +25,14 @@ class PromptLookupDrafter:
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, num_pred_tokens: int = 10,
                  max_matches: int = 8, max_tree_nodes: int = 61):
-        if not 1 <= min_ngram <= max_ngram:
+        # the lowest value of each that drafts anything; every whole number from there on runs
+        for name, value, low in (("max_ngram", max_ngram, 1), ("min_ngram", min_ngram, 1),
+                                 ("num_pred_tokens", num_pred_tokens, 1), ("max_matches", max_matches, 1),
+                                 ("max_tree_nodes", max_tree_nodes, 2)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"PromptLookupDrafter {name} must be a whole number >= {low}, got {value!r}")
+        if min_ngram > max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        if num_pred_tokens < 1 or max_matches < 1 or max_tree_nodes < 2:
-            raise ValueError("num_pred_tokens and max_matches must be >= 1 and max_tree_nodes >= 2")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.num_pred_tokens, self.max_matches = num_pred_tokens, max_matches
         self.max_tree_nodes = max_tree_nodes

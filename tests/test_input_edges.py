@@ -1,0 +1,179 @@
+"""Inputs at the edges of what every entry offers: each tree knob at both ends of its range (dart_core.limits:
+the sliders, RunSettings, the configs, the CLI flags), DART budget 0 (no draft), tiny temperatures (the
+greedy limit) and prompts that are not valid Unicode text. Tiny random models only."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import app  # noqa: E402
+from dart_core.api import DartModel, dart_generate  # noqa: E402
+from dart_core.compare import EngineFactory, RunSettings  # noqa: E402
+from dart_core.config import ConfigError, GenerationConfig  # noqa: E402
+from dart_core.decoding import SpeculativeEngine  # noqa: E402
+from dart_core.drafters import PromptLookupDrafter  # noqa: E402
+from dart_core.drafters.dart import DartDrafter  # noqa: E402
+from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3TreeConfig  # noqa: E402
+from dart_core.limits import LIMITS  # noqa: E402
+from dart_core.models.dart_head import new_head_for_target  # noqa: E402
+from dart_core.models.eagle3_head import new_eagle3_head_for_target  # noqa: E402
+from dart_core.models.loader import load_target  # noqa: E402
+from dart_core.pruning import PruningConfig  # noqa: E402
+from dart_core.sampling import warp_probs  # noqa: E402
+from dart_core.templates import encode_chat, get_template  # noqa: E402
+from tiny_models import make_tiny_model_dir  # noqa: E402
+
+PROMPT = "Write a Python function."
+TREE_KNOBS = ("budget", "beam_width", "level_top_k", "ngram_weight", "eagle3_total_token", "eagle3_depth",
+              "eagle3_top_k")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    target = load_target(str(make_tiny_model_dir(tmp_path_factory.mktemp("edges"))), dtype="float32", device="cpu")
+    dart = new_head_for_target(target, draft_length=4, seed=1)
+    eagle = new_eagle3_head_for_target(target, seed=2)
+    ids = encode_chat(target.tokenizer, get_template(target.template_name), [{"role": "user", "content": PROMPT}])
+    return target, dart, eagle, ids
+
+
+@pytest.fixture(scope="module")
+def vis(tiny):
+    target, dart, eagle, _ = tiny
+    factory = EngineFactory(target, dart_head=dart, eagle3_head=eagle)
+    return app.Visualiser(target, app.parse_args(["--max-new-tokens", "24", "--max-length", "256"]), factory)
+
+
+def engines_for(tiny, settings: RunSettings, factory: EngineFactory) -> dict[str, SpeculativeEngine]:
+    """The three engines a page request with ``settings`` runs (RunSettings -> configs -> drafters)."""
+    target, dart, eagle, _ = tiny
+    return {"dart": SpeculativeEngine(target, DartDrafter(dart, None, target.eos_token_ids,
+                                                          settings.pruning(factory.dart_pruning))),
+            "eagle3": SpeculativeEngine(target, Eagle3Drafter(eagle, settings.eagle3_tree(factory.eagle3_tree_base))),
+            "vanilla": SpeculativeEngine(target)}
+
+
+def page_values(vis, **changes) -> tuple:
+    """The page's control values in SETTING_NAMES order: each slider's default, with ``changes`` applied."""
+    values = {name: getattr(vis.controls, name).value for name in app.SETTING_NAMES}
+    values["max_new_tokens"] = 6
+    values.update(changes)
+    return tuple(values[name] for name in app.SETTING_NAMES)
+
+
+def finished(vis, prompt: str, values: tuple) -> str:
+    return list(vis.run(None, prompt, *values))[-1][vis.status]
+
+
+# ---------------------------------------------------------------------------------------------- item 5: budget 0
+def test_dart_budget_zero_drafts_nothing_and_equals_vanilla(tiny, vis):
+    target, dart, _, ids = tiny
+    drafter = DartDrafter(dart, None, target.eos_token_ids, PruningConfig(budget=0))
+    assert drafter.max_tree_nodes == 1
+    cfg = GenerationConfig(max_new_tokens=12, max_length=256)
+    out = SpeculativeEngine(target, drafter).generate(ids, cfg)
+    assert out.tokens == SpeculativeEngine(target).generate(ids, cfg).tokens
+    assert out.traces and all(len(st.tree) == 1 and st.candidates is None for st in out.traces)
+    # the same DART drafter decodes again with a budget afterwards (its head cache is reset per request)
+    again = SpeculativeEngine(target, DartDrafter(dart, None, target.eos_token_ids, PruningConfig(budget=4)))
+    assert again.generate(ids, cfg).tokens == out.tokens
+    # on the page: the slider's lowest value runs, the answer is the baseline's, the narration says why
+    final = list(vis.run(None, PROMPT, *page_values(vis, budget=0)))[-1]
+    assert final[vis.status].startswith("✓ **Done"), final[vis.status]
+    assert "identical to the baseline" in final[vis.metrics["dart"]]
+    assert "proposed no draft" in vis.show_step(final[vis.tab], 2)[vis.step_text["dart"]]
+
+
+def test_sliders_span_only_allowed_values_and_both_ends_run(vis):
+    for name in ("temperature", "top_p", "top_k") + TREE_KNOBS:
+        slider, limit = getattr(vis.controls, name), LIMITS[name]
+        assert limit.problem(slider.minimum) is None and limit.problem(slider.maximum) is None, name
+        for end in (slider.minimum, slider.maximum):
+            status = finished(vis, PROMPT, page_values(vis, **{name: end}))
+            assert status.startswith("✓ **Done") and "⚠" not in status, (name, end, status)
+    lo, hi = vis.controls.max_new_tokens.minimum, vis.controls.max_new_tokens.maximum
+    for end in (lo, hi):
+        status = finished(vis, PROMPT, page_values(vis, max_new_tokens=end))
+        assert status.startswith("✓ **Done") and "⚠" not in status, (end, status)
+
+
+@pytest.mark.parametrize("name", TREE_KNOBS)
+def test_every_tree_knob_runs_losslessly_at_both_ends_of_its_range(tiny, vis, name):
+    """The settings API takes [low, high] of each knob: both ends build engines that run, and greedy output
+    equals the baseline's (so no value an entry accepts fails later in the engine)."""
+    _, _, _, ids = tiny
+    limit = LIMITS[name]
+    cfg = GenerationConfig(max_new_tokens=3, max_length=256)
+    for end in (limit.low, limit.high):
+        engines = engines_for(tiny, RunSettings.from_values(**{name: end}), vis.factory)
+        outs = {k: e.generate(ids, cfg).tokens for k, e in engines.items()}
+        assert outs["dart"] == outs["vanilla"] and outs["eagle3"] == outs["vanilla"], (name, end)
+    for bad in (limit.low - 1, (limit.high or 0) + 1, 2.5, float("nan")):
+        if bad == 2.5 and not limit.integer:
+            continue
+        with pytest.raises(ConfigError, match=limit.label):
+            RunSettings.from_values(**{name: bad})
+
+
+def test_the_configs_refuse_what_cannot_run_and_bound_their_trees(tiny):
+    target, dart, eagle, _ = tiny
+    for kw in ({"budget": -1}, {"beam_width": 0}, {"top_k": 0}, {"ngram_weight": -1.0}, {"budget": 2.5}):
+        with pytest.raises(ValueError, match=f"PruningConfig.{next(iter(kw))}"):
+            PruningConfig(**kw)
+    for kw in ({"total_token": 0}, {"depth": -1}, {"top_k": 0}, {"depth": 1.0}):
+        with pytest.raises(ValueError, match=f"Eagle3TreeConfig.{next(iter(kw))}"):
+            Eagle3TreeConfig(**kw)
+    # the Python API may ask for more than the page allows; the drafters size their trees (and so the KV
+    # cache) by the candidates they can produce, not by the request
+    huge = DartDrafter(dart, None, target.eos_token_ids, PruningConfig(budget=10**9, beam_width=10**12, top_k=3))
+    assert huge.max_tree_nodes == 1 + 3 + 9 + 27 + 81 + 243   # 5 head rows, top-3 each, every beam full
+    assert Eagle3Drafter(eagle, Eagle3TreeConfig(total_token=10**9, depth=2, top_k=3)).max_tree_nodes == 1 + 3 + 18
+
+
+def test_prompt_lookup_lengths_run_from_their_lowest_value_and_refuse_below(tiny):
+    target, _, _, ids = tiny
+    cfg = GenerationConfig(max_new_tokens=10, max_length=256)
+    ref = SpeculativeEngine(target).generate(ids, cfg).tokens
+    low = PromptLookupDrafter(max_ngram=1, min_ngram=1, num_pred_tokens=1, max_matches=1, max_tree_nodes=2)
+    assert SpeculativeEngine(target, low).generate(ids, cfg).tokens == ref
+    for kw in ({"num_pred_tokens": 0}, {"num_pred_tokens": 2.5}, {"max_matches": 0}, {"max_tree_nodes": 1},
+               {"min_ngram": 0}, {"max_ngram": True}):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            PromptLookupDrafter(**kw)
+    with pytest.raises(ValueError, match="min_ngram <= max_ngram"):
+        PromptLookupDrafter(max_ngram=1, min_ngram=2)
+
+
+def test_cli_tree_flags_share_the_ranges_and_fail_before_loading(capsys):
+    from dart_core.bench import build_parser
+
+    parser = build_parser()
+    ok = parser.parse_args(["--questions", "q.jsonl", "--tree-budget", "0", "--eagle3-depth", "0",
+                            "--eagle3-total-token", "1024", "--ngram-weight", "0"])
+    assert ok.tree_budget == 0 and ok.eagle3_depth == 0 and ok.eagle3_total_token == 1024
+    for flag, value in (("--tree-budget", "-1"), ("--tree-budget", "1025"), ("--beam-width", "0"),
+                        ("--per-level-top-k", "2.5"), ("--ngram-weight", "nan"), ("--eagle3-total-token", "0"),
+                        ("--eagle3-depth", "65"), ("--eagle3-top-k", "x")):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--questions", "q.jsonl", flag, value])
+        assert flag in capsys.readouterr().err
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "tune_tree.py"
+    spec = importlib.util.spec_from_file_location("tune_tree_edges", path)
+    tune_tree = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tune_tree)
+    assert tune_tree.parse_int_list("0,2,1024") == [0, 2, 1024]
+    for bad in ("-1", "1025"):
+        with pytest.raises(argparse.ArgumentTypeError, match="between 0 and 1024"):
+            tune_tree.parse_int_list(bad)
+    with pytest.raises(argparse.ArgumentTypeError, match="EAGLE-3 depth"):
+        tune_tree.parse_eagle3_trees("60/65/10")
+    with pytest.raises(SystemExit):   # refused before the model load (which would take seconds)
+        tune_tree.main(["--budgets", "0", "--max-new-tokens", "0", "--base-model-name-or-path", "/nonexistent"])
+    assert "--max-new-tokens" in capsys.readouterr().err
