@@ -39,8 +39,8 @@ class GenerationConfig:
             raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
         if not isinstance(self.max_length, int) or self.max_length < 2:
             raise ConfigError(f"max_length must be an integer >= 2, got {self.max_length!r}")
-        if not (self.temperature >= 0.0):  # also rejects NaN
-            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
+        if not (0.0 <= self.temperature < float("inf")):  # also rejects NaN; tiny values act as greedy (sampling.py)
+            raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
         if not (0.0 < self.top_p <= 1.0):
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.top_k, int) or self.top_k < 0:

@@ -33,8 +33,19 @@ class Acceptance:
 
 
 def warp_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """[..., V] logits -> [..., V] float32 probabilities after temperature, top-k, then top-p (HF order)."""
-    x = logits.float() / temperature
+    """[..., V] logits -> [..., V] float32 probabilities after temperature, top-k, then top-p (HF order).
+
+    Any temperature > 0 gives a valid distribution: the logits are shifted so their maximum is 0 before the
+    division, so a tiny temperature (1e-39, even a subnormal one) cannot overflow the maximum to inf (inf - inf
+    made NaN). As the temperature goes to 0 the distribution tends to the one-hot argmax (greedy decoding),
+    split evenly between exactly tied maxima; a temperature too small for float32 is that limit.
+    """
+    if not temperature > 0:
+        raise ValueError(f"warp_probs needs a temperature > 0 (0 = greedy: take the argmax), got {temperature!r}")
+    x = logits.float()
+    x = x - x.amax(dim=-1, keepdim=True)  # <= 0; the maximum is exactly 0
+    # 0 / t stays 0 for the maximum even when t rounds to 0 in float32 (0 / 0 would be NaN); the rest -> -inf
+    x = torch.where(x < 0, x / temperature, x)
     if top_k and top_k < x.shape[-1]:
         kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))

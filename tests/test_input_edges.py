@@ -177,3 +177,49 @@ def test_cli_tree_flags_share_the_ranges_and_fail_before_loading(capsys):
     with pytest.raises(SystemExit):   # refused before the model load (which would take seconds)
         tune_tree.main(["--budgets", "0", "--max-new-tokens", "0", "--base-model-name-or-path", "/nonexistent"])
     assert "--max-new-tokens" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- item 6: temperature
+TINY_TEMPERATURES = (1e-320, 1e-45, 1e-39, 1e-8)
+
+
+def test_warp_probs_is_a_distribution_at_every_temperature():
+    torch.manual_seed(0)
+    logits = torch.randn(4, 300) * 5
+    logits[0, 7] = float("-inf")                         # a masked token stays impossible
+    for t in TINY_TEMPERATURES + (0.05, 0.7, 1.0, 2.0, 1e6):
+        for top_k, top_p in ((0, 1.0), (5, 1.0), (0, 0.5), (20, 0.9)):
+            p = warp_probs(logits, t, top_k, top_p)
+            assert torch.isfinite(p).all() and (p >= 0).all(), (t, top_k, top_p)
+            assert torch.allclose(p.sum(-1), torch.ones(4), atol=1e-5) and p[0, 7] == 0
+            if t in TINY_TEMPERATURES:                       # the limit: all mass on the argmax
+                assert torch.equal(p.argmax(-1), logits.argmax(-1)) and (p.max(-1).values == 1).all()
+    with pytest.raises(ValueError, match="temperature > 0"):
+        warp_probs(logits, 0.0)
+    with pytest.raises(ConfigError, match="temperature"):
+        GenerationConfig(temperature=float("inf"))
+
+
+@pytest.mark.parametrize("temperature", (0.0,) + TINY_TEMPERATURES)
+def test_tiny_temperatures_decode_as_greedy_in_every_engine(tiny, vis, temperature):
+    _, _, _, ids = tiny
+    greedy = GenerationConfig(max_new_tokens=10, max_length=256)
+    cfg = GenerationConfig(max_new_tokens=10, max_length=256, temperature=temperature, seed=1)
+    settings = RunSettings.from_values(budget=6, eagle3_total_token=8, eagle3_depth=2, eagle3_top_k=3)
+    for name, engine in engines_for(tiny, settings, vis.factory).items():
+        want = SpeculativeEngine(engine.target).generate(ids, greedy).tokens
+        assert engine.generate(ids, cfg).tokens == want, (name, temperature)
+
+
+def test_normal_temperatures_give_valid_answers_and_the_page_runs_tiny_ones(tiny, vis):
+    target, _, _, ids = tiny
+    for t in (0.05, 0.7, 2.0):
+        cfg = GenerationConfig(max_new_tokens=10, max_length=256, temperature=t, top_p=0.9, top_k=50, seed=3)
+        for name, engine in engines_for(tiny, RunSettings.from_values(budget=6), vis.factory).items():
+            out = engine.generate(ids, cfg)
+            assert 1 <= len(out.tokens) <= 10 and all(0 <= x < target.vocab_size for x in out.tokens), (name, t)
+    for t in (1e-39, 1e-45):
+        final = list(vis.run(None, PROMPT, *page_values(vis, temperature=t)))[-1]
+        assert final[vis.status].startswith("✓ **Done") and "⚠" not in final[vis.status], final[vis.status]
+        runs = final[vis.tab].record.runs
+        assert runs["dart"].tokens == runs["vanilla"].tokens == runs["eagle3"].tokens
