@@ -33,7 +33,7 @@ from .decoding import GenerationStats, SpeculativeEngine
 from .drafters.dart import DartDrafter
 from .models.dart_head import DartHead, DartHeadError, load_dart_head
 from .pruning import PruningConfig, default_pruning
-from .templates import TEMPLATE_REGISTRY, encode_chat, get_template
+from .templates import TEMPLATE_REGISTRY, check_text, encode_chat, get_template
 from .trace import StepTrace
 
 logger = logging.getLogger(__name__)
@@ -170,7 +170,7 @@ class DartModel:
             return encode_chat(self.tokenizer, self.template, list(messages))
         if not isinstance(prompt, str):
             raise ConfigError(f"prompt must be a string (formatted chat text), got {type(prompt).__name__}")
-        return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+        return list(self.tokenizer.encode(check_text(prompt, "prompt="), add_special_tokens=False))
 
 
 def is_bundled_target(base_model_name_or_path: str | None) -> bool:

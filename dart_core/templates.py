@@ -76,7 +76,28 @@ def guess_template_name(model_type: str) -> str:
     return {"qwen3": "qwen", "qwen2": "qwen2"}.get(model_type, "smollm2")
 
 
+def check_text(text: object, what: str = "the prompt") -> str:
+    """``text`` if it is a string of valid Unicode; else ConfigError (a ValueError) saying what is wrong and
+    how to fix it. A lone surrogate (e.g. "\\ud800", from a broken JSON escape or a cut emoji) cannot be
+    encoded as UTF-8, and the tokenizer would fail on it with a bare TypeError."""
+    from .config import ConfigError
+
+    if not isinstance(text, str):
+        raise ConfigError(f"{what} must be text (a str), got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start]
+        raise ConfigError(f"{what} is not valid Unicode text: character {exc.start} is a lone surrogate "
+                          f"(U+{ord(bad):04X}), half of a character pair that lost its other half (e.g. a cut emoji "
+                          "or a broken \\u escape); remove it or paste the text again") from None
+    return text
+
+
 def encode_chat(tokenizer, template: ChatTemplate, messages: Sequence[Message],
                 add_generation_prompt: bool = True) -> list[int]:
+    for i, m in enumerate(messages):
+        if isinstance(m, dict):
+            check_text(m.get("content"), "the prompt" if len(messages) == 1 else f"message {i + 1}'s content")
     text = template.render(messages, add_generation_prompt=add_generation_prompt)
     return list(tokenizer.encode(text, add_special_tokens=False))

@@ -223,3 +223,32 @@ def test_normal_temperatures_give_valid_answers_and_the_page_runs_tiny_ones(tiny
         assert final[vis.status].startswith("✓ **Done") and "⚠" not in final[vis.status], final[vis.status]
         runs = final[vis.tab].record.runs
         assert runs["dart"].tokens == runs["vanilla"].tokens == runs["eagle3"].tokens
+
+
+# ---------------------------------------------------------------------------------------------- item 7: bad text
+BAD_TEXT = ("\ud800", "question \udfff?", "a\ud83d")   # lone surrogates (the last: half of an emoji's pair)
+
+
+@pytest.mark.parametrize("prompt", BAD_TEXT)
+def test_a_prompt_that_is_not_unicode_text_is_a_clear_error_in_the_page(vis, prompt):
+    final = list(vis.run(None, prompt, *page_values(vis)))[-1]
+    status = final[vis.status]
+    assert status.startswith("⚠ **Cannot run:** the prompt is not valid Unicode text") and "lone surrogate" in status
+    assert "remove it" in status
+    stepped = vis.step_once(None, prompt, *page_values(vis))[vis.status]
+    assert stepped.startswith("⚠ **Cannot step:** the prompt is not valid Unicode text"), stepped
+    assert finished(vis, "emoji 😀 and é are fine", page_values(vis)).startswith("✓ **Done")
+
+
+def test_a_prompt_that_is_not_unicode_text_is_a_clear_error_in_the_python_api(tiny):
+    target, dart, _, _ = tiny
+    model = DartModel(target, dart, None, pruning=PruningConfig(budget=4))
+    for text in BAD_TEXT:
+        with pytest.raises(ValueError, match="not valid Unicode text.*lone surrogate"):
+            dart_generate(model, prompt=text, max_new_token_num=4)
+        with pytest.raises(ValueError, match="not valid Unicode text"):
+            dart_generate(model, messages=[{"role": "user", "content": text}], max_new_token_num=4)
+        with pytest.raises(ConfigError, match="message 2's content is not valid"):
+            encode_chat(target.tokenizer, model.template, [{"role": "user", "content": "hi"},
+                                                           {"role": "assistant", "content": text}])
+    assert dart_generate(model, messages=[{"role": "user", "content": "😀"}], max_new_token_num=3).tokens
