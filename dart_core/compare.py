@@ -29,6 +29,7 @@ from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
 from . import viz
 from .config import ConfigError, GenerationConfig
 from .decoding import GenerationResult, SpeculativeEngine
+from .export_schema import EXPORT_FORMAT, EXPORT_VERSION, ReplayError, validate_export  # noqa: F401 (re-exported)
 from .limits import LIMITS, Limit
 from .pruning import PruningConfig
 from .trace import StepTrace
@@ -38,8 +39,6 @@ logger = logging.getLogger(__name__)
 BASELINE = "vanilla"
 #: Column order and display names of the engines the app knows.
 ENGINE_LABELS: dict[str, str] = {"dart": "DART", "eagle3": "EAGLE-3", "vanilla": "Vanilla (baseline)"}
-EXPORT_FORMAT = "dart-demo-run"
-EXPORT_VERSION = 1
 
 Decode = Callable[[list[int]], str]
 #: answer tokens per request; the server's own cap (--max-new-tokens) is checked in generation_config
@@ -532,43 +531,40 @@ class RunRecord:
 
     @classmethod
     def from_export(cls, data: Mapping[str, Any] | str | bytes | Path) -> "RunRecord":
-        """Read an exported run (a dict, JSON text/bytes, or a file path). Raises ValueError that says
-        what is wrong with the file."""
+        """Read an exported run (a dict, JSON text/bytes, or a file path). The whole record is checked once
+        here (dart_core.export_schema), so a record that loads renders every step. Raises ReplayError (a
+        ValueError) that says where the file is wrong and what to do; OSError when a path cannot be read."""
         if isinstance(data, Path):
             data = data.read_bytes()
         if isinstance(data, bytes):
             try:
                 data = data.decode("utf-8")
-            except UnicodeDecodeError:
-                raise ValueError("the trace file is not UTF-8 JSON: choose a file saved with "
-                                 "\"Export traces\"") from None
+            except UnicodeDecodeError as exc:
+                raise ReplayError(f"byte {exc.start}", "the trace file is not UTF-8 JSON: choose a file saved with "
+                                  "\"Export traces\"") from None
         if isinstance(data, str):
             try:
                 data = json.loads(data)
             except json.JSONDecodeError as exc:
-                raise ValueError(f"the trace file is not valid JSON ({exc.msg} at line {exc.lineno}): choose a "
-                                 "file saved with \"Export traces\"") from None
-        if not isinstance(data, Mapping) or data.get("format") != EXPORT_FORMAT:
-            raise ValueError(f"this is not a DART demo trace export (expected \"format\": \"{EXPORT_FORMAT}\"): "
-                             "choose a file saved with \"Export traces\"")
-        if data.get("version") != EXPORT_VERSION:
-            raise ValueError(f"trace export version {data.get('version')!r} is not supported (this app reads "
-                             f"version {EXPORT_VERSION}): re-export the run with this version of the app")
-        texts = {int(k): str(v) for k, v in dict(data.get("token_text") or {}).items()}
-        runs: dict[str, EngineRun] = {}
+                raise ReplayError(f"line {exc.lineno}, column {exc.colno}", f"the trace file is not valid JSON "
+                                  f"({exc.msg}): choose a file saved with \"Export traces\"") from None
+            except RecursionError:
+                raise ReplayError("the file", "the JSON is nested too deeply to be a trace export: choose a file "
+                                  "saved with \"Export traces\"") from None
+            except ValueError as exc:  # e.g. an integer with more digits than Python converts
+                raise ReplayError("the file", f"the trace file is not a usable JSON document ({exc}): choose a "
+                                  "file saved with \"Export traces\"") from None
         try:
-            for name, e in dict(data["engines"]).items():
-                traces = [StepTrace.from_dict(t) for t in e.get("traces", [])]
-                spans = e.get("spans")
-                runs[name] = EngineRun(name=name, tokens=[int(t) for t in e.get("tokens", [])], traces=traces,
-                                       busy_s=float(e.get("busy_s", 0.0)), done=bool(e.get("done", True)),
-                                       stop_reason=e.get("stop_reason"), error=e.get("error"),
-                                       spans=None if spans is None else [(str(a), str(b)) for a, b in spans])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"the trace file is damaged ({type(exc).__name__}: {exc}): re-export the run") from None
-        return cls(runs=runs, decode=TokenTextDecoder(texts), prompt=str(data.get("prompt", "")),
-                   greedy=bool(data.get("greedy", True)), baseline=str(data.get("baseline", BASELINE)),
-                   meta=dict(data.get("meta") or {}))
+            run = validate_export(data)
+        except RecursionError:  # a nested dict handed in directly (files are caught above)
+            raise ReplayError("the record", "it is nested too deeply to be a trace export") from None
+        runs: dict[str, EngineRun] = {}
+        for name, e in run["engines"].items():
+            traces = [StepTrace.from_dict(t) for t in e["traces"]]
+            runs[name] = EngineRun(name=name, tokens=list(e["tokens"]), traces=traces, busy_s=e["busy_s"],
+                                   done=e["done"], stop_reason=e["stop_reason"], error=e["error"], spans=e["spans"])
+        return cls(runs=runs, decode=TokenTextDecoder(run["token_text"]), prompt=run["prompt"],
+                   greedy=run["greedy"], baseline=run["baseline"], meta=run["meta"])
 
 
 class TokenTextDecoder:
