@@ -17,6 +17,7 @@ from dart_core.training.dart_trainer import (DartTrainConfig, TrainError, dart_l
                                              sample_prefixes, train_dart)
 from dart_core.training.data import DataError, DistillRow, load_distill_rows, split_rows
 from dart_core.training.features import compute_features
+from dart_core.training.runner import load_trainer_state
 from dart_core.training.schedule import BudgetPlanner, cosine_lr
 from dart_core.training.vocab import build_draft_vocab
 from tiny_models import make_tiny_distill
@@ -219,7 +220,7 @@ def test_train_cli_writes_a_loadable_head_and_resumes(tiny, tmp_path):
     with pytest.raises(TrainError, match="--resume"):
         train_dart(DartTrainConfig(data=str(data), out=str(out), target=str(d), max_steps=3, dtype="float32"))
     # Resuming a finished run changes nothing; a larger --max-steps extends it from its checkpoint.
-    state = torch.load(out / "checkpoint" / "trainer_state.pt", weights_only=False)
+    state = load_trainer_state(out / "checkpoint" / "trainer_state.pt")   # plain data: loads with weights_only
     assert state["step"] == 2 and state["finished"]
     assert main(common + ["--resume"]) == 0
     assert len((out / "train_log.jsonl").read_text().splitlines()) == 2
@@ -229,6 +230,42 @@ def test_train_cli_writes_a_loadable_head_and_resumes(tiny, tmp_path):
     summary = json.loads((out / "training_summary.json").read_text())
     assert summary["steps"] == 4 and len(summary["eval"]["hit@1"]) == 4
     assert "alpaca" in (out / "README.md").read_text()
+
+
+class _RunsCodeWhenUnpickled:
+    """A pickled object whose loading calls os.mkdir(path): stands for any code a hostile file could run."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        import os
+        return (os.mkdir, (self.path,))
+
+
+def test_resume_refuses_a_state_file_that_would_run_code(tiny, tmp_path):
+    from dart_core.training.checkpoint import save_checkpoint
+
+    d, _, data, _ = tiny
+    out, marker = tmp_path / "run", tmp_path / "code-ran"
+
+    def write(tmp):
+        (tmp / "head").mkdir()
+        torch.save({"step": 1, "total_steps": 2, "method": "dart", "payload": _RunsCodeWhenUnpickled(marker)},
+                   tmp / "trainer_state.pt")
+    save_checkpoint(out / "checkpoint", write)
+    with pytest.raises(TrainError, match="refusing to resume .* could run code") as info:
+        train_dart(DartTrainConfig(data=str(data), out=str(out), target=str(d), resume=True, max_steps=3,
+                                   dtype="float32", draft_length=3, draft_vocab_size=64, progress=False))
+    assert "posix.mkdir" in str(info.value) or "mkdir" in str(info.value)
+    assert not marker.exists(), "the state file's code ran"
+    # the same refusal for the file on its own, and a damaged file is a clear error too
+    with pytest.raises(TrainError, match="could run code"):
+        load_trainer_state(out / "checkpoint" / "trainer_state.pt")
+    (out / "checkpoint" / "trainer_state.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(TrainError, match="the checkpoint is damaged"):
+        load_trainer_state(out / "checkpoint" / "trainer_state.pt")
+    assert not marker.exists()
 
 
 def test_model_card_names_the_target_and_a_schedule_restart(tmp_path):
