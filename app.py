@@ -1,7 +1,7 @@
 """Gradio app: DART, EAGLE-3 and a vanilla baseline side by side on one target, step by step.
 
-UI and CLI only. The engines (dart_core) decode; dart_core.compare advances them in turn,
-records their StepTraces, narrates steps and exports / replays runs; dart_core.viz draws the
+UI and CLI only. The engines (dart_core) decode; dart_core.ui.session advances them in turn,
+records their StepTraces, narrates steps and exports / replays runs; dart_core.ui.viz draws the
 figures. This file builds engines from flags and renders RunRecords (live or replayed).
 
     python app.py                                   # bundled SmolLM2-135M + DART head, http://127.0.0.1:7860
@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # offline: no request leaves the machine
 
-from dart_core import space  # noqa: E402  (light: no torch, no native extension)
+from dart_core.ui import space  # noqa: E402  (light: no torch, no native extension)
 
 # On a Hugging Face Space only: build the C++ extension if missing, before any module imports it (Spaces installs
 # requirements.txt before copying the repository, so `.` cannot be a requirement). A no-op elsewhere.
@@ -36,13 +36,13 @@ space.zerogpu_module()  # ZeroGPU wants `spaces` imported before torch touches C
 
 import gradio as gr  # noqa: E402
 
-from dart_core import viz  # noqa: E402
-from dart_core.compare import (BASELINE, Comparison, EngineFactory, RunRecord, RunSettings,  # noqa: E402
+from dart_core.ui import viz  # noqa: E402
+from dart_core.ui.session import (BASELINE, Comparison, EngineFactory, RunRecord, RunSettings,  # noqa: E402
                                StepSession, check_prompt_length, label_of, narrate_step, save_export)
 from dart_core.config import ConfigError  # noqa: E402
-from dart_core.limits import LIMITS  # noqa: E402
-from dart_core.serving import ServingLimits, serving_limits  # noqa: E402
-from dart_core.templates import encode_chat, get_template  # noqa: E402
+from dart_core.presets import LIMITS  # noqa: E402
+from dart_core.ui.serving import ServingLimits, serving_limits  # noqa: E402
+from dart_core.models.templates import encode_chat, get_template  # noqa: E402
 
 logger = logging.getLogger("dart_app")
 
@@ -250,12 +250,12 @@ class Visualiser:
         self.target = target
         self.args = args
         self.banner = banner     # shown atop the page (e.g. why a Space without a GPU runs the CPU models)
-        # what one visitor may cost this server (dart_core.serving): hosted (Space, --listen, --share) or local
+        # what one visitor may cost this server (dart_core.ui.serving): hosted (Space, --listen, --share) or local
         self.limits = limits or serving_limits(listen=getattr(args, "listen", False),
                                                share=getattr(args, "share", False))
         self.max_new_tokens = self.limits.cap_new_tokens(args.max_new_tokens)
         if self.max_new_tokens < args.max_new_tokens:
-            logger.warning("--max-new-tokens %d is capped at %d on a %s server (max_new_tokens, dart_core/serving.py)",
+            logger.warning("--max-new-tokens %d is capped at %d on a %s server (max_new_tokens, dart_core/ui/serving.py)",
                            args.max_new_tokens, self.max_new_tokens, self.limits.name)
         self.factory = factory or EngineFactory.from_flags(
             target, base_model_name_or_path=args.base_model_name_or_path,
@@ -731,7 +731,7 @@ class Visualiser:
                 base_e = self.factory.eagle3_tree_base
                 with gr.Row():
                     max_new = gr.Slider(1, m, value=min(96, m), step=1, label="Max new tokens")
-                    # slider spans come from dart_core.limits, the ranges RunSettings checks
+                    # slider spans come from dart_core.presets, the ranges RunSettings checks
                     temperature = _slider("temperature", 0.0, 0.05, "Temperature (0 = greedy)")
                     top_p = _slider("top_p", 1.0, 0.05, "Top-p (1 = off)")
                     top_k = _slider("top_k", 0, 1, "Top-k (0 = off)")
@@ -889,9 +889,9 @@ def serve(demo: gr.Blocks, args: argparse.Namespace, page_wait_s: float = PAGE_W
 
 
 def main(argv: list[str] | None = None) -> None:
-    from dart_core.models.dart_head import DartHeadError
+    from dart_core.models.heads.dart import DartHeadError
     from dart_core.models.loader import load_target
-    from dart_core.startup import startup_summary, warm_up
+    from dart_core.ui.startup import startup_summary, warm_up
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     banner = None

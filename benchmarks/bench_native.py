@@ -27,9 +27,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dart_core import ngram  # noqa: E402
-from dart_core.ngram import NgramStore  # noqa: E402
-from dart_core.pruning import PruningConfig, prune_dart_tree, prune_dart_tree_reference  # noqa: E402
+from dart_core.ngram import build as ngram_build, cli as ngram_cli, store as ngram  # noqa: E402
+from dart_core.ngram.store import NgramStore  # noqa: E402
+from dart_core.drafters.pruning import PruningConfig, prune_dart_tree, prune_dart_tree_reference  # noqa: E402
 
 
 def load_responses(data: Path, limit: int) -> list[list[int]]:
@@ -137,7 +137,7 @@ def bench_build(data: Path, tokenizer_name: str | None) -> list[tuple[str, str]]
     distill = data / "distill" / "smollm2-135m-instruct.jsonl.gz"
     with tempfile.TemporaryDirectory() as tmp:
         if distill.is_file():
-            s = ngram.build_ngram_table([distill], Path(tmp) / "d.dngram", None, vocab_size=49152, fingerprint="bench",
+            s = ngram_build.build_ngram_table([distill], Path(tmp) / "d.dngram", None, vocab_size=49152, fingerprint="bench",
                                         order=4, progress=False)
             rows.append(("Build from token ids (distill, order 4): tokens/s",
                          f"{s['tokens_per_second']:,} ({s['total_tokens']:,} tokens, {s['node_count']:,} nodes, "
@@ -145,7 +145,7 @@ def bench_build(data: Path, tokenizer_name: str | None) -> list[tuple[str, str]]
         corpus = data / "corpus" / "TheAlgorithms-Python.jsonl.gz"
         if tokenizer_name and corpus.is_file():
             tok = ngram.load_tokenizer(tokenizer_name)
-            s = ngram.build_ngram_table([corpus], Path(tmp) / "c.dngram", tok, order=4, progress=False)
+            s = ngram_build.build_ngram_table([corpus], Path(tmp) / "c.dngram", tok, order=4, progress=False)
             rows.append(("Build from text incl. tokenization (order 4): tokens/s",
                          f"{s['tokens_per_second']:,} ({s['total_tokens']:,} tokens, {s['seconds']:.1f} s)"))
     return rows

@@ -25,15 +25,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dart_core.api import bundled_head_dir, open_ngram  # noqa: E402
-from dart_core.drafters.base import AcceptedStep  # noqa: E402
+from dart_core.engine.protocol import AcceptedStep  # noqa: E402
 from dart_core.drafters.dart import DartDrafter  # noqa: E402
 from dart_core.drafters.eagle3 import Eagle3Drafter, default_eagle3_tree  # noqa: E402
-from dart_core.machine import describe_machine  # noqa: E402
-from dart_core.models.dart_head import load_dart_head  # noqa: E402
-from dart_core.models.eagle3_head import load_eagle3_for_target  # noqa: E402
+from dart_core.hardware import describe_machine  # noqa: E402
+from dart_core.models.heads.dart import load_dart_head  # noqa: E402
+from dart_core.models.heads.eagle3 import load_eagle3_for_target  # noqa: E402
 from dart_core.models.loader import load_target  # noqa: E402
-from dart_core.pruning import default_pruning  # noqa: E402
-from dart_core.templates import encode_chat, get_template  # noqa: E402
+from dart_core.drafters.pruning import default_pruning  # noqa: E402
+from dart_core.models.templates import encode_chat, get_template  # noqa: E402
 
 PROMPT = "Explain how a hash table handles collisions, with a short example."
 

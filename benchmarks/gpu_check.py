@@ -34,16 +34,16 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from dart_core.config import GenerationConfig  # noqa: E402
-from dart_core.decoding import SpeculativeEngine  # noqa: E402
-from dart_core.drafters.base import AcceptedStep  # noqa: E402
+from dart_core.engine.decoding import SpeculativeEngine  # noqa: E402
+from dart_core.engine.protocol import AcceptedStep  # noqa: E402
 from dart_core.drafters.dart import DartDrafter  # noqa: E402
 from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3TreeConfig  # noqa: E402
-from dart_core.models.dart_head import new_head_for_target  # noqa: E402
-from dart_core.models.eagle3_head import new_eagle3_head_for_target  # noqa: E402
+from dart_core.models.heads.dart import new_head_for_target  # noqa: E402
+from dart_core.models.heads.eagle3 import new_eagle3_head_for_target  # noqa: E402
 from dart_core.models.loader import load_target  # noqa: E402
 from dart_core.models.target import TargetModel  # noqa: E402
-from dart_core.pruning import PruningConfig  # noqa: E402
-from dart_core.tree import DraftTree  # noqa: E402
+from dart_core.drafters.pruning import PruningConfig  # noqa: E402
+from dart_core.engine.tree import DraftTree  # noqa: E402
 
 # From the published config.json files (hidden, layers, heads, kv heads, head_dim, intermediate, vocab).
 QWEN3 = {

@@ -28,9 +28,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dart_core.machine import describe_machine  # noqa: E402
+from dart_core.hardware import describe_machine  # noqa: E402
 from dart_core.models.loader import load_target  # noqa: E402
-from dart_core.tree import DraftTree  # noqa: E402
+from dart_core.engine.tree import DraftTree  # noqa: E402
 
 
 def random_tree(n: int, vocab: int, max_depth: int, rng: np.random.Generator) -> DraftTree:

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
-from dart_core.limits import LIMITS  # noqa: E402
+from dart_core.presets import LIMITS  # noqa: E402
 
 DEV_QUESTIONS = ROOT.parent / "shared" / "data" / "eval" / "alpaca.jsonl"
 
@@ -78,14 +78,15 @@ def parse_methods(text: str) -> list[str]:
 
 
 def main(argv=None) -> int:
-    from dart_core.api import is_bundled_target, load_head_and_ngram, open_ngram
-    from dart_core.bench import EngineRunner, load_questions, run_benchmark
+    from dart_core.api import load_head_and_ngram, open_ngram
+    from dart_core.models.bundled import is_bundled_target
+    from dart_core.bench.cli import EngineRunner, load_questions, run_benchmark
     from dart_core.config import GenerationConfig
     from dart_core.drafters.dart import DartDrafter
     from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3TreeConfig
-    from dart_core.models.eagle3_head import load_eagle3_for_target
+    from dart_core.models.heads.eagle3 import load_eagle3_for_target
     from dart_core.models.loader import load_target
-    from dart_core.pruning import PruningConfig
+    from dart_core.drafters.pruning import PruningConfig
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--methods", type=parse_methods, default=["dart"], help="dart, eagle3 or dart,eagle3")

@@ -4,7 +4,7 @@
 """
 __version__ = "0.1.0"
 
-from .templates import TEMPLATE_REGISTRY  # noqa: E402  (light: no torch)
+from .models.templates import TEMPLATE_REGISTRY  # noqa: E402  (light: no torch)
 
 
 def __getattr__(name):

@@ -29,12 +29,13 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from .config import ConfigError, GenerationConfig
-from .decoding import GenerationStats, SpeculativeEngine
+from .engine.decoding import GenerationStats, SpeculativeEngine
 from .drafters.dart import DartDrafter
-from .models.dart_head import DartHead, DartHeadError, load_dart_head
-from .pruning import PruningConfig, default_pruning
-from .templates import TEMPLATE_REGISTRY, check_text, encode_chat, get_template
-from .trace import StepTrace
+from .models.bundled import is_bundled_target
+from .models.heads.dart import DartHead, DartHeadError, load_dart_head
+from .drafters.pruning import PruningConfig, default_pruning
+from .models.templates import TEMPLATE_REGISTRY, check_text, encode_chat, get_template
+from .engine.trace import StepTrace
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ NGRAM_NONE = ("none", "off", "")
 
 
 def bundled_head_dir() -> Path:
-    from .assets import asset_path
+    from .models.assets import asset_path
     return asset_path("dart", BUNDLED_HEAD_NAME)
 
 
@@ -173,11 +174,6 @@ class DartModel:
         return list(self.tokenizer.encode(check_text(prompt, "prompt="), add_special_tokens=False))
 
 
-def is_bundled_target(base_model_name_or_path: str | None) -> bool:
-    from .models.bundled import BUNDLED_ALIASES
-    return base_model_name_or_path is None or base_model_name_or_path in BUNDLED_ALIASES
-
-
 def load_head_and_ngram(target, base_model_name_or_path: str | None, dart_model_name_or_path: str | None,
                         ngram_model_name_or_path: str | None, *, is_small_ngram: bool = False,
                         with_ngram: bool = True, check_fingerprint: bool = True):
@@ -219,7 +215,7 @@ def _device_from_map(device_map) -> str:
 
 def open_ngram(name_or_path: str | None, tokenizer, *, is_small_ngram: bool = False, bundled: bool = True):
     """Open an N-gram table for ``tokenizer`` (see ``DartModel.from_pretrained``); None when disabled."""
-    from .ngram import NgramStore, default_table_path, tokenizer_fingerprint
+    from .ngram.store import NgramStore, default_table_path, tokenizer_fingerprint
 
     if isinstance(name_or_path, str) and name_or_path.lower() in NGRAM_NONE:
         return None
@@ -269,7 +265,8 @@ def _resolve_ngram_file(name: str, is_small: bool) -> Path:
 def _import_trie_cached(src: Path, tokenizer) -> Path:
     """Convert an original DART .trie once into the dart-demo cache; later calls reuse it."""
     from .models.bundled import cache_root
-    from .ngram import import_original_trie, tokenizer_fingerprint
+    from .ngram.build import import_original_trie
+    from .ngram.store import tokenizer_fingerprint
 
     st = src.stat()
     key = hashlib.sha256(f"{src.resolve()}:{st.st_size}:{int(st.st_mtime)}:{tokenizer_fingerprint(tokenizer)}"

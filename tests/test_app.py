@@ -11,17 +11,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import app  # noqa: E402
-from dart_core import serving, viz  # noqa: E402
-from dart_core.compare import (Comparison, EngineFactory, RunRecord, RunSettings, lossless_check,  # noqa: E402
+from dart_core.ui import serving, viz  # noqa: E402
+from dart_core.ui.session import (Comparison, EngineFactory, RunRecord, RunSettings, lossless_check,  # noqa: E402
                                narrate_step, EngineRun)
 from dart_core.config import ConfigError, GenerationConfig  # noqa: E402
-from dart_core.decoding import SpeculativeEngine  # noqa: E402
+from dart_core.engine.decoding import SpeculativeEngine  # noqa: E402
 from dart_core.drafters.dart import DartDrafter  # noqa: E402
-from dart_core.models.dart_head import new_head_for_target, save_dart_head  # noqa: E402
-from dart_core.models.eagle3_head import new_eagle3_head_for_target, save_eagle3_head  # noqa: E402
+from dart_core.models.heads.dart import new_head_for_target, save_dart_head  # noqa: E402
+from dart_core.models.heads.eagle3 import new_eagle3_head_for_target, save_eagle3_head  # noqa: E402
 from dart_core.models.loader import load_target  # noqa: E402
-from dart_core.pruning import PruningConfig  # noqa: E402
-from dart_core.sampling import accept_greedy  # noqa: E402
+from dart_core.drafters.pruning import PruningConfig  # noqa: E402
+from dart_core.engine.sampling import accept_greedy  # noqa: E402
 from tiny_models import make_tiny_model_dir  # noqa: E402
 from gradio_server import launch_local  # noqa: E402
 
@@ -88,7 +88,7 @@ def test_cli_defaults_are_the_bundled_model():
     assert args.base_model_name_or_path is None and args.dart_model_name_or_path is None
     assert args.device == "auto" and args.dtype == "auto" and args.server_port == 7860 and not args.compare_eagle3
     assert app.launch_kwargs(args) == dict(server_name="127.0.0.1", server_port=7860, share=False, ssr_mode=False,
-                                           max_file_size=serving.LOCAL.max_upload_bytes)
+                                           max_file_size=serving.LOCAL.max_upload_bytes, show_error=True)
 
 
 def test_help_documents_every_flag(capsys):

@@ -57,7 +57,7 @@ def app_module():
 def served_app(request):
     import app
     from dart_core.api import bundled_head_dir
-    from dart_core.compare import EngineFactory
+    from dart_core.ui.session import EngineFactory
 
     _browser_or_skip()  # before loading anything: skip (or fail under CI=true) at once without a browser
     target = request.getfixturevalue("bundled_fp32")
@@ -68,7 +68,7 @@ def served_app(request):
             flags += ["--dart-model-name-or-path", head]
         vis = app.Visualiser(target, app.parse_args(flags))
     else:  # no trained head here: a random one still draws trees, timings and the whole page
-        from dart_core.models.dart_head import new_head_for_target
+        from dart_core.models.heads.dart import new_head_for_target
         base = EngineFactory.from_flags(target, compare_eagle3=True)
         factory = EngineFactory(target, dart_head=new_head_for_target(target, seed=0).to(target.dtype),
                                 ngram=None, unavailable={k: v for k, v in base.unavailable.items() if k != "dart"})

@@ -73,8 +73,8 @@ def _replay_files(tmp: Path) -> list[Path]:
 # ---------------------------------------------------------------------------------------------- the server
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from dart_core.models.dart_head import new_head_for_target, save_dart_head
-    from dart_core.models.eagle3_head import new_eagle3_head_for_target, save_eagle3_head
+    from dart_core.models.heads.dart import new_head_for_target, save_dart_head
+    from dart_core.models.heads.eagle3 import new_eagle3_head_for_target, save_eagle3_head
     from dart_core.models.loader import load_target
     from tiny_models import make_tiny_model_dir
 

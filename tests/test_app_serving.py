@@ -1,7 +1,7 @@
 """What one visitor may cost the app's server, and runs that never share an engine.
 
 - Stop pressed while a run (or step) still waits in Gradio's queue: the request starts and stops at once.
-- The serving limits of dart_core/serving.py (upload size, nodes per replayed step, run wall time and tokens
+- The serving limits of dart_core/ui/serving.py (upload size, nodes per replayed step, run wall time and tokens
   when hosted, the tabs' memory budget, queue size, file clean-up): defined once, documented in README.md,
   applied, and named on the page when one stops a run.
 - Engine ownership: a run leases its engines, so two runs interleaved in one process give the answers they
@@ -20,11 +20,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import app  # noqa: E402
-from dart_core import serving  # noqa: E402
-from dart_core.compare import Comparison, RunRecord, RunSettings  # noqa: E402
-from dart_core.decoding import EngineBusyError, SpeculativeEngine  # noqa: E402
-from dart_core.models.dart_head import new_head_for_target, save_dart_head  # noqa: E402
-from dart_core.models.eagle3_head import new_eagle3_head_for_target, save_eagle3_head  # noqa: E402
+from dart_core.ui import serving  # noqa: E402
+from dart_core.ui.session import Comparison, RunRecord, RunSettings  # noqa: E402
+from dart_core.engine.decoding import EngineBusyError, SpeculativeEngine  # noqa: E402
+from dart_core.models.heads.dart import new_head_for_target, save_dart_head  # noqa: E402
+from dart_core.models.heads.eagle3 import new_eagle3_head_for_target, save_eagle3_head  # noqa: E402
 from dart_core.models.loader import load_target  # noqa: E402
 from gradio_server import launch_local  # noqa: E402
 from tiny_models import make_tiny_model_dir  # noqa: E402
@@ -139,7 +139,7 @@ def test_serving_limits_are_chosen_by_mode_applied_and_documented(tiny):
         assert serving.serving_limits(**kw) is serving.HOSTED, kw
     # every limit is one ServingLimits field; README.md's table is generated from them
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert serving.readme_table() in readme, "README.md's serving-limits table is stale: python -m dart_core.serving"
+    assert serving.readme_table() in readme, "README.md's serving-limits table is stale: python -m dart_core.ui.serving"
     names = {f.name for f in dataclasses.fields(serving.ServingLimits)} - {"name"}
     assert {n for n, _ in serving.HOSTED.rows()} == names
     # hosted: bounded everywhere a stranger could spend the server's time or memory

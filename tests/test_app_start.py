@@ -49,8 +49,8 @@ def _non_plain_leaves(obj, path=()):
 def test_page_config_is_plain_data_and_cheap_to_copy(tmp_path):
     """Gradio deep-copies the config for every page load: nothing in it may reach the engines or the target."""
     import torch
-    from dart_core.models.dart_head import new_head_for_target, save_dart_head
-    from dart_core.models.eagle3_head import new_eagle3_head_for_target, save_eagle3_head
+    from dart_core.models.heads.dart import new_head_for_target, save_dart_head
+    from dart_core.models.heads.eagle3 import new_eagle3_head_for_target, save_eagle3_head
     from dart_core.models.loader import load_target
     from tiny_models import make_tiny_model_dir
 

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from dart_core import bench
-from dart_core.bench import AnswerRecord, BenchInputError, first_divergence, load_questions, summarize
-from dart_core.trace import STAGES
+from dart_core.bench import cli as bench
+from dart_core.bench.cli import AnswerRecord, BenchInputError, first_divergence, load_questions, summarize
+from dart_core.engine.trace import STAGES
 from tiny_models import make_tiny_model_dir
 
 QUESTIONS = [
@@ -304,7 +304,7 @@ def test_bad_sweep_file_names_it(questions_file, tmp_path, capsys):
 
 
 def test_busy_machine_refuses_unless_allowed(tiny_dir, questions_file, tmp_path, capsys, monkeypatch):
-    from dart_core import machine
+    from dart_core import hardware as machine
     monkeypatch.setattr(machine, "cpu_busy_fraction", lambda interval_s=2.0: 0.9)
     argv = _common(tiny_dir, questions_file)
     del argv[argv.index("--max-busy"):argv.index("--max-busy") + 2]   # the default threshold, so the check runs

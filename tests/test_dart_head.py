@@ -16,12 +16,12 @@ import pytest
 import torch
 
 from dart_core.config import GenerationConfig
-from dart_core.decoding import SpeculativeEngine
+from dart_core.engine.decoding import SpeculativeEngine
 from dart_core.drafters.dart import DartDrafter
-from dart_core.models.dart_head import (DartHeadError, HeadTargetMismatch, load_dart_head, new_head_for_target,
+from dart_core.models.heads.dart import (DartHeadError, HeadTargetMismatch, load_dart_head, new_head_for_target,
                                         save_dart_head, target_fingerprint)
 from dart_core.models.loader import load_target
-from dart_core.pruning import PruningConfig, default_pruning
+from dart_core.drafters.pruning import PruningConfig, default_pruning
 from tiny_models import make_tiny_model_dir
 
 H, I, NH, NKV, HD, V, VD, D = 32, 48, 4, 2, 8, 50, 20, 3
@@ -256,8 +256,8 @@ def tiny_store(tiny, tmp_path_factory):
     """A native N-gram table over the tiny vocabulary, built from the tiny model's own greedy text."""
     import numpy as np
 
-    from dart_core import ngram
-    from dart_core.ngram import NgramStore, tokenizer_fingerprint
+    from dart_core.ngram import store as ngram
+    from dart_core.ngram.store import NgramStore, tokenizer_fingerprint
     _, targets = tiny
     t = targets["llama"]
     native = ngram.require_native()
@@ -419,8 +419,8 @@ def test_api_refuses_missing_defaults(tiny):
 def test_bench_method_registration(tiny, tiny_head_dir):
     import argparse
 
-    from dart_core import bench
-    from dart_core.bench_methods import register_all
+    from dart_core.bench import cli as bench
+    from dart_core.bench.methods import register_all
 
     registry: dict = {}
 
@@ -459,7 +459,7 @@ DEV_PROMPTS = ["Write a Python function that returns the n-th Fibonacci number."
 def test_shipped_head_on_the_bundled_model(bundled_fp32):
     """The shipped head: greedy output identical to vanilla in fp32, and tau > 2 on a few dev prompts."""
     from dart_core.api import bundled_head_dir, open_ngram
-    from dart_core.templates import encode_chat, get_template
+    from dart_core.models.templates import encode_chat, get_template
 
     if not (bundled_head_dir() / "config.json").is_file():
         pytest.skip(f"no shipped head in {bundled_head_dir()} yet (train it with python -m dart_core.train dart)")

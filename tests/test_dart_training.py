@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from dart_core.config import GenerationConfig
-from dart_core.decoding import SpeculativeEngine
-from dart_core.models.dart_head import (BlockLayout, DartHead, DartHeadConfig, load_dart_head, new_head_for_target,
+from dart_core.engine.decoding import SpeculativeEngine
+from dart_core.models.heads.dart import (BlockLayout, DartHead, DartHeadConfig, load_dart_head, new_head_for_target,
                                         validate_vocab_mapping)
 from dart_core.training.dart_trainer import (DartTrainConfig, TrainError, dart_loss, evaluate_head,
                                              sample_prefixes, train_dart)
@@ -204,7 +204,7 @@ def test_a_few_training_steps_reduce_the_loss(tiny):
 
 
 def test_train_cli_writes_a_loadable_head_and_resumes(tiny, tmp_path):
-    from dart_core.train import main
+    from dart_core.training.cli import main
 
     d, t, data, _ = tiny
     out = tmp_path / "run"
@@ -290,7 +290,7 @@ def test_train_flags_are_validated(tiny, tmp_path):
 
 
 def test_regeneration_is_resumable_and_greedy(tiny, tmp_path):
-    from dart_core.templates import encode_chat, get_template
+    from dart_core.models.templates import encode_chat, get_template
     from dart_core.training.regenerate import regenerate, select_prompts
 
     _, t, _, _ = tiny

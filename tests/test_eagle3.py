@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from dart_core.config import GenerationConfig
-from dart_core.decoding import SpeculativeEngine
-from dart_core.drafters.base import AcceptedStep
+from dart_core.engine.decoding import SpeculativeEngine
+from dart_core.engine.protocol import AcceptedStep
 from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3TreeConfig, topk_stable
-from dart_core.models.dart_head import DartHeadError, HeadTargetMismatch
-from dart_core.models.eagle3_head import (Eagle3HeadError, load_eagle3_for_target, load_eagle3_head,
+from dart_core.models.heads.dart import DartHeadError, HeadTargetMismatch
+from dart_core.models.heads.eagle3 import (Eagle3HeadError, load_eagle3_for_target, load_eagle3_head,
                                           new_eagle3_head_for_target, save_eagle3_head)
 from dart_core.models.loader import load_target
 from tiny_models import make_tiny_model_dir
@@ -515,11 +515,11 @@ def test_drafter_refuses_out_of_step_use(tiny):
 def test_bench_method_registration(tiny, tiny_head_dir, tmp_path, monkeypatch):
     import argparse
 
-    from dart_core import bench
-    from dart_core.bench_methods import register_all
+    from dart_core.bench import cli as bench
+    from dart_core.bench.methods import register_all
     from dart_core.drafters import eagle3 as eagle3_drafter
-    from dart_core.models import eagle3_head
-    from dart_core.pruning import tuned_key
+    from dart_core.models.heads import eagle3 as eagle3_head
+    from dart_core.models.bundled import canonical_target_name
 
     registry: dict = {}
 
@@ -542,7 +542,7 @@ def test_bench_method_registration(tiny, tiny_head_dir, tmp_path, monkeypatch):
     assert runner.run(ids, cfg).tokens == SpeculativeEngine(t).generate(ids, cfg).tokens
 
     # Unset tree flags take the target's tuned default; set ones win.
-    monkeypatch.setitem(eagle3_drafter.TUNED_EAGLE3_TREE, tuned_key(t.name), {"total_token": 9, "depth": 2,
+    monkeypatch.setitem(eagle3_drafter.TUNED_EAGLE3_TREE, canonical_target_name(t.name), {"total_token": 9, "depth": 2,
                                                                              "top_k": 3})
     args = p.parse_args(["--eagle3-model-name-or-path", str(tiny_head_dir), "--eagle3-depth", "4"])
     args.base_model_name_or_path = str(dirs["llama"])
@@ -554,7 +554,7 @@ def test_bench_method_registration(tiny, tiny_head_dir, tmp_path, monkeypatch):
     args = p.parse_args([])
     args.base_model_name_or_path = None
     if (eagle3_head.bundled_eagle3_head_dir() / "config.json").is_file():
-        from dart_core.models.dart_head import HeadTargetMismatch
+        from dart_core.models.heads.dart import HeadTargetMismatch
         with pytest.raises(HeadTargetMismatch, match="hidden size 576 .* has hidden size 64"):
             registry["eagle3"].factory(t, args)
     monkeypatch.setattr(eagle3_head, "bundled_eagle3_head_dir", lambda: tmp_path / "none")
@@ -562,7 +562,7 @@ def test_bench_method_registration(tiny, tiny_head_dir, tmp_path, monkeypatch):
         registry["eagle3"].factory(t, args)
     with pytest.raises(Eagle3HeadError, match="no default EAGLE-3 head for"):
         load_eagle3_for_target(t, str(dirs["llama"]), None)
-    with pytest.raises(SystemExit):   # the flag's range (dart_core.limits) refuses 0 at parse time
+    with pytest.raises(SystemExit):   # the flag's range (dart_core.presets) refuses 0 at parse time
         p.parse_args(["--eagle3-top-k", "0"])
     args = p.parse_args([])
     args.eagle3_top_k = 0             # set past the parser: the factory still names the flag

@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from dart_core.models.dart_head import HeadTargetMismatch
-from dart_core.models.eagle3_head import Eagle3Head, Eagle3HeadConfig, load_eagle3_head, new_eagle3_head_for_target
+from dart_core.models.heads.dart import HeadTargetMismatch
+from dart_core.models.heads.eagle3 import Eagle3Head, Eagle3HeadConfig, load_eagle3_head, new_eagle3_head_for_target
 from dart_core.models.loader import load_target
 from dart_core.training.data import DistillRow
 from dart_core.training.eagle3_trainer import (Eagle3TrainConfig, eagle3_loss, evaluate_eagle3_head, train_eagle3,
@@ -152,7 +152,7 @@ def test_a_few_training_steps_reduce_the_loss(tiny):
 
 
 def test_train_cli_writes_a_loadable_head_and_resumes(tiny, tmp_path):
-    from dart_core.train import main
+    from dart_core.training.cli import main
 
     d, t, data, _ = tiny
     out = tmp_path / "run"
@@ -202,7 +202,7 @@ def test_train_cli_writes_a_loadable_head_and_resumes(tiny, tmp_path):
 def test_an_interrupted_run_checkpoints_and_resumes(tiny, tmp_path, monkeypatch):
     """Ctrl-C mid-step: the checkpoint holds the last finished step; --resume redoes the rest."""
     import dart_core.training.eagle3_trainer as e3
-    from dart_core.train import main
+    from dart_core.training.cli import main
 
     d, _, data, _ = tiny
     out = tmp_path / "run"
@@ -228,7 +228,7 @@ def test_an_interrupted_run_checkpoints_and_resumes(tiny, tmp_path, monkeypatch)
 
 
 def test_model_card_compares_with_the_dart_run(tiny, tmp_path):
-    from dart_core.train import main
+    from dart_core.training.cli import main
 
     d, _, data, _ = tiny
     dart_out, e3_out = tmp_path / "dart", tmp_path / "eagle3"
@@ -244,7 +244,7 @@ def test_model_card_compares_with_the_dart_run(tiny, tmp_path):
 
 
 def test_train_flags_are_validated(tiny, tmp_path, capsys):
-    from dart_core.train import main
+    from dart_core.training.cli import main
 
     d, _, data, _ = tiny
     for over, flag in (({"ttt_steps": 0}, "--ttt-steps"), ({"gamma": 0.0}, "--gamma"),

@@ -145,7 +145,7 @@ def test_bad_build_arguments_are_refused(tiny, tmp_path):
 
 @pytest.mark.parametrize("method", ["dart", "eagle3"])
 def test_both_trainers_read_the_cache(tiny, tmp_path, user_cache, method):
-    from dart_core.train import main
+    from dart_core.training.cli import main
 
     d, t, data, _ = tiny
     common = [method, "--target", str(d), "--data", str(data), "--batch-seqs", "4", "--draft-vocab-size", "64",
@@ -172,7 +172,7 @@ def test_both_trainers_read_the_cache(tiny, tmp_path, user_cache, method):
 
 
 def test_features_cli_reports_errors(tiny, tmp_path, capsys):
-    from dart_core.train import main
+    from dart_core.training.cli import main
 
     d, _, _, _ = tiny
     assert main(["features", "--target", str(d), "--data", str(tmp_path / "missing.jsonl"), "--dtype", "float32",

@@ -21,14 +21,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import app  # noqa: E402
-from dart_core import space  # noqa: E402
+from dart_core.ui import space  # noqa: E402
 from dart_core.api import open_ngram  # noqa: E402
-from dart_core.compare import RunSettings  # noqa: E402
-from dart_core.models.dart_head import DartHeadError, HeadTargetMismatch, new_head_for_target, save_dart_head  # noqa: E402
-from dart_core.models.eagle3_head import new_eagle3_head_for_target, save_eagle3_head  # noqa: E402
+from dart_core.ui.session import RunSettings  # noqa: E402
+from dart_core.models.heads.dart import DartHeadError, HeadTargetMismatch, new_head_for_target, save_dart_head  # noqa: E402
+from dart_core.models.heads.eagle3 import new_eagle3_head_for_target, save_eagle3_head  # noqa: E402
 from dart_core.models.loader import load_target  # noqa: E402
-from dart_core.ngram_reference import write_original_trie  # noqa: E402
-from dart_core.startup import startup_summary, warm_up  # noqa: E402
+from dart_core.ngram.reference import write_original_trie  # noqa: E402
+from dart_core.ui.startup import startup_summary, warm_up  # noqa: E402
 from gradio_server import launch_local  # noqa: E402
 from tiny_models import make_tiny_model_dir  # noqa: E402
 import test_dart_head as dart_synth  # noqa: E402  (synthetic published-layout DART checkpoints)
@@ -77,7 +77,7 @@ def _make_repos(root: Path) -> dict[str, Path]:
     shutil.rmtree(tmp)
 
     from dart_core.config import GenerationConfig
-    from dart_core.decoding import SpeculativeEngine
+    from dart_core.engine.decoding import SpeculativeEngine
     ng = root / "dart-qwen3-ngram"
     ng.mkdir()
     docs = [SpeculativeEngine(target).generate(target.tokenizer.encode(p), GenerationConfig(
@@ -162,7 +162,7 @@ def test_startup_line_and_warm_up(loaded, caplog):
                  f"EAGLE-3 head {vis.factory.eagle3_head.source}", f"N-gram table {vis.factory.ngram.path}",
                  "order 4", "engines DART, EAGLE-3, Vanilla", "forward: native small-GEMM"):
         assert part in line, (part, line)
-    with caplog.at_level(logging.INFO, logger="dart_core.startup"):
+    with caplog.at_level(logging.INFO, logger="dart_core.ui.startup"):
         seconds = warm_up(vis.factory, vis.template, max_length=args.max_length)
     assert set(seconds) == {"dart", "eagle3", "vanilla"} and "warm-up: DART" in caplog.text
     # the warmed engines are the ones a request at the page's default settings reuses (same trees, caches)
@@ -176,7 +176,7 @@ def test_startup_line_and_warm_up(loaded, caplog):
 
 # ---------------------------------------------------------------------------------------------- the .trie cache
 def test_trie_is_imported_once_and_cached(repos, loaded, dart_cache, monkeypatch, tmp_path):
-    from dart_core import ngram
+    from dart_core.ngram import build as ngram
     target = loaded[0]
     calls: list[str] = []
     real = ngram.import_original_trie

@@ -1,4 +1,4 @@
-"""Inputs at the edges of what every entry offers: each tree knob at both ends of its range (dart_core.limits:
+"""Inputs at the edges of what every entry offers: each tree knob at both ends of its range (dart_core.presets:
 the sliders, RunSettings, the configs, the CLI flags), DART budget 0 (no draft), tiny temperatures (the
 greedy limit) and prompts that are not valid Unicode text. Tiny random models only."""
 from __future__ import annotations
@@ -14,19 +14,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import app  # noqa: E402
 from dart_core.api import DartModel, dart_generate  # noqa: E402
-from dart_core.compare import EngineFactory, RunSettings  # noqa: E402
+from dart_core.ui.session import EngineFactory, RunSettings  # noqa: E402
 from dart_core.config import ConfigError, GenerationConfig  # noqa: E402
-from dart_core.decoding import SpeculativeEngine  # noqa: E402
+from dart_core.engine.decoding import SpeculativeEngine  # noqa: E402
 from dart_core.drafters import PromptLookupDrafter  # noqa: E402
 from dart_core.drafters.dart import DartDrafter  # noqa: E402
 from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3TreeConfig  # noqa: E402
-from dart_core.limits import LIMITS  # noqa: E402
-from dart_core.models.dart_head import new_head_for_target  # noqa: E402
-from dart_core.models.eagle3_head import new_eagle3_head_for_target  # noqa: E402
+from dart_core.presets import LIMITS  # noqa: E402
+from dart_core.models.heads.dart import new_head_for_target  # noqa: E402
+from dart_core.models.heads.eagle3 import new_eagle3_head_for_target  # noqa: E402
 from dart_core.models.loader import load_target  # noqa: E402
-from dart_core.pruning import PruningConfig  # noqa: E402
-from dart_core.sampling import warp_probs  # noqa: E402
-from dart_core.templates import encode_chat, get_template  # noqa: E402
+from dart_core.drafters.pruning import PruningConfig  # noqa: E402
+from dart_core.engine.sampling import warp_probs  # noqa: E402
+from dart_core.models.templates import encode_chat, get_template  # noqa: E402
 from tiny_models import make_tiny_model_dir  # noqa: E402
 
 PROMPT = "Write a Python function."
@@ -151,7 +151,7 @@ def test_prompt_lookup_lengths_run_from_their_lowest_value_and_refuse_below(tiny
 
 
 def test_cli_tree_flags_share_the_ranges_and_fail_before_loading(capsys):
-    from dart_core.bench import build_parser
+    from dart_core.bench.cli import build_parser
 
     parser = build_parser()
     ok = parser.parse_args(["--questions", "q.jsonl", "--tree-budget", "0", "--eagle3-depth", "0",

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dart_core import ngram
-from dart_core.ngram import NgramFormatError, NgramStore, NgramTokenizerMismatch
-from dart_core.ngram_reference import ReferenceNgram, table_checksum, write_original_trie
+from dart_core.ngram import build as ngram_build, cli as ngram_cli, store as ngram
+from dart_core.ngram.store import NgramFormatError, NgramStore, NgramTokenizerMismatch
+from dart_core.ngram.reference import ReferenceNgram, table_checksum, write_original_trie
 
 native = ngram.require_native()
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -126,7 +126,7 @@ def test_build_from_files(tmp_path):
     plain = tmp_path / "notes.txt"
     plain.write_text("d d d\n")
     out = tmp_path / "sub" / "t.dngram"
-    stats = ngram.build_ngram_table([ids_file, text_file, plain], out, tok, order=3, progress=False,
+    stats = ngram_build.build_ngram_table([ids_file, text_file, plain], out, tok, order=3, progress=False,
                                     chunk_tokens=3, command="test")
     docs = [[1, 2, 3, 0], [1, 1, 2], [3, 4, 1, 2], [4, 4, 4]]
     ref = ReferenceNgram.from_sequences(docs, 3, vocab_size=5)
@@ -143,7 +143,7 @@ def test_text_input_without_tokenizer_is_refused(tmp_path):
     f = tmp_path / "c.jsonl"
     f.write_text(json.dumps({"text": "a b"}) + "\n")
     with pytest.raises(ValueError, match="tokenizer"):
-        ngram.build_ngram_table([f], tmp_path / "t.dngram", None, vocab_size=5, progress=False)
+        ngram_build.build_ngram_table([f], tmp_path / "t.dngram", None, vocab_size=5, progress=False)
 
 
 def test_fingerprint_is_stable_and_discriminates():
@@ -241,7 +241,7 @@ def test_import_original_trie(tmp_path_factory, docs, order, min_count):
     write_original_trie(tmp / "x.trie", docs, order)
     ref = ReferenceNgram.from_sequences(docs, order, vocab_size=8)
     assert ReferenceNgram.from_original_trie(tmp / "x.trie").counts == ref.counts  # the writer is faithful
-    stats = ngram.import_original_trie(tmp / "x.trie", tmp / "x.dngram", vocab_size=8, fingerprint="fp",
+    stats = ngram_build.import_original_trie(tmp / "x.trie", tmp / "x.dngram", vocab_size=8, fingerprint="fp",
                                        min_count=min_count, progress=False, chunk_records=5)
     store = NgramStore.open(tmp / "x.dngram", expected_fingerprint="fp")
     ref = ReferenceNgram.from_sequences(docs, order, min_count=min_count, vocab_size=8)
@@ -257,22 +257,22 @@ def test_import_rejects_bad_trie(tmp_path):
     for name, blob in cases.items():
         (tmp_path / name).write_bytes(blob)
         with pytest.raises(NgramFormatError):
-            ngram.import_original_trie(tmp_path / name, tmp_path / "o.dngram", vocab_size=4, progress=False)
+            ngram_build.import_original_trie(tmp_path / name, tmp_path / "o.dngram", vocab_size=4, progress=False)
     with pytest.raises(NgramFormatError, match="outside the vocabulary"):
-        ngram.import_original_trie(tmp_path / "x.trie", tmp_path / "o.dngram", vocab_size=3, progress=False)
+        ngram_build.import_original_trie(tmp_path / "x.trie", tmp_path / "o.dngram", vocab_size=3, progress=False)
     assert not (tmp_path / "o.dngram").exists()  # a failed import leaves no table behind
 
 
 # ---------------------------------------------------------------------------- CLI
 def test_cli_info_query_and_errors(tmp_path, capsys):
     path = build_native(tmp_path, [[1, 2, 3, 1, 2, 4]], order=3, vocab=5)
-    assert ngram.main(["info", str(path), "--verify"]) == 0
+    assert ngram_cli.main(["info", str(path), "--verify"]) == 0
     assert "verified" in capsys.readouterr().out
-    assert ngram.main(["query", str(path), "--ids", "1", "2"]) == 0
+    assert ngram_cli.main(["query", str(path), "--ids", "1", "2"]) == 0
     assert "P=0.500000" in capsys.readouterr().out     # "1 2" -> 3 and 4, once each
-    assert ngram.main(["query", str(path), "--ids", "1", "2", "--candidates", "3", "4"]) == 0
+    assert ngram_cli.main(["query", str(path), "--ids", "1", "2", "--candidates", "3", "4"]) == 0
     (tmp_path / "bad.dngram").write_bytes(b"junk")
-    assert ngram.main(["info", str(tmp_path / "bad.dngram")]) == 2
+    assert ngram_cli.main(["info", str(tmp_path / "bad.dngram")]) == 2
     assert "error:" in capsys.readouterr().err
 
 
@@ -281,7 +281,7 @@ def test_input_weight_multiplies_counts(tmp_path):
     f.write_text(json.dumps({"response_ids": [1, 2, 1, 3]}) + "\n")
     g = tmp_path / "more.jsonl"
     g.write_text(json.dumps({"response_ids": [1, 3]}) + "\n")
-    ngram.build_ngram_table([f"{f}@3", g], tmp_path / "w.dngram", None, vocab_size=4, fingerprint="fp",
+    ngram_build.build_ngram_table([f"{f}@3", g], tmp_path / "w.dngram", None, vocab_size=4, fingerprint="fp",
                             order=2, min_count=3, progress=False)
     ref = ReferenceNgram.from_sequences([[1, 2, 1, 3]] * 3 + [[1, 3]], 2, min_count=3, vocab_size=4)
     store = NgramStore.open(tmp_path / "w.dngram")
@@ -289,7 +289,7 @@ def test_input_weight_multiplies_counts(tmp_path):
     assert_same_answers(store, ref, [[1], [2], [3]], [0, 1, 2, 3])   # P(3 | 1) = 4/7, P(2 | 1) = 3/7
     assert store.info()["metadata"]["sources"][0]["weight"] == 3
     with pytest.raises(ValueError, match="positive"):
-        ngram.build_ngram_table([f"{f}@0"], tmp_path / "x.dngram", None, vocab_size=4, progress=False)
+        ngram_build.build_ngram_table([f"{f}@0"], tmp_path / "x.dngram", None, vocab_size=4, progress=False)
 
 
 # ---------------------------------------------------------------------------- edge sizes

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dart_core import ngram
-from dart_core.ngram import NgramStore
-from dart_core.ngram_reference import ReferenceNgram
-from dart_core.pruning import PruningConfig, prune_dart_tree, prune_dart_tree_reference
-from dart_core.trace import ScoredCandidates
+from dart_core.ngram import store as ngram
+from dart_core.ngram.store import NgramStore
+from dart_core.ngram.reference import ReferenceNgram
+from dart_core.drafters.pruning import PruningConfig, prune_dart_tree, prune_dart_tree_reference
+from dart_core.engine.trace import ScoredCandidates
 
 native = ngram.require_native()
 VOCAB = 6

@@ -1,4 +1,4 @@
-"""Replay files are checked whole at load (dart_core.export_schema): a damaged file fails there with one
+"""Replay files are checked whole at load (dart_core.ui.record_schema): a damaged file fails there with one
 exception type and a located message, and a file that loads renders every step of the page. No model:
 the page is built around a stand-in target (rendering reads only the record)."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import app  # noqa: E402
-from dart_core.compare import EngineFactory, ReplayError, RunRecord  # noqa: E402
+from dart_core.ui.session import EngineFactory, ReplayError, RunRecord  # noqa: E402
 
 RECORDED = Path(__file__).resolve().parent / "data" / "recorded_run.json"
 BASE = json.loads(RECORDED.read_text(encoding="utf-8"))

@@ -8,7 +8,7 @@ import torch
 
 from dart_core.models.kv_cache import CacheFullError
 from dart_core.models.loader import ModelLoadError, load_target
-from dart_core.tree import DraftTree
+from dart_core.engine.tree import DraftTree
 from tiny_models import make_tiny_model_dir
 
 

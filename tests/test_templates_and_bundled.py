@@ -5,7 +5,7 @@ import json
 import pytest
 
 from dart_core.models import bundled
-from dart_core.templates import TEMPLATE_REGISTRY, encode_chat, get_template
+from dart_core.models.templates import TEMPLATE_REGISTRY, encode_chat, get_template
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,8 @@ import json
 import numpy as np
 import pytest
 
-from dart_core.trace import ScoredCandidates, StepTrace
-from dart_core.tree import DraftTree, InvalidTreeError
+from dart_core.engine.trace import ScoredCandidates, StepTrace
+from dart_core.engine.tree import DraftTree, InvalidTreeError
 
 
 def small_tree():

@@ -1,4 +1,4 @@
-"""Visualiser figures (dart_core.viz): layout, node/candidate/bar counts, the accepted path, JSON replay,
+"""Visualiser figures (dart_core.ui.viz): layout, node/candidate/bar counts, the accepted path, JSON replay,
 token positions and token spans, on real traces from the engine (prompt lookup, DART with a random
 head and a tiny N-gram table, DART with an oracle head) and on a hand-made trace."""
 from __future__ import annotations
@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from dart_core import viz
+from dart_core.ui import viz
 from dart_core.config import GenerationConfig
-from dart_core.decoding import SpeculativeEngine
+from dart_core.engine.decoding import SpeculativeEngine
 from dart_core.drafters import PromptLookupDrafter
 from dart_core.drafters.dart import DartDrafter
-from dart_core.models.dart_head import new_head_for_target
+from dart_core.models.heads.dart import new_head_for_target
 from dart_core.models.loader import load_target
-from dart_core.pruning import PruningConfig
-from dart_core.trace import STAGES, ScoredCandidates, StepTrace
-from dart_core.tree import DraftTree
+from dart_core.drafters.pruning import PruningConfig
+from dart_core.engine.trace import STAGES, ScoredCandidates, StepTrace
+from dart_core.engine.tree import DraftTree
 from tiny_models import make_tiny_model_dir
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
@@ -39,8 +39,8 @@ def prompt_ids(tiny):
 @pytest.fixture(scope="module")
 def tiny_store(tiny, tmp_path_factory):
     """A native N-gram table built from the tiny model's own greedy text, so N-gram terms are non-zero."""
-    from dart_core import ngram
-    from dart_core.ngram import NgramStore, tokenizer_fingerprint
+    from dart_core.ngram import store as ngram
+    from dart_core.ngram.store import NgramStore, tokenizer_fingerprint
     native = ngram.require_native()
     eng = SpeculativeEngine(tiny)
     docs = [eng.generate(tiny.tokenizer.encode(p), GenerationConfig(max_new_tokens=40, max_length=80)).tokens

@@ -1,5 +1,5 @@
 """Drafters: everything that proposes a DraftTree. Vanilla decoding is ``drafter=None``."""
-from .base import AcceptedStep, Drafter, Proposal
+from ..engine.protocol import AcceptedStep, Drafter, Proposal
 from .prompt_lookup import PromptLookupDrafter
 
 __all__ = ["AcceptedStep", "Drafter", "Proposal", "PromptLookupDrafter"]

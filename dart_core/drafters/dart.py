@@ -6,7 +6,7 @@
 Per step (``propose``): the head runs once over the positions committed since the last step
 plus its D mask slots and returns D+1 logit rows (row l = tree level l). Each row's top-k
 draft ids are mapped to target ids through ``d2t`` and handed with their logits to
-:func:`dart_core.pruning.prune_dart_tree`, which scores every candidate with its logit and
+:func:`dart_core.drafters.pruning.prune_dart_tree`, which scores every candidate with its logit and
 N-gram terms and keeps the best ``budget`` nodes (budget 0: no draft, a plain target step).
 Every scored candidate (kept or pruned) goes into the Proposal, so the StepTrace keeps it.
 Stage times: ``draft_forward_s`` = the head forward; ``tree_build_s`` = top-k + pruning.
@@ -24,11 +24,11 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..models.dart_head import DartHead
+from ..models.heads.dart import DartHead
 from ..models.native_linear import use_native_linears
-from ..pruning import PruningConfig, prune_dart_tree
-from ..tree import DraftTree
-from .base import FeatureDrafter, Proposal
+from .pruning import PruningConfig, prune_dart_tree
+from ..engine.tree import DraftTree
+from ..engine.protocol import FeatureDrafter, Proposal
 
 
 class DartDrafter(FeatureDrafter):

@@ -33,12 +33,12 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..limits import EAGLE3_FIELDS, LIMITS
-from ..models.eagle3_head import Eagle3Head
+from ..presets import EAGLE3_FIELDS, LIMITS
+from ..models.heads.eagle3 import Eagle3Head
 from ..models.native_linear import use_native_linears
-from ..trace import ScoredCandidates
-from ..tree import DraftTree
-from .base import FeatureDrafter, Proposal
+from ..engine.trace import ScoredCandidates
+from ..engine.tree import DraftTree
+from ..engine.protocol import FeatureDrafter, Proposal
 
 
 @dataclass
@@ -59,7 +59,7 @@ class Eagle3TreeConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the field to change."""
-        for name, key in EAGLE3_FIELDS.items():  # the low ends every entry point shares (dart_core.limits)
+        for name, key in EAGLE3_FIELDS.items():  # the low ends every entry point shares (dart_core.presets)
             v = getattr(self, name)
             why = ("must be an integer" if not isinstance(v, int) or isinstance(v, bool)
                    else LIMITS[key].problem(v, upper=False))
@@ -77,8 +77,8 @@ TUNED_EAGLE3_TREE: dict[str, dict[str, int]] = {"smollm2-135m-instruct": {"total
 
 def default_eagle3_tree(target_name: str | None) -> Eagle3TreeConfig:
     """The EAGLE-3 tree defaults for a target: its measured setting if it has one, else the published one."""
-    from ..pruning import tuned_key
-    return Eagle3TreeConfig(**TUNED_EAGLE3_TREE.get(tuned_key(target_name), {}))
+    from ..models.bundled import canonical_target_name
+    return Eagle3TreeConfig(**TUNED_EAGLE3_TREE.get(canonical_target_name(target_name), {}))
 
 
 def topk_stable(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

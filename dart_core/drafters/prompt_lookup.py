@@ -15,8 +15,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..tree import DraftTree
-from .base import AcceptedStep, Proposal
+from ..engine.tree import DraftTree
+from ..engine.protocol import AcceptedStep, Proposal
 
 
 class PromptLookupDrafter:

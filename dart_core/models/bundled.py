@@ -140,3 +140,16 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def canonical_target_name(target_name: str | None) -> str:
+    """The name under which a target's measured settings are filed: the bundled model's aliases all
+    map to one name, other targets keep theirs."""
+    key = target_name or BUNDLED_NAME
+    if key in BUNDLED_ALIASES or key.startswith("bundled"):
+        key = BUNDLED_NAME
+    return key
+
+
+def is_bundled_target(base_model_name_or_path: str | None) -> bool:
+    return base_model_name_or_path is None or base_model_name_or_path in BUNDLED_ALIASES

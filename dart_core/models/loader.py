@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..templates import guess_template_name
+from .templates import guess_template_name
 from .bundled import BUNDLED_ALIASES, prepare_bundled_model
 from .target import TargetModel
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..tree import DraftTree
+from ..engine.tree import DraftTree
 from .fast_forward import FastForward
 from .kv_cache import CacheFullError, PreallocatedCache
 

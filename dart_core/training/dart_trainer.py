@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..models.dart_head import (DartHead, check_head_matches_target, load_dart_head, new_head_for_target,
+from ..models.heads.dart import (DartHead, check_head_matches_target, load_dart_head, new_head_for_target,
                                 save_dart_head)
 from .data import DistillRow
 from .features import SequenceFeatures, compute_features

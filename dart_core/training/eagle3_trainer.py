@@ -30,8 +30,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..models.dart_head import check_head_matches_target
-from ..models.eagle3_head import Eagle3Head, load_eagle3_head, new_eagle3_head_for_target, save_eagle3_head
+from ..models.heads.dart import check_head_matches_target
+from ..models.heads.eagle3 import Eagle3Head, load_eagle3_head, new_eagle3_head_for_target, save_eagle3_head
 from .data import DistillRow
 from .features import SequenceFeatures, compute_features
 from .runner import (BaseTrainConfig, LevelStats, Runtime, TrainError, TrainMethod, card_budget_lines,  # noqa: F401

@@ -32,7 +32,7 @@ from typing import Sequence
 
 import numpy as np
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see dart_core/train.py
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see dart_core/training/cli.py
 
 logger = logging.getLogger(__name__)
 
@@ -89,9 +89,9 @@ def regenerate(target, prompts: Sequence[dict], out: str | Path, *, max_prompt_t
     from tqdm.auto import tqdm
 
     from ..config import GenerationConfig
-    from ..decoding import SpeculativeEngine
+    from ..engine.decoding import SpeculativeEngine
     from ..drafters import PromptLookupDrafter
-    from ..templates import encode_chat, get_template
+    from ..models.templates import encode_chat, get_template
 
     out = Path(out)
     partial = out.with_name(out.name + ".partial.jsonl")

@@ -631,7 +631,7 @@ def lr_restarts(log_path: Path, warmup: int) -> list[int]:
 def cpu_description() -> str:
     """The CPU model and whether it has native bf16 matmuls: wall-time budgets on two CPUs compare only
     when both are named (a 2-core AMX Xeon trains several times faster than a 2-core AVX2 EPYC)."""
-    from ..machine import _cpu_model
+    from ..hardware import _cpu_model
     from ..models.loader import cpu_supports_bf16
     return f"{_cpu_model()} ({'native bf16' if cpu_supports_bf16() else 'no native bf16'})"
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from dart_core.compare import Comparison, EngineFactory, RunSettings, save_export
+from dart_core.ui.session import Comparison, EngineFactory, RunSettings, save_export
 from dart_core.models.loader import load_target
-from dart_core.templates import encode_chat, get_template
+from dart_core.models.templates import encode_chat, get_template
 
 PROMPT = "Write a Python function that checks whether a string is a palindrome."
 

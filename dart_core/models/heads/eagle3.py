@@ -27,9 +27,9 @@ One step over n rows (token ``ids[i]`` paired with hidden ``h[i]``)::
     logits = lm_head(norm(g))                                      # [n, V_d]
 
 Loading is strict (:func:`load_eagle3_head`), with the same allow-list and error class family
-as the DART head (:class:`Eagle3HeadError` is a :class:`~dart_core.models.dart_head.DartHeadError`).
+as the DART head (:class:`Eagle3HeadError` is a :class:`~dart_core.models.heads.dart.DartHeadError`).
 Heads trained here record their target in ``config.json: eagle3_target`` and are refused
-for another target (:class:`~dart_core.models.dart_head.HeadTargetMismatch`).
+for another target (:class:`~dart_core.models.heads.dart.HeadTargetMismatch`).
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .dart_head import (DartAttention, DartHeadError, DartMLP, DraftHeadBase, RMSNorm, _draft_ids,
+from .dart import (DartAttention, DartHeadError, DartMLP, DraftHeadBase, RMSNorm, _draft_ids,
                         check_head_matches_target, describe_target, head_config_problems, init_head_from_target,
                         match_state_dict, sdpa_attend)
 
@@ -490,7 +490,7 @@ def load_eagle3_for_target(target, base_model_name_or_path: str | None, eagle3_m
                            *, check_fingerprint: bool = True) -> Eagle3Head:
     """The EAGLE-3 head for an already loaded ``target``; None = the bundled default, which exists
     only for the bundled target. Shared by the benchmark and the app."""
-    from ..api import is_bundled_target
+    from ..bundled import is_bundled_target
 
     if eagle3_model_name_or_path is None:
         how = ("pass --eagle3-model-name-or-path DIR|HUB_ID (a published EAGLE-3 head for this target, e.g. "

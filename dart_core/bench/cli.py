@@ -38,10 +38,10 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-from .config import ConfigError, GenerationConfig
-from .decoding import GenerationStats, SpeculativeEngine
-from .drafters import PromptLookupDrafter
-from .trace import STAGES
+from ..config import ConfigError, GenerationConfig
+from ..engine.decoding import GenerationStats, SpeculativeEngine
+from ..drafters import PromptLookupDrafter
+from ..engine.trace import STAGES
 
 logger = logging.getLogger(__name__)
 
@@ -271,7 +271,7 @@ def run_benchmark(target, runners: dict[str, MethodRunner], questions: Sequence[
     """Every method answers every question (all turns with ``turns="all"``); returns records per method."""
     from tqdm.auto import tqdm
 
-    from .templates import encode_chat, get_template
+    from ..models.templates import encode_chat, get_template
 
     template = get_template(target.template_name)
     device = target.device
@@ -415,6 +415,8 @@ def _f(x: float | None, fmt: str = "{:.2f}", none: str = "–") -> str:
 
 
 def render_markdown(report: dict) -> str:
+    from .report import question_files  # lazy: the report module pulls in plotly
+
     s, m, t = report["settings"], report["machine"], report["target"]
     bw = m.get("memory_bandwidth_gbs") or {}
     load = m.get("load_average")
@@ -456,13 +458,6 @@ def render_markdown(report: dict) -> str:
     if report.get("busy_warning"):
         lines += ["", f"**Warning: {report['busy_warning']}**"]
     return "\n".join(lines) + "\n"
-
-
-def question_files(settings: dict) -> list[str]:
-    """The question files of a report's settings (a single string in reports written before --questions took
-    several files)."""
-    q = settings["questions"]
-    return list(q) if isinstance(q, (list, tuple)) else [q]
 
 
 def _group_table(report: dict, key: str, title: str) -> list[str]:
@@ -553,9 +548,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
-    from .models.loader import ModelLoadError, load_target, resolve_device, resolve_dtype
-    from .templates import get_template
-    from .machine import busy_machine_reason, describe_machine, measure_memory_bandwidth_gbs
+    from ..models.loader import ModelLoadError, load_target, resolve_device, resolve_dtype
+    from ..models.templates import get_template
+    from ..hardware import busy_machine_reason, describe_machine, measure_memory_bandwidth_gbs
 
     # Everything a user can get wrong is checked before the (slow) model load.
     try:
@@ -575,7 +570,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         questions = load_question_sets(args.questions, args.limit)
         sweep = None
         if args.sweep is not None:
-            from .bench_report import load_sweep
+            from .report import load_sweep
             sweep = load_sweep(args.sweep)
         if not 0.0 <= args.max_busy <= 1.0:
             raise BenchInputError(f"--max-busy is a share of the CPU between 0 and 1, got {args.max_busy}")
@@ -647,20 +642,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         Path(args.markdown_out).write_text(markdown, encoding="utf-8")
         logger.info("wrote %s", args.markdown_out)
     if args.report_dir:
-        from .bench_report import write_report
+        from .report import write_report
         for path in write_report(report, markdown, args.report_dir, sweep=sweep):
             logger.info("wrote %s", path)
     return 0
 
 
 def _register_optional_methods() -> None:
-    """Methods with heavier imports (DART) register themselves from dart_core.bench_methods."""
-    from .bench_methods import register_all
+    """Methods with heavier imports (DART) register themselves from dart_core.bench.methods."""
+    from .methods import register_all
     register_all(register_method, MethodSpec, EngineRunner, METHODS)
 
 
 _register_optional_methods()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Mapping
 
-from .trace import STAGES, TRACE_VERSION
+from ..engine.trace import STAGES, TRACE_VERSION
 
 EXPORT_FORMAT = "dart-demo-run"
 EXPORT_VERSION = 1

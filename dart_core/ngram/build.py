@@ -43,7 +43,7 @@ def load_tokenizer(name_or_path: str):
     if Path(name_or_path).expanduser().is_dir():  # may hold only tokenizer files (no config.json)
         from transformers import AutoTokenizer
         return AutoTokenizer.from_pretrained(str(Path(name_or_path).expanduser()))
-    from .models.loader import load_tokenizer as load_model_tokenizer
+    from ..models.loader import load_tokenizer as load_model_tokenizer
     return load_model_tokenizer(name_or_path)
 
 
@@ -51,7 +51,7 @@ def _tokenizer_identity(tokenizer, vocab_size: int | None, fingerprint: str | No
     """Vocab size and fingerprint for a table header: given values win, else the tokenizer's."""
     if tokenizer is None:
         return vocab_size, fingerprint
-    from .ngram import tokenizer_fingerprint, tokenizer_vocab_size
+    from .store import tokenizer_fingerprint, tokenizer_vocab_size
     return vocab_size or tokenizer_vocab_size(tokenizer), fingerprint or tokenizer_fingerprint(tokenizer)
 
 
@@ -199,7 +199,7 @@ def build_ngram_table(inputs: Sequence[str | os.PathLike], out: str | os.PathLik
     surviving counts are exact, so P(x | ctx) of a surviving n-gram equals the unpruned one.
     Returns build statistics (nodes per level, bytes, tokens, seconds, tokens per second).
     """
-    from .ngram import require_native
+    from .store import require_native
 
     native = require_native()
     if not 1 <= order <= 8:
@@ -277,7 +277,7 @@ def import_original_trie(src: str | os.PathLike, dst: str | os.PathLike, tokeniz
     reading it once front to back (per-node bookkeeping lives in a temporary file-backed
     array, never in hash maps). ``tokenizer`` (or ``vocab_size`` + ``fingerprint``) must be
     the one the .trie was built with: ids are range-checked against it."""
-    from .ngram import NgramFormatError, require_native
+    from .store import NgramFormatError, require_native
 
     native = require_native()
     src, dst = Path(src), Path(dst)

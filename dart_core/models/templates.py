@@ -80,7 +80,7 @@ def check_text(text: object, what: str = "the prompt") -> str:
     """``text`` if it is a string of valid Unicode; else ConfigError (a ValueError) saying what is wrong and
     how to fix it. A lone surrogate (e.g. "\\ud800", from a broken JSON escape or a cut emoji) cannot be
     encoded as UTF-8, and the tokenizer would fail on it with a bare TypeError."""
-    from .config import ConfigError
+    from ..config import ConfigError
 
     if not isinstance(text, str):
         raise ConfigError(f"{what} must be text (a str), got {type(text).__name__}")

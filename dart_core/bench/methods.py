@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from .limits import LIMITS
+from ..presets import LIMITS
 
 
 def _limit(key: str, flag: str):
@@ -30,7 +30,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ngram-model-name-or-path", default=None, metavar="TABLE",
                    help="N-gram table for dart: .dngram file, directory, Hub repo, or 'none'; default: the bundled one")
     g.add_argument("--small-ngram", action="store_true", help="prefer small.* over full.* tables in a directory/repo")
-    # Pruner knobs: unset flags take the target's default (dart_core.pruning.default_pruning).
+    # Pruner knobs: unset flags take the target's default (dart_core.drafters.pruning.default_pruning).
     g.add_argument("--tree-budget", type=_limit("budget", "--tree-budget"), default=None, metavar="N",
                    help="drafted nodes kept per step, root excluded; 0 = no draft, a plain target step (default: the "
                         "target's tuned value, else 60)")
@@ -56,7 +56,7 @@ def _flags_over(base, args, flags: dict[str, str], what: str):
 
 
 def _pruning(target, args):
-    from .pruning import default_pruning
+    from ..drafters.pruning import default_pruning
     return _flags_over(default_pruning(target.name), args, {"budget": "tree_budget", "beam_width": "beam_width",
                        "top_k": "per_level_top_k", "ngram_weight": "ngram_weight"}, "DART pruning")
 
@@ -77,14 +77,14 @@ def _add_eagle3_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _eagle3_tree(target, args):
-    from .drafters.eagle3 import default_eagle3_tree
+    from ..drafters.eagle3 import default_eagle3_tree
     return _flags_over(default_eagle3_tree(target.name), args, {"total_token": "eagle3_total_token",
                        "depth": "eagle3_depth", "top_k": "eagle3_top_k"}, "EAGLE-3 tree")
 
 
 def _load_eagle3(target, args):
-    from .drafters.eagle3 import Eagle3Drafter
-    from .models.eagle3_head import load_eagle3_for_target
+    from ..drafters.eagle3 import Eagle3Drafter
+    from ..models.heads.eagle3 import load_eagle3_for_target
 
     tree = _eagle3_tree(target, args)
     head = load_eagle3_for_target(target, getattr(args, "base_model_name_or_path", None),
@@ -93,8 +93,8 @@ def _load_eagle3(target, args):
 
 
 def _load(target, args, with_ngram: bool):
-    from .api import load_head_and_ngram
-    from .drafters.dart import DartDrafter
+    from ..api import load_head_and_ngram
+    from ..drafters.dart import DartDrafter
 
     head, store = load_head_and_ngram(target, getattr(args, "base_model_name_or_path", None),
                                       getattr(args, "dart_model_name_or_path", None),

@@ -13,16 +13,18 @@ import logging
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Generator, Sequence
+from typing import TYPE_CHECKING, Generator, Sequence
 
 import torch
 
-from .config import ConfigError, GenerationConfig
-from .drafters.base import AcceptedStep, Drafter, Proposal
-from .models.target import TargetModel
+from ..config import ConfigError, GenerationConfig
+from .protocol import AcceptedStep, Drafter, Proposal
 from .sampling import accept_greedy, accept_sampling, warp_probs
 from .trace import STAGES, StepTrace
 from .tree import DraftTree
+
+if TYPE_CHECKING:  # the engine runs any target with TargetModel's methods; models sit above it
+    from ..models.target import TargetModel
 
 logger = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from typing import Any, Iterable
 
 import plotly.graph_objects as go
 
-from .trace import STAGES
-from .viz import OKABE_ITO
+from ..engine.trace import STAGES
+from ..ui.viz import OKABE_ITO
 
 # One colour per method across every chart (Okabe-Ito, colour-blind safe).
 METHOD_COLOURS = {
@@ -37,6 +37,13 @@ SWEEP_KEYS = ("sweep", "vanilla")
 
 class ReportInputError(ValueError):
     """A sweep file is missing or not a tune_tree.py output; the message names the file."""
+
+
+def question_files(settings: dict) -> list[str]:
+    """The question files of a report's settings (a single string in reports written before --questions took
+    several files)."""
+    q = settings["questions"]
+    return list(q) if isinstance(q, (list, tuple)) else [q]
 
 
 def load_sweep(path: str | Path) -> dict:
@@ -176,7 +183,6 @@ def _summary_rows(report: dict) -> Iterable[str]:
 
 def render_html(report: dict, sweep: dict | None = None) -> str:
     """One self-contained page: header facts, a summary table and every chart (plotly.js inlined)."""
-    from .bench import question_files  # here: bench imports this module when it writes a report
 
     s, m, t = report["settings"], report["machine"], report["target"]
     figs = report_figures(report, sweep)

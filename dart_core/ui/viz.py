@@ -1,6 +1,6 @@
 """Plotly figures from StepTrace records: draft tree, candidate scores, stage timings, acceptance.
 
-Every function here is pure: it reads traces (a :class:`~dart_core.trace.StepTrace`, its
+Every function here is pure: it reads traces (a :class:`~dart_core.engine.trace.StepTrace`, its
 ``to_dict()`` form, or its JSON text) and returns figures or plain data. Nothing here decodes,
 so live runs and replays of exported traces render through the same code.
 
@@ -26,7 +26,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .trace import STAGES, StepTrace
+from ..engine.trace import STAGES, StepTrace
 
 # ---------------------------------------------------------------------------------------------- palette
 # Okabe & Ito (2008), "Color Universal Design".

@@ -14,8 +14,8 @@ import logging
 import time
 from typing import Any
 
-from .compare import EngineFactory, RunSettings, label_of
-from .templates import encode_chat
+from .session import EngineFactory, RunSettings, label_of
+from ..models.templates import encode_chat
 
 logger = logging.getLogger(__name__)
 

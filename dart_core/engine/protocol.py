@@ -18,8 +18,8 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 
-from ..trace import ScoredCandidates
-from ..tree import DraftTree
+from .trace import ScoredCandidates
+from .tree import DraftTree
 
 
 @dataclass

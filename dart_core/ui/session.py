@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
 
 from . import viz
-from .config import ConfigError, GenerationConfig
-from .decoding import GenerationResult, SpeculativeEngine
-from .export_schema import EXPORT_FORMAT, EXPORT_VERSION, ReplayError, validate_export  # noqa: F401 (re-exported)
-from .limits import LIMITS, Limit
-from .pruning import PruningConfig
-from .trace import StepTrace
+from ..config import ConfigError, GenerationConfig
+from ..engine.decoding import GenerationResult, SpeculativeEngine
+from .record_schema import EXPORT_FORMAT, EXPORT_VERSION, ReplayError, validate_export  # noqa: F401 (re-exported)
+from ..presets import LIMITS, Limit
+from ..drafters.pruning import PruningConfig
+from ..engine.trace import StepTrace
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class RunSettings:
     eagle3_depth: int | None = None
     eagle3_top_k: int | None = None
 
-    # (field, limit): the ranges live in dart_core.limits, shared with the sliders, the tree configs and CLI flags
+    # (field, limit): the ranges live in dart_core.presets, shared with the sliders, the tree configs and CLI flags
     _RULES = (("max_new_tokens", MAX_NEW_TOKENS),) + tuple((name, LIMITS[name]) for name in (
         "temperature", "top_p", "top_k", "budget", "beam_width", "level_top_k", "ngram_weight",
         "eagle3_total_token", "eagle3_depth", "eagle3_top_k"))
@@ -129,7 +129,7 @@ class RunSettings:
             raise ConfigError(f"DART tree settings: {exc}") from None
 
     def eagle3_tree(self, base: Any):
-        from .drafters.eagle3 import Eagle3TreeConfig
+        from ..drafters.eagle3 import Eagle3TreeConfig
         d = asdict(base)
         for ours, theirs in (("eagle3_total_token", "total_token"), ("eagle3_depth", "depth"),
                              ("eagle3_top_k", "top_k")):
@@ -175,8 +175,8 @@ class EngineFactory:
 
     def __init__(self, target, *, dart_head=None, ngram=None, dart_pruning: PruningConfig | None = None,
                  eagle3_head=None, eagle3_tree=None, unavailable: Mapping[str, str] | None = None):
-        from .drafters.eagle3 import default_eagle3_tree
-        from .pruning import default_pruning
+        from ..drafters.eagle3 import default_eagle3_tree
+        from ..drafters.pruning import default_pruning
         self.target = target
         self.dart_head = dart_head
         self.ngram = ngram
@@ -204,8 +204,9 @@ class EngineFactory:
                    compare_eagle3: bool = False) -> "EngineFactory":
         """Load the heads the flags name. A head the user named explicitly must load (errors propagate,
         naming the flag); a missing *default* head only makes that engine unavailable, with the reason."""
-        from .api import is_bundled_target, load_head_and_ngram
-        from .models.dart_head import DartHeadError
+        from ..api import load_head_and_ngram
+        from ..models.bundled import is_bundled_target
+        from ..models.heads.dart import DartHeadError
 
         unavailable: dict[str, str] = {}
         dart_head = store = None
@@ -220,7 +221,7 @@ class EngineFactory:
             logger.warning("%s", unavailable["dart"])
         eagle3_head = None
         if compare_eagle3 or eagle3_model_name_or_path is not None:
-            from .models.eagle3_head import Eagle3HeadError, load_eagle3_for_target
+            from ..models.heads.eagle3 import Eagle3HeadError, load_eagle3_for_target
             try:
                 eagle3_head = load_eagle3_for_target(target, base_model_name_or_path, eagle3_model_name_or_path)
             except Eagle3HeadError as exc:
@@ -238,13 +239,13 @@ class EngineFactory:
     def _make(self, name: str, settings: RunSettings) -> tuple[Any, SpeculativeEngine]:
         target = self.target
         if name == "dart":
-            from .drafters.dart import DartDrafter
+            from ..drafters.dart import DartDrafter
             pruning = settings.pruning(self.dart_pruning)
             key = tuple(sorted(pruning.to_dict().items()))
             return key, SpeculativeEngine(target, DartDrafter(self.dart_head, self.ngram, target.eos_token_ids,
                                                               pruning=pruning), name="dart")
         if name == "eagle3":
-            from .drafters.eagle3 import Eagle3Drafter
+            from ..drafters.eagle3 import Eagle3Drafter
             tree = settings.eagle3_tree(self.eagle3_tree_base)
             key = tuple(sorted(asdict(tree).items()))
             return key, SpeculativeEngine(target, Eagle3Drafter(self.eagle3_head, tree), name="eagle3")
@@ -532,7 +533,7 @@ class RunRecord:
     @classmethod
     def from_export(cls, data: Mapping[str, Any] | str | bytes | Path) -> "RunRecord":
         """Read an exported run (a dict, JSON text/bytes, or a file path). The whole record is checked once
-        here (dart_core.export_schema), so a record that loads renders every step. Raises ReplayError (a
+        here (dart_core.ui.record_schema), so a record that loads renders every step. Raises ReplayError (a
         ValueError) that says where the file is wrong and what to do; OSError when a path cannot be read."""
         if isinstance(data, Path):
             data = data.read_bytes()
@@ -710,7 +711,7 @@ def narrate_step(trace: StepTrace, decode: Any, engine: str = "dart") -> Narrati
     checked, why the accepted path stopped, and where the bonus token came from.
 
     The decisions are derived from the tree and the accepted path with the engine's own rules
-    (dart_core.sampling): greedy follows the child equal to the target's argmax; sampling tries
+    (dart_core.engine.sampling): greedy follows the child equal to the target's argmax; sampling tries
     children in draft-rank order and accepts child x with p(x) renormalised over what earlier
     rejections left. ``decode``: a tokenizer or a callable ids -> text.
     """

@@ -32,9 +32,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .limits import LIMITS, PRUNING_FIELDS
-from .trace import ScoredCandidates
-from .tree import DraftTree
+from ..presets import LIMITS, PRUNING_FIELDS
+from ..engine.trace import ScoredCandidates
+from ..engine.tree import DraftTree
 
 
 @dataclass
@@ -64,7 +64,7 @@ class PruningConfig:
         """Raise ValueError naming the field to change."""
         def bad(name: str, rule: str) -> ValueError:
             return ValueError(f"PruningConfig.{name}={getattr(self, name)!r}: {rule}")
-        # budget, beam_width, top_k, ngram_weight: the low ends every entry point shares (dart_core.limits; the
+        # budget, beam_width, top_k, ngram_weight: the low ends every entry point shares (dart_core.presets; the
         # page and the CLI flags also cap the high ends). budget 0 = draft nothing (each step is a plain target step)
         for name, key in PRUNING_FIELDS.items():
             why = LIMITS[key].problem(getattr(self, name), upper=False)
@@ -99,20 +99,10 @@ class PruningConfig:
 TUNED_PRUNING: dict[str, dict[str, Any]] = {"smollm2-135m-instruct": {"budget": 2}}
 
 
-def tuned_key(target_name: str | None) -> str:
-    """The key under which a target's measured tree settings are filed (the bundled model's aliases
-    all map to one name)."""
-    from .models.bundled import BUNDLED_ALIASES, BUNDLED_NAME
-
-    key = target_name or BUNDLED_NAME
-    if key in BUNDLED_ALIASES or key.startswith("bundled"):
-        key = BUNDLED_NAME
-    return key
-
-
 def default_pruning(target_name: str | None) -> PruningConfig:
     """The pruning defaults for a target: its measured setting if it has one, else the paper's."""
-    return PruningConfig(**TUNED_PRUNING.get(tuned_key(target_name), {}))
+    from ..models.bundled import canonical_target_name
+    return PruningConfig(**TUNED_PRUNING.get(canonical_target_name(target_name), {}))
 
 
 def _context_tail(context: Sequence[int], store: Any) -> np.ndarray:
@@ -182,7 +172,7 @@ def prune_dart_tree(topk_logits: np.ndarray, topk_tokens: np.ndarray, context: S
                                          vocab_size=vocab_size)
     if backend != "native":
         raise ValueError(f"backend must be 'native' or 'python', got {backend!r}")
-    from .ngram import NgramStore, require_native
+    from ..ngram.store import NgramStore, require_native
 
     native = require_native()
     if store is not None and not isinstance(store, NgramStore):

@@ -106,7 +106,7 @@ LIMITS: dict[str, Limit] = {
     "temperature": Limit("Temperature", 0.0, None, False, slider_high=2.0),
     "top_p": Limit("Top-p", 0.0, 1.0, False, slider_low=0.05, low_open=True),
     "top_k": Limit("Top-k", 0, None, True, slider_high=200),
-    # DART pruning (dart_core.pruning.PruningConfig: budget, beam_width, top_k, ngram_weight)
+    # DART pruning (dart_core.drafters.pruning.PruningConfig: budget, beam_width, top_k, ngram_weight)
     "budget": Limit("DART tree budget", 0, 1024, True, slider_high=256),
     "beam_width": Limit("DART beam width", 1, 256, True, slider_high=64),
     "level_top_k": Limit("DART per-level top-k", 1, 256, True, slider_high=64),
