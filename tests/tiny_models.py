@@ -91,7 +91,7 @@ def make_tiny_distill(root: Path):
     import torch
 
     from dart_core.config import GenerationConfig
-    from dart_core.decoding import SpeculativeEngine
+    from dart_core.engine.decoding import SpeculativeEngine
     from dart_core.models.loader import load_target
 
     d = make_tiny_model_dir(root, "llama")
