@@ -1,6 +1,7 @@
 """The decoding loop: lossless greedy (exact equality with vanilla), lossless sampling, limits, bad input."""
 import gzip
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -73,22 +74,36 @@ def tiny(tmp_path_factory):
 
 
 # ---------------------------------------------------------------- greedy: exact equality
-def eval_prompts(shared_data, n):
-    rows = []
-    for name in ("mt_bench.jsonl", "humaneval.jsonl"):
-        with open(shared_data / "eval" / name) as f:
-            rows += [json.loads(line)["turns"][0] for line in f][: n // 2]
-    return rows
+PROMPTS_FILE = Path(__file__).resolve().parent / "data" / "prompts.jsonl"
+
+
+def project_rows() -> list[dict]:
+    """The project's own test prompts (tests/data/prompts.jsonl: chat, code, math, long, multilingual), so
+    the lossless checks run in any clone, without the shared evaluation corpus."""
+    return [json.loads(line) for line in PROMPTS_FILE.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def first_prompts(*categories: str) -> list[str]:
+    """The first prompt of each named category."""
+    rows = project_rows()
+    return [next(r["prompt"] for r in rows if r["category"] == c) for c in categories]
+
+
+def test_the_project_prompts_cover_every_kind():
+    rows = project_rows()
+    assert len(rows) >= 30 and len({r["id"] for r in rows}) == len(rows)
+    assert {r["category"] for r in rows} == {"chat", "code", "math", "long", "multilingual"}
+    assert all(isinstance(r["prompt"], str) and r["prompt"].strip() for r in rows)
 
 
 @pytest.mark.bundled
-def test_speculative_greedy_equals_vanilla_on_bundled_model(bundled_fp32, shared_data):
+def test_speculative_greedy_equals_vanilla_on_bundled_model(bundled_fp32):
     target = bundled_fp32
     template = get_template(target.template_name)
-    cfg = GenerationConfig(max_new_tokens=48, max_length=2048)
+    cfg = GenerationConfig(max_new_tokens=24, max_length=2048)   # 30 prompts x 24 tokens: breadth over length
     vanilla, spec = SpeculativeEngine(target), SpeculativeEngine(target, PromptLookupDrafter())
-    prompts = eval_prompts(shared_data, 20)
-    assert len(prompts) == 20
+    prompts = [r["prompt"] for r in project_rows()]
+    assert len(prompts) >= 30
     taus = []
     for text in prompts:
         ids = encode_chat(target.tokenizer, template, [{"role": "user", "content": text}])
@@ -101,10 +116,10 @@ def test_speculative_greedy_equals_vanilla_on_bundled_model(bundled_fp32, shared
 
 
 @pytest.mark.bundled
-def test_vanilla_loop_equals_transformers_generate(bundled_fp32, shared_data):
+def test_vanilla_loop_equals_transformers_generate(bundled_fp32):
     target = bundled_fp32
     template = get_template(target.template_name)
-    for text in eval_prompts(shared_data, 4)[:3]:
+    for text in first_prompts("chat", "code", "multilingual"):
         ids = encode_chat(target.tokenizer, template, [{"role": "user", "content": text}])
         ours = SpeculativeEngine(target).generate(ids, GenerationConfig(max_new_tokens=24)).tokens
         with torch.no_grad():
@@ -113,13 +128,13 @@ def test_vanilla_loop_equals_transformers_generate(bundled_fp32, shared_data):
 
 
 @pytest.mark.bundled
-def test_bf16_tokens_are_target_argmax_up_to_bf16_ties(bundled_bf16, shared_data):
+def test_bf16_tokens_are_target_argmax_up_to_bf16_ties(bundled_bf16):
     """In bf16, kernels of different widths may flip near-ties, so check each token against the
     target's own logits for its emitted prefix, allowing a bf16-sized margin."""
     target = bundled_bf16
     template = get_template(target.template_name)
     spec = SpeculativeEngine(target, PromptLookupDrafter())
-    for text in eval_prompts(shared_data, 6)[:3]:
+    for text in first_prompts("code", "math", "long"):
         ids = encode_chat(target.tokenizer, template, [{"role": "user", "content": text}])
         out = spec.generate(ids, GenerationConfig(max_new_tokens=32))
         with torch.no_grad():
