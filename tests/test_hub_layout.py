@@ -36,7 +36,7 @@ import test_eagle3 as eagle_synth  # noqa: E402  (synthetic published-layout EAG
 
 TARGET, DART, EAGLE3, NGRAM = "Qwen/Qwen3-4B", "fvliang/qwen4b-dart", "AngelSlim/Qwen3-4B_eagle3", \
     "fvliang/dart-qwen3-ngram"
-# DESIGN.md section 4: the keys of a published DART head (embed_tokens is the target's)
+# docs/ARCHITECTURE.md section 4: the keys of a published DART head (embed_tokens is the target's)
 DART_KEYS = {"fc.weight", "midlayer.mask_rep", "norm.weight", "lm_head.weight", "d2t", "t2d",
              *(f"midlayer.self_attn.{p}_proj.weight" for p in "qkvo"),
              *(f"midlayer.mlp.{p}_proj.weight" for p in ("gate", "up", "down")),
@@ -131,7 +131,7 @@ def test_directories_have_the_published_layouts(repos):
     assert sorted(p.name for p in repos[DART].iterdir()) == ["config.json", "model.safetensors"]
     assert sorted(p.name for p in repos[EAGLE3].iterdir()) == ["config.json", "pytorch_model.bin"]
     eagle_keys = set(torch.load(repos[EAGLE3] / "pytorch_model.bin", weights_only=True))
-    assert eagle_keys == DART_KEYS - {"midlayer.mask_rep"}  # DESIGN.md section 7: as DART, without mask_rep
+    assert eagle_keys == DART_KEYS - {"midlayer.mask_rep"}  # docs/ARCHITECTURE.md section 7: as DART, without mask_rep
     for d, key in ((repos[DART], "dart_target"), (repos[EAGLE3], "eagle3_target")):
         assert key not in json.loads((d / "config.json").read_text())  # published heads carry no target record
 

@@ -1,4 +1,4 @@
-"""DART tree pruner: native vs pure-Python reference (hypothesis), and the rules of DESIGN.md
+"""DART tree pruner: native vs pure-Python reference (hypothesis), and the rules of docs/ARCHITECTURE.md
 section 5 on hand-written cases: weights, no N-gram term at level 0, the total-order
 tie-break, EOS never expanded, budgets larger than the candidate space."""
 from __future__ import annotations

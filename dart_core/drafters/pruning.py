@@ -1,4 +1,4 @@
-"""DART tree pruning (DESIGN.md section 5): from the drafter's per-level top-k logits to a
+"""DART tree pruning (docs/ARCHITECTURE.md section 5): from the drafter's per-level top-k logits to a
 draft tree, scoring each candidate by its logit and N-gram log-probabilities.
 
 For tree level l (row l of the inputs; level 0 = children of the root):

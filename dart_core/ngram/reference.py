@@ -6,7 +6,7 @@ store (``dart_core.ngram``) against an implementation short enough to read in on
 
 Counting follows the original ``TrieNgram::add_conversation``: every n-gram of length
 1..order inside a document is counted once per occurrence; ``count(())`` (the root) is the
-number of tokens. ``query`` is the original per-candidate back-off (DESIGN.md section 6).
+number of tokens. ``query`` is the original per-candidate back-off (docs/ARCHITECTURE.md section 6).
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 A table (``.dngram``) holds the counts of every n-gram (n = 1..order) of a token corpus as a
 breadth-first trie with sorted children; it is opened by mmap in O(1) and queried with the
-original DART per-candidate back-off (DESIGN.md section 6)::
+original DART per-candidate back-off (docs/ARCHITECTURE.md section 6)::
 
     store = NgramStore.open("assets/ngram/smollm2-135m-instruct.dngram",
                             expected_fingerprint=tokenizer_fingerprint(tokenizer))

@@ -1,4 +1,4 @@
-"""Prefix-shared masked DART training (DESIGN.md section 4; the original repository ships none).
+"""Prefix-shared masked DART training (docs/ARCHITECTURE.md section 4; the original repository ships none).
 
 Per sequence x_0..x_{T-1} (prompt of P tokens + the target's own answer):
 

@@ -1,4 +1,4 @@
-"""EAGLE-3 training with the training-time test (DESIGN.md section 7), on the DART trainer's data,
+"""EAGLE-3 training with the training-time test (docs/ARCHITECTURE.md section 7), on the DART trainer's data,
 draft vocabulary, features, schedule and run loop (``runner.run_training``).
 
 Per sequence x_0..x_{T-1} (prompt of P tokens + the target's own answer), n = T-1 rows; row a

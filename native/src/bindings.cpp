@@ -520,7 +520,7 @@ PYBIND11_MODULE(_native, m) {
       py::arg("topk_logits"), py::arg("topk_tokens"), py::arg("context"), py::arg("store").none(true),
       py::arg("eos_token_ids"), py::arg("top_k"), py::arg("beam_width"), py::arg("budget"), py::arg("level_decay"),
       py::arg("logit_decay"), py::arg("ngram_weight"), py::arg("eps"),
-      "DART tree pruning (DESIGN.md section 5). Returns a dict of numpy arrays: every scored candidate "
+      "DART tree pruning (docs/ARCHITECTURE.md section 5). Returns a dict of numpy arrays: every scored candidate "
       "(token, parent, depth, logit_term, ngram_term, score, kept, node) and the tree (tree_tokens, "
       "tree_parents, tree_depths, tree_scores; node 0 = root).");
 

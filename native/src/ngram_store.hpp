@@ -32,7 +32,7 @@ class NgramStore {
   // sorted. Throws FormatError naming the first problem.
   void verify() const;
 
-  // The original DART back-off (DESIGN.md section 6), for one context and a batch of
+  // The original DART back-off (docs/ARCHITECTURE.md section 6), for one context and a batch of
   // candidates: for len = min(order-1, n_context) down to 1, the context suffix of that
   // length is looked up; every candidate not matched yet that is a child of it gets
   // P = count(suffix + x) / count(suffix) and matched = len. Never-matched candidates

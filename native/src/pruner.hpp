@@ -1,4 +1,4 @@
-// The DART tree pruner (DESIGN.md section 5): beam search over the drafter's per-level
+// The DART tree pruner (docs/ARCHITECTURE.md section 5): beam search over the drafter's per-level
 // top-k tokens, scored by level-weighted logit and N-gram log-probabilities, then the best
 // `budget` nodes of all scored candidates form the draft tree.
 #pragma once

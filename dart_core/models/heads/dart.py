@@ -1,4 +1,4 @@
-"""The DART draft head in the published fvliang/DART format (DESIGN.md section 4).
+"""The DART draft head in the published fvliang/DART format (docs/ARCHITECTURE.md section 4).
 
 One Llama-style decoder layer that reads the target's aux features and predicts the next
 ``D + 1`` tokens in one forward: the last real position gives level 0 (the token after the

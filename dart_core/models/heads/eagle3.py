@@ -1,4 +1,4 @@
-"""The EAGLE-3 draft head in the published EAGLE / SpecForge / AngelSlim format (DESIGN.md section 7).
+"""The EAGLE-3 draft head in the published EAGLE / SpecForge / AngelSlim format (docs/ARCHITECTURE.md section 7).
 
 One Llama-style decoder layer run autoregressively: each step reads a hidden state ``h`` and a
 token, and returns the next hidden state ``g`` (before the final norm) and, through
