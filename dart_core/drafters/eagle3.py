@@ -67,7 +67,7 @@ class Eagle3TreeConfig:
                 raise ValueError(f"Eagle3TreeConfig.{name}={v!r}: {why}")
 
 
-# Measured per target (benchmarks/tune_tree.py --methods dart,eagle3 on dev prompts; README "EAGLE-3 baseline"):
+# Measured per target (benchmarks/tune_tree.py --methods dart,eagle3 on dev prompts; docs/benchmarks.md "Tree-size sweep"):
 # the published defaults were chosen for 8B targets on GPUs, where a wide tree costs little to verify. The bundled
 # model's setting was the fastest of five (2/1/1, 3/2/1, 4/2/2, 5/2/2, 8/3/3: 0.91/0.83/0.79/0.81/0.63x vanilla)
 # on a 2-core AVX2 CPU with the lean native forward, where every tree node and every extra head forward costs

@@ -89,7 +89,7 @@ class PruningConfig:
         return asdict(self)
 
 
-# Per-target defaults measured with benchmarks/tune_tree.py (README, "Tuning the tree"). The paper's
+# Per-target defaults measured with benchmarks/tune_tree.py (docs/benchmarks.md, "Tree-size sweep"). The paper's
 # budget 60 suits 8B targets on GPUs, where a 61-node verify costs about one token; on a CPU the
 # verify cost grows with the tree, so the bundled CPU target drafts fewer nodes.
 # smollm2-135m-instruct, on the lean native forward (a 2-core AVX2 CPU, bf16 weights, 8 alpaca questions):

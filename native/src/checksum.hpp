@@ -5,7 +5,7 @@
 // mix64 (splitmix64's finaliser) is a bijection, so changing any single word changes the
 // sum, and xoring in the word index makes swapped words count too. A sum of independent
 // terms parallelises (OpenMP) and vectorises in numpy, so the pure-Python reference
-// reader (dart_core/ngram_reference.py) recomputes exactly the same value.
+// reader (dart_core/ngram/reference.py) recomputes exactly the same value.
 #pragma once
 
 #include <cstddef>

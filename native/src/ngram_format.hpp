@@ -1,5 +1,5 @@
 // On-disk layout of a DART N-gram table (".dngram"), version 1. One place defines it; the
-// builder writes it, the store reads it and dart_core/ngram_reference.py mirrors it.
+// builder writes it, the store reads it and dart_core/ngram/reference.py mirrors it.
 //
 // All integers are little-endian. The file is:
 //   [0, 512)            header (fields below; unused bytes are zero)

@@ -1,5 +1,5 @@
 // DART tree pruner. The arithmetic is written operation for operation like the pure-Python
-// reference (dart_core/pruning.py) so both give bit-identical scores:
+// reference (dart_core/drafters/pruning.py) so both give bit-identical scores:
 //   p       = softmax over the row's selected logits (double; max subtracted; summed in order)
 //   lp      = min(0, log(p + eps))       lng = min(0, log(P_ng + eps))
 //   logit_term = w_lvl * (w_logit * lp)  ngram_term = w_lvl * (w_ng * lng)   (0 at level 0)
@@ -59,7 +59,7 @@ PruneResult prune_tree(const float* logits, const int64_t* tokens, size_t rows, 
         throw std::invalid_argument("topk_logits[" + std::to_string(r) + "] holds NaN or +inf");
       }
       // Selected tokens are kept as uint32 (the store's id type): refuse, never truncate, the rest.
-      // dart_core/pruning.py checks the vocabulary first; this guards direct callers.
+      // dart_core/drafters/pruning.py checks the vocabulary first; this guards direct callers.
       const int64_t t = tokens[r * k + j];
       if (t < 0 || t > static_cast<int64_t>(UINT32_MAX)) {
         throw std::invalid_argument("topk_tokens holds token id " + std::to_string(t) +

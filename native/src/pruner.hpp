@@ -11,7 +11,7 @@
 
 namespace dart {
 
-// Every knob of the pruner (mirrors dart_core.pruning.PruningConfig).
+// Every knob of the pruner (mirrors dart_core.drafters.pruning.PruningConfig).
 struct PruneParams {
   int64_t top_k = 25;         // tokens per level (the first top_k columns by logit)
   int64_t beam_width = 20;    // candidates expanded per level
