@@ -3,7 +3,7 @@ throughput, bytes per node and open time. Prints a Markdown table; figures are m
 this run on this machine (nothing is asserted).
 
     python benchmarks/bench_native.py [--table assets/ngram/smollm2-135m-instruct.dngram]
-                                      [--data ../shared/data] [--tokenizer bundled]
+                                      [--data DIR] [--tokenizer bundled]
 
 Query latency is one context (the last order-1 tokens) against 25 candidates, as in the
 DART paper ("6 us per query"); it is reported for the native loop alone and for a call

@@ -191,7 +191,8 @@ def load_head_and_ngram(target, base_model_name_or_path: str | None, dart_model_
         if not (head_dir / "config.json").is_file():
             raise DartHeadError(f"the bundled DART head is missing from {head_dir}; train it with "
                                 "`python -m dart_core.train dart --target bundled --data "
-                                "../shared/data/distill/smollm2-135m-instruct.jsonl.gz --out DIR` and copy "
+                                "CORPUS --out DIR` (CORPUS: the distillation corpus, e.g. regenerated with "
+                                "`python -m dart_core.training.regenerate`) and copy "
                                 "DIR/config.json and DIR/model.safetensors there")
         dart_model_name_or_path = str(head_dir)
     head = load_dart_head(dart_model_name_or_path, target, check_fingerprint=check_fingerprint)

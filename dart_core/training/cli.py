@@ -1,7 +1,9 @@
 """Train draft heads: ``python -m dart_core.train {dart,eagle3} --target MODEL --data FILE --out DIR [--resume]``.
 
+FILE is the distillation corpus (e.g. regenerate it with ``python -m dart_core.training.regenerate``).
+
     python -m dart_core.train dart --target bundled \\
-        --data ../shared/data/distill/smollm2-135m-instruct.jsonl.gz --out runs/dart-smollm2 \\
+        --data corpus/smollm2-135m-instruct.jsonl.gz --out runs/dart-smollm2 \\
         --time-budget-min 110 --threads 2
 
 Writes DIR/config.json + DIR/model.safetensors (the head, published fvliang/DART layout),
@@ -10,7 +12,7 @@ DIR/train_log.jsonl and DIR/checkpoint/ (every --checkpoint-minutes; --resume co
 Multi-GPU: ``torchrun --nproc-per-node N -m dart_core.train dart ...``.
 
     python -m dart_core.train eagle3 --target bundled \\
-        --data ../shared/data/distill/smollm2-135m-instruct.jsonl.gz --out runs/eagle3-smollm2 \\
+        --data corpus/smollm2-135m-instruct.jsonl.gz --out runs/eagle3-smollm2 \\
         --time-budget-min 110 --threads 2 --compare-with runs/dart-smollm2
 
 trains the EAGLE-3 baseline (training-time test, published EAGLE-3 layout) on the same corpus,
@@ -18,7 +20,7 @@ draft vocabulary rule, schedule and outputs; DIR/eval.json then holds hit@1 / hi
 unrolled step (step k = future position t+k+1, as in the DART table).
 
     python -m dart_core.train features --target bundled \
-        --data ../shared/data/distill/smollm2-135m-instruct.jsonl.gz --threads 2
+        --data corpus/smollm2-135m-instruct.jsonl.gz --threads 2
 
 runs the target once over the corpus and caches its features (training/feature_cache.py); both
 trainers then find the cache by fingerprint (or take ``--features DIR``) instead of running the

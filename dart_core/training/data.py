@@ -2,7 +2,7 @@
 ``id``, ``prompt_ids`` (the chat-templated prompt, exactly as fed) and ``response_ids`` (the
 target's own greedy continuation; EOS included when reached). Other fields are ignored.
 
-    rows = load_distill_rows("../shared/data/distill/smollm2-135m-instruct.jsonl.gz")
+    rows = load_distill_rows("corpus/smollm2-135m-instruct.jsonl.gz")   # made by dart_core.training.regenerate
     train, heldout = split_rows(rows, heldout_permille=20)
     for epoch, batch in iterate_batches(train, batch_size=8, seed=0): ...
 """
@@ -51,9 +51,9 @@ def load_distill_rows(path: str | Path, limit: int | None = None, vocab_size: in
     With ``vocab_size``, every id is range-checked (a corpus of another tokenizer fails here)."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"training data {path} does not exist (--data); the bundled model's corpus is "
-                        "../shared/data/distill/smollm2-135m-instruct.jsonl.gz, or regenerate one with "
-                        "`python -m dart_core.training.regenerate`")
+        raise DataError(f"training data {path} does not exist (--data); give the distillation corpus "
+                        "(e.g. regenerate it with "
+                        "`python -m dart_core.training.regenerate`)")
     rows: list[DistillRow] = []
     with open_text(path) as f:
         for lineno, line in enumerate(f, 1):

@@ -1,14 +1,14 @@
 """Regenerate the self-distillation corpus: the target's own greedy answers to training prompts.
 
     python -m dart_core.training.regenerate --target bundled \\
-        --prompts ../shared/data/train/prompts.jsonl --out data/smollm2-135m-instruct.jsonl.gz \\
+        --prompts PROMPTS.jsonl --out corpus/smollm2-135m-instruct.jsonl.gz \\
         --fraction 0.31 --seed 0 --dtype bfloat16 --threads 2
 
 Each prompt (``{"id", "source", "category", "prompt"}`` per line) is rendered with the target's
 chat template as one user turn; prompts longer than ``--max-prompt-tokens`` are skipped; the
 answer is the target's greedy continuation (at most ``--max-new-tokens``, EOS included when
 reached). Output lines: ``id, source, category, prompt_ids, response_ids, response`` (the format
-``dart_core.train`` reads and ../shared/data/distill holds).
+``dart_core.train`` reads).
 
 Greedy decoding goes through the engine with prompt-lookup drafting by default: lossless, so
 the tokens are exactly the target's greedy answer, only faster on repetitive text
