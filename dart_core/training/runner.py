@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.pt"
 
-#: Licences of the prompt sources of the project's training prompts (the data directory's README): for the model card.
+#: Licences of the prompt sources of the project's training prompts (its data collection's README): for the model card.
 SOURCE_LICENCES = {
     "gsm8k_train": "MIT (openai/grade-school-math)",
     "code_alpaca": "CC-BY-NC-4.0 (sahil280114/codealpaca)",
@@ -737,8 +737,8 @@ def card_eval_table(ev: dict) -> list[str]:
 
 def card_sources_lines(s: dict) -> list[str]:
     lines = ["", "## Data sources and licences", "",
-             "Prompts from the project's training prompt set (train/prompts.jsonl of the data directory, "
-             "$DART_DATA_DIR), answered by the target itself:", "",
+             "Prompts from the project's training prompt set (train/prompts.jsonl of its data collection), "
+             "answered by the target itself:", "",
              "| source | rows | licence |", "|---|---|---|"]
     for src, n in (s.get("sources") or {}).items():
         lines.append(f"| {src} | {n} | {SOURCE_LICENCES.get(src, 'see the data README')} |")
