@@ -18,8 +18,8 @@ import torch
 from dart_core.config import GenerationConfig
 from dart_core.engine.decoding import SpeculativeEngine
 from dart_core.drafters.dart import DartDrafter
-from dart_core.models.heads.dart import (DartHeadError, HeadTargetMismatch, load_dart_head, new_head_for_target,
-                                        save_dart_head, target_fingerprint)
+from dart_core.models.heads.dart import load_dart_head, new_head_for_target, save_dart_head
+from dart_core.models.heads.files import DartHeadError, HeadTargetMismatch, target_fingerprint
 from dart_core.models.loader import load_target
 from dart_core.drafters.pruning import PruningConfig, default_pruning
 from tiny_models import make_tiny_model_dir

@@ -11,8 +11,8 @@ import torch
 
 from dart_core.config import GenerationConfig
 from dart_core.engine.decoding import SpeculativeEngine
-from dart_core.models.heads.dart import (BlockLayout, DartHead, DartHeadConfig, load_dart_head, new_head_for_target,
-                                        validate_vocab_mapping)
+from dart_core.models.heads.dart import BlockLayout, DartHead, DartHeadConfig, load_dart_head, new_head_for_target
+from dart_core.models.heads.files import validate_vocab_mapping
 from dart_core.training.dart_trainer import (DartTrainConfig, TrainError, dart_loss, evaluate_head,
                                              sample_prefixes, train_dart)
 from dart_core.training.data import DataError, DistillRow, load_distill_rows, split_rows

@@ -18,7 +18,7 @@ from dart_core.config import GenerationConfig
 from dart_core.engine.decoding import SpeculativeEngine
 from dart_core.engine.protocol import AcceptedStep
 from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3TreeConfig, topk_stable
-from dart_core.models.heads.dart import DartHeadError, HeadTargetMismatch
+from dart_core.models.heads.files import DartHeadError, HeadError, HeadTargetMismatch
 from dart_core.models.heads.eagle3 import (Eagle3HeadError, load_eagle3_for_target, load_eagle3_head,
                                           new_eagle3_head_for_target, save_eagle3_head)
 from dart_core.models.loader import load_target
@@ -240,7 +240,8 @@ def test_wrong_or_incomplete_checkpoints_fail_naming_the_problem(tmp_path, kind)
     with pytest.raises(Eagle3HeadError) as err:
         load_eagle3_head(write_head(tmp_path / kind, sd, cfg, "bin" if kind == "missing" else "safetensors"))
     assert msg in str(err.value)
-    assert isinstance(err.value, DartHeadError)          # one error family for both heads
+    assert isinstance(err.value, HeadError)              # one error family for both heads,
+    assert not isinstance(err.value, DartHeadError)      # each head's errors its own
 
 
 def test_unreadable_files_and_paths(tmp_path):
@@ -409,8 +410,9 @@ def test_a_head_for_another_target_is_refused(tiny, tiny_head_dir, tmp_path):
     _, targets = tiny
     head = load_eagle3_head(tiny_head_dir, targets["llama"])
     assert head._embed is targets["llama"].model.get_input_embeddings().weight
-    with pytest.raises(HeadTargetMismatch, match="other weights .*fingerprint.*dart_core.train eagle3"):
+    with pytest.raises(HeadTargetMismatch, match="other weights .*fingerprint.*dart_core.train eagle3") as err:
         load_eagle3_head(tiny_head_dir, targets["llama_other"])
+    assert isinstance(err.value, Eagle3HeadError) and not isinstance(err.value, DartHeadError)
     with pytest.raises(HeadTargetMismatch, match="qwen3"):
         load_eagle3_head(tiny_head_dir, targets["qwen3"])
     cfg = json.loads((tiny_head_dir / "config.json").read_text())
@@ -554,7 +556,6 @@ def test_bench_method_registration(tiny, tiny_head_dir, tmp_path, monkeypatch):
     args = p.parse_args([])
     args.base_model_name_or_path = None
     if (eagle3_head.bundled_eagle3_head_dir() / "config.json").is_file():
-        from dart_core.models.heads.dart import HeadTargetMismatch
         with pytest.raises(HeadTargetMismatch, match="hidden size 576 .* has hidden size 64"):
             registry["eagle3"].factory(t, args)
     monkeypatch.setattr(eagle3_head, "bundled_eagle3_head_dir", lambda: tmp_path / "none")

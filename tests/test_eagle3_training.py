@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from dart_core.models.heads.dart import HeadTargetMismatch
+from dart_core.models.heads.files import HeadTargetMismatch
 from dart_core.models.heads.eagle3 import Eagle3Head, Eagle3HeadConfig, load_eagle3_head, new_eagle3_head_for_target
 from dart_core.models.loader import load_target
 from dart_core.training.data import DistillRow

@@ -24,7 +24,8 @@ import app  # noqa: E402
 from dart_core.ui import space  # noqa: E402
 from dart_core.api import open_ngram  # noqa: E402
 from dart_core.ui.session import RunSettings  # noqa: E402
-from dart_core.models.heads.dart import DartHeadError, HeadTargetMismatch, new_head_for_target, save_dart_head  # noqa: E402
+from dart_core.models.heads.dart import new_head_for_target, save_dart_head  # noqa: E402
+from dart_core.models.heads.files import DartHeadError, Eagle3HeadError, HeadTargetMismatch  # noqa: E402
 from dart_core.models.heads.eagle3 import new_eagle3_head_for_target, save_eagle3_head  # noqa: E402
 from dart_core.models.loader import load_target  # noqa: E402
 from dart_core.ngram.reference import write_original_trie  # noqa: E402
@@ -218,9 +219,11 @@ def test_a_head_for_another_target_is_refused(repos, tmp_path, flag, caplog):
     assert msg.startswith("error: ") and bad in msg and "hidden size" in msg, msg
     assert "load the base model this head was made for" in msg and "python -m dart_core.train" in msg
     target = load_target(str(repos[TARGET]), dtype="float32", device="cpu")
-    with pytest.raises(HeadTargetMismatch):
+    with pytest.raises(HeadTargetMismatch) as err:
         app.Visualiser(target, app.parse_args(argv))
-    assert issubclass(HeadTargetMismatch, DartHeadError)
+    # the mismatch is also the head's own error (what callers of that head catch), never the other head's
+    own, other = (DartHeadError, Eagle3HeadError) if flag.startswith("--dart") else (Eagle3HeadError, DartHeadError)
+    assert isinstance(err.value, own) and not isinstance(err.value, other)
 
 
 # ---------------------------------------------------------------------------------------------- as preloaded

@@ -181,7 +181,7 @@ def _report(args: argparse.Namespace, summary: dict, what: str) -> int:
 
 
 def _run(args: argparse.Namespace, train, config_cls):
-    from ..models.heads.dart import DartHeadError
+    from ..models.heads.files import HeadError
     from ..models.loader import ModelLoadError
     from .data import DataError
     from .runner import TrainError
@@ -189,7 +189,7 @@ def _run(args: argparse.Namespace, train, config_cls):
     fields = {k: v for k, v in vars(args).items() if k not in ("func", "method", "verbose")}
     try:
         return train(config_cls(**fields))
-    except (TrainError, DataError, DartHeadError, ModelLoadError) as exc:
+    except (TrainError, DataError, HeadError, ModelLoadError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -31,8 +31,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..models.heads.dart import (DartHead, check_head_matches_target, load_dart_head, new_head_for_target,
-                                save_dart_head)
+from ..models.heads.dart import DartHead, load_dart_head, new_head_for_target, save_dart_head
+from ..models.heads.files import check_head_matches_target
 from .data import DistillRow
 from .features import SequenceFeatures, compute_features
 # Shared with the EAGLE-3 trainer; re-exported here (the names this module always had).

@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..models.heads.dart import check_head_matches_target
+from ..models.heads.files import check_head_matches_target
 from ..models.heads.eagle3 import Eagle3Head, load_eagle3_head, new_eagle3_head_for_target, save_eagle3_head
 from .data import DistillRow
 from .features import SequenceFeatures, compute_features

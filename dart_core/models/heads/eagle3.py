@@ -26,14 +26,15 @@ One step over n rows (token ``ids[i]`` paired with hidden ``h[i]``)::
     g = g + mlp(post_attention_layernorm(g))                       # [n, H]: fed back as the next h
     logits = lm_head(norm(g))                                      # [n, V_d]
 
-Loading is strict (:func:`load_eagle3_head`), with the same allow-list and error class family
-as the DART head (:class:`Eagle3HeadError` is a :class:`~dart_core.models.heads.dart.DartHeadError`).
+Loading is strict (:func:`load_eagle3_head`), with the same allow-list as the DART head; errors
+are :class:`Eagle3HeadError` (a :class:`~.files.HeadError`, as DART's ``DartHeadError``).
 Heads trained here record their target in ``config.json: eagle3_target`` and are refused
-for another target (:class:`~dart_core.models.heads.dart.HeadTargetMismatch`).
+for another target (an :class:`~.files.Eagle3HeadTargetMismatch`, both a
+:class:`~.files.HeadTargetMismatch` and an :class:`Eagle3HeadError`). The layers, KV cache and
+file handling are shared with DART (:mod:`.layers`, :mod:`.cache`, :mod:`.files`).
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -43,22 +44,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .dart import (DartAttention, DartHeadError, DartMLP, DraftHeadBase, RMSNorm, _draft_ids,
-                        check_head_matches_target, describe_target, head_config_problems, init_head_from_target,
-                        match_state_dict, sdpa_attend)
+from .cache import HeadCache
+from .files import (CONFIG_NAME, Eagle3HeadError, check_head_matches_target, fill_head, head_config_dict,
+                    head_config_problems, llama_fields_for_target, match_state_dict, read_config, read_state,
+                    resolve_head_files, save_head)
+from .layers import DraftHeadBase, MidLayer, RMSNorm, draft_ids_for, init_head_from_target, sdpa_attend
 
 logger = logging.getLogger(__name__)
 
-CONFIG_NAME = "config.json"
 WEIGHTS_NAMES = ("model.safetensors", "pytorch_model.bin")   # preference order
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 TARGET_KEY = "eagle3_target"
 #: where the bundled target's default EAGLE-3 head lives (assets/eagle3/, with its model card)
 BUNDLED_EAGLE3_HEAD_NAME = "smollm2-135m-instruct"
-
-
-class Eagle3HeadError(DartHeadError):
-    """An EAGLE-3 head checkpoint is missing, malformed, or made for another target."""
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -141,34 +139,12 @@ class Eagle3HeadConfig:
             raise Eagle3HeadError(f"{source}: {exc}") from None
 
     def to_dict(self) -> dict:
-        d = dict(self.extra)
-        d.setdefault("architectures", [ARCHITECTURE])
-        d.setdefault("model_type", "llama")
-        d.update(hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
-                 num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
-                 num_hidden_layers=1, head_dim=self.head_dim, vocab_size=self.vocab_size,
-                 draft_vocab_size=self.draft_vocab_size, target_hidden_size=self.target_hidden_size,
-                 rms_norm_eps=self.rms_norm_eps, rope_theta=self.rope_theta, rope_scaling=None,
-                 hidden_act=self.hidden_act, max_position_embeddings=self.max_position_embeddings,
-                 initializer_range=self.initializer_range, pretraining_tp=1, tie_word_embeddings=False)
-        if self.target is not None:
-            d[TARGET_KEY] = self.target
-        return d
+        return head_config_dict(self, ARCHITECTURE, TARGET_KEY)
 
     @classmethod
     def for_target(cls, target, draft_vocab_size: int) -> "Eagle3HeadConfig":
         """A head config sized for ``target`` (a TargetModel), recording the target's identity."""
-        cfg = target.config
-        theta = getattr(cfg, "rope_theta", None)
-        if theta is None:
-            theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
-        return cls(hidden_size=target.hidden_size, intermediate_size=int(cfg.intermediate_size),
-                   num_attention_heads=int(cfg.num_attention_heads),
-                   num_key_value_heads=int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads),
-                   head_dim=target.head_dim, vocab_size=target.vocab_size, draft_vocab_size=int(draft_vocab_size),
-                   target_hidden_size=target.hidden_size, rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-6)),
-                   rope_theta=float(theta), max_position_embeddings=int(getattr(cfg, "max_position_embeddings", 2048)),
-                   target=describe_target(target))
+        return cls(**llama_fields_for_target(target), draft_vocab_size=int(draft_vocab_size))
 
 
 def expected_shapes(c: Eagle3HeadConfig) -> dict[str, tuple[int, ...]]:
@@ -193,54 +169,9 @@ def expected_shapes(c: Eagle3HeadConfig) -> dict[str, tuple[int, ...]]:
 
 
 # ---------------------------------------------------------------------------------------------- modules
-class Eagle3MidLayer(nn.Module):
-    """The decoder layer; attention and MLP are the DART head's (same published parameter names)."""
-
-    def __init__(self, c: Eagle3HeadConfig):
-        super().__init__()
-        self.self_attn = DartAttention(c)   # reads only the Llama fields both configs share
-        self.mlp = DartMLP(c)
-        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-
-
-class Eagle3HeadCache:
-    """The head's own KV cache: keys/values [kv_heads, capacity, head_dim].
-
-    ``length`` counts real positions (target features); a drafting round writes its tree
-    nodes after them and the next round overwrites those slots. Grows by doubling.
-    """
-
-    def __init__(self, config: Eagle3HeadConfig, capacity: int, dtype: torch.dtype, device: torch.device):
-        shape = (config.num_key_value_heads, max(int(capacity), 16), config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.length = 0
-
-    @property
-    def capacity(self) -> int:
-        return int(self.k.shape[1])
-
-    def reset(self) -> None:
-        self.length = 0
-
-    def reserve(self, total: int) -> None:
-        """Make room for ``total`` slots, keeping every slot written so far (tree slots included)."""
-        if total <= self.capacity:
-            return
-        cap = self.capacity
-        while cap < total:
-            cap *= 2
-        for name in ("k", "v"):
-            old = getattr(self, name)
-            new = torch.zeros((old.shape[0], cap, old.shape[2]), dtype=old.dtype, device=old.device)
-            new[:, : old.shape[1]] = old
-            setattr(self, name, new)
-
-
 class Eagle3Head(DraftHeadBase):
-    """The EAGLE-3 draft head. Call :meth:`attach_embedding` with the target's embedding before use."""
+    """The EAGLE-3 draft head. Call :meth:`attach_embedding` with the target's embedding before use.
+    Initialised with Linear ~ N(0, initializer_range), norms 1 (:meth:`DraftHeadBase.reset_parameters`)."""
     kind = "EAGLE-3"
     error = Eagle3HeadError
 
@@ -248,31 +179,20 @@ class Eagle3Head(DraftHeadBase):
         super().__init__()
         c = self.config = config
         self.fc = nn.Linear(3 * c.target_hidden_size, c.hidden_size, bias=False)
-        self.midlayer = Eagle3MidLayer(c)
+        self.midlayer = MidLayer(c)   # DART's layer without mask_rep
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
         self._init_vocab_and_embedding(c)
         self.source: str | None = None
         self.reset_parameters()
 
-    @torch.no_grad()
-    def reset_parameters(self, seed: int | None = None) -> None:
-        """Linear ~ N(0, initializer_range), norms 1 (seeded when ``seed`` is given)."""
-        g = torch.Generator().manual_seed(seed) if seed is not None else None
-        std = self.config.initializer_range
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                m.weight.copy_(torch.randn(m.weight.shape, generator=g) * std)
-            elif isinstance(m, RMSNorm):
-                m.weight.fill_(1.0)
-
     # ------------------------------------------------------------------ forward pieces
-    def new_cache(self, capacity: int = 512) -> Eagle3HeadCache:
+    def new_cache(self, capacity: int = 512) -> HeadCache:
         p = self.fc.weight
-        return Eagle3HeadCache(self.config, capacity, p.dtype, p.device)
+        return HeadCache(self.config, capacity, p.dtype, p.device)
 
     def layer(self, h: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor | None,
-              cache: Eagle3HeadCache | None = None, write_at: int = 0) -> torch.Tensor:
+              cache: HeadCache | None = None, write_at: int = 0) -> torch.Tensor:
         """The decoder layer over n rows -> g [n, H] (pre-norm, fed back as the next h).
 
         h [n, H] hidden (fc(aux) or a fed-back g), ids [n] target token ids, positions [n] RoPE positions.
@@ -304,7 +224,7 @@ class Eagle3Head(DraftHeadBase):
 
     # ------------------------------------------------------------------ inference with the head's cache
     @torch.inference_mode()
-    def step_real(self, aux: torch.Tensor, next_ids: torch.Tensor, cache: Eagle3HeadCache) -> torch.Tensor:
+    def step_real(self, aux: torch.Tensor, next_ids: torch.Tensor, cache: HeadCache) -> torch.Tensor:
         """n newly committed positions: target features aux [n, 3H_t], next_ids [n] (token i+1 for feature i).
 
         They persist in the cache (positions cache.length ...). Returns g [n, H].
@@ -324,7 +244,7 @@ class Eagle3Head(DraftHeadBase):
         return g
 
     @torch.inference_mode()
-    def step_tree(self, h: torch.Tensor, ids: torch.Tensor, position: int, cache: Eagle3HeadCache,
+    def step_tree(self, h: torch.Tensor, ids: torch.Tensor, position: int, cache: HeadCache,
                   tree_start: int, tree_allowed: torch.Tensor) -> torch.Tensor:
         """One drafting depth: n frontier nodes, all at RoPE ``position``.
 
@@ -347,55 +267,6 @@ class Eagle3Head(DraftHeadBase):
 
 
 # ---------------------------------------------------------------------------------------------- load / save
-def _resolve_head_files(path_or_id: str | os.PathLike) -> tuple[Path, Path]:
-    p = Path(path_or_id).expanduser()
-    if p.is_dir():
-        cfg = p / CONFIG_NAME
-        if not cfg.is_file():
-            raise Eagle3HeadError(f"EAGLE-3 head directory {p} has no config.json; it needs config.json and "
-                                  "model.safetensors or pytorch_model.bin (the published EAGLE-3 layout)")
-        for name in WEIGHTS_NAMES:
-            if (p / name).is_file():
-                return cfg, p / name
-        raise Eagle3HeadError(f"EAGLE-3 head directory {p} has neither model.safetensors nor pytorch_model.bin")
-    s = str(path_or_id)
-    if s.startswith((".", "/", "~")) or s.count("/") != 1:
-        raise Eagle3HeadError(f"EAGLE-3 head {s!r} is neither a local directory nor a Hub id (owner/name); "
-                              "check --eagle3-model-name-or-path")
-    from huggingface_hub import hf_hub_download
-    offline = (" (HF_HUB_OFFLINE=1 is set: only heads already in the Hub cache load)"
-               if os.environ.get("HF_HUB_OFFLINE") == "1" else "")
-    try:
-        cfg = Path(hf_hub_download(s, CONFIG_NAME))
-    except Exception as exc:  # noqa: BLE001 - network/offline/missing repo: one clear message
-        raise Eagle3HeadError(f"could not fetch the EAGLE-3 head {s!r} from the Hub{offline}: {exc}") from exc
-    errors = []
-    for name in WEIGHTS_NAMES:
-        try:
-            return cfg, Path(hf_hub_download(s, name))
-        except Exception as exc:  # noqa: BLE001 - try the next file name, report both
-            errors.append(f"{name}: {type(exc).__name__}")
-    raise Eagle3HeadError(f"the Hub repo {s!r} has no EAGLE-3 weights{offline} ({'; '.join(errors)})")
-
-
-def _read_state(weights_path: Path) -> dict[str, torch.Tensor]:
-    if weights_path.suffix == ".safetensors":
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-        try:
-            return load_file(str(weights_path))
-        except (SafetensorError, OSError) as exc:
-            raise Eagle3HeadError(f"{weights_path}: not a readable safetensors file ({exc})") from None
-    try:
-        # weights_only: a .bin from the Hub must not run code when unpickled
-        state = torch.load(str(weights_path), map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure: one clear message
-        raise Eagle3HeadError(f"{weights_path}: not a readable PyTorch state dict ({exc})") from None
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise Eagle3HeadError(f"{weights_path}: expected a flat dict of tensors (a state_dict)")
-    return state
-
-
 def _head_dim_from_weights(state: dict[str, torch.Tensor], raw: dict, source: str) -> int | None:
     """head_dim = q_proj rows / num_attention_heads (published heads may differ from hidden / heads)."""
     q = state.get("midlayer.self_attn.q_proj.weight")
@@ -412,14 +283,11 @@ def load_eagle3_head(path_or_id: str | os.PathLike, target=None, *, dtype: torch
                      device: torch.device | str | None = None, check_fingerprint: bool = True) -> Eagle3Head:
     """Load a head (local directory or Hub id) strictly; with ``target`` (a TargetModel) also check it
     was made for that target, attach its embedding and move to its device and dtype."""
-    cfg_path, weights_path = _resolve_head_files(path_or_id)
-    try:
-        raw = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise Eagle3HeadError(f"{cfg_path}: not a readable JSON config ({exc})") from None
-    if not isinstance(raw, dict):
-        raise Eagle3HeadError(f"{cfg_path}: expected a JSON object")
-    state = _read_state(weights_path)
+    cfg_path, weights_path = resolve_head_files(path_or_id, kind="EAGLE-3", weights_names=WEIGHTS_NAMES,
+                                                layout="the published EAGLE-3 layout",
+                                                flag="--eagle3-model-name-or-path", error=Eagle3HeadError)
+    raw = read_config(cfg_path, Eagle3HeadError)
+    state = read_state(weights_path, Eagle3HeadError)
     config = Eagle3HeadConfig.from_dict(raw, str(cfg_path), head_dim=_head_dim_from_weights(state, raw,
                                                                                            str(weights_path)))
     tensors = match_state_dict(state, expected_shapes(config), config, str(weights_path),
@@ -427,43 +295,13 @@ def load_eagle3_head(path_or_id: str | os.PathLike, target=None, *, dtype: torch
     if target is not None:
         check_head_matches_target(config, target, source=f"the EAGLE-3 head {path_or_id}",
                                   check_fingerprint=check_fingerprint, train_command="eagle3")
-    head = Eagle3Head(config)
-    with torch.no_grad():
-        params = dict(head.named_parameters())
-        params.update(dict(head.named_buffers()))
-        for key, t in tensors.items():
-            dst = params[key]
-            dst.copy_(t.to(torch.bool) if key == "t2d" else t.to(dst.dtype))
-    head.source = str(path_or_id)
-    if target is not None:
-        head.to(device=target.device, dtype=dtype or target.dtype)
-        head.attach_embedding(target.model.get_input_embeddings().weight)
-    elif dtype is not None or device is not None:
-        head.to(device=device, dtype=dtype)
-    return head.eval()
+    return fill_head(Eagle3Head(config), tensors, path_or_id, target, dtype=dtype, device=device)
 
 
 def save_eagle3_head(head: Eagle3Head, out_dir: str | os.PathLike,
                      dtype: torch.dtype | None = torch.bfloat16) -> Path:
     """Write ``config.json`` + ``model.safetensors`` (published key layout; float weights in ``dtype``)."""
-    from safetensors.torch import save_file
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    state = {}
-    for key, t in head.state_dict().items():
-        t = t.detach().cpu()
-        if t.is_floating_point() and dtype is not None:
-            t = t.to(dtype)
-        state[key] = t.contiguous()
-    cfg = head.config.to_dict()
-    cfg["torch_dtype"] = str(dtype or head.fc.weight.dtype).replace("torch.", "")
-    # Write both files under temporary names first so a crash never leaves a half-written head.
-    tmp_w, tmp_c = out / (WEIGHTS_NAMES[0] + ".tmp"), out / (CONFIG_NAME + ".tmp")
-    save_file(state, str(tmp_w), metadata={"format": "pt"})
-    tmp_c.write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp_w, out / WEIGHTS_NAMES[0])
-    os.replace(tmp_c, out / CONFIG_NAME)
-    return out
+    return save_head(head, out_dir, dtype)
 
 
 def new_eagle3_head_for_target(target, draft_ids: torch.Tensor | None = None, seed: int = 0,
@@ -472,9 +310,9 @@ def new_eagle3_head_for_target(target, draft_ids: torch.Tensor | None = None, se
     """A freshly initialised head for ``target`` (float32, on the target's device, embedding attached).
 
     draft_ids: sorted target ids of the draft vocabulary (None = the full vocabulary).
-    init_lm_head_from_target / init_layer_from_target: see ``dart_head.init_head_from_target``.
+    init_lm_head_from_target / init_layer_from_target: see :func:`~.layers.init_head_from_target`.
     """
-    ids = _draft_ids(target, draft_ids)
+    ids = draft_ids_for(target, draft_ids)
     head = Eagle3Head(Eagle3HeadConfig.for_target(target, draft_vocab_size=int(ids.numel())))
     return init_head_from_target(head, target, ids, seed, lm_head=init_lm_head_from_target,
                                  layer=init_layer_from_target)
