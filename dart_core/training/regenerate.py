@@ -140,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-prompt-tokens", type=int, default=640)
     ap.add_argument("--max-new-tokens", type=int, default=384)
-    ap.add_argument("--dtype", default="bfloat16", help="target dtype (the shared corpus used bfloat16 on CPU)")
+    ap.add_argument("--dtype", default="bfloat16", help="target dtype (the shipped heads' corpus used bfloat16 on CPU)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--drafter", choices=("prompt_lookup", "none"), default="prompt_lookup",
