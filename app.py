@@ -1,7 +1,8 @@
 """Gradio app: DART, EAGLE-3 and a vanilla baseline side by side on one target, step by step.
 
-UI and CLI only. The engines (dart_core) decode; dart_core.ui.session advances them in turn,
-records their StepTraces, narrates steps and exports / replays runs; dart_core.ui.viz draws the
+UI and CLI only. The engines (dart_core) decode; dart_core.loading builds them, dart_core.ui.session
+advances them in turn, ui.record records their StepTraces and exports / replays runs, ui.narration
+narrates steps; dart_core.ui.viz draws the
 figures. This file builds engines from flags and renders RunRecords (live or replayed).
 
     python app.py                                   # bundled SmolLM2-135M + DART head, http://127.0.0.1:7860
@@ -36,9 +37,12 @@ space.zerogpu_module()  # ZeroGPU wants `spaces` imported before torch touches C
 
 import gradio as gr  # noqa: E402
 
+from dart_core.engine.trace_stats import step_for_token  # noqa: E402
+from dart_core.loading import BASELINE, EngineFactory  # noqa: E402
 from dart_core.ui import viz  # noqa: E402
-from dart_core.ui.session import (BASELINE, Comparison, EngineFactory, RunRecord, RunSettings,  # noqa: E402
-                               StepSession, check_prompt_length, label_of, narrate_step, save_export)
+from dart_core.ui.narration import narrate_step  # noqa: E402
+from dart_core.ui.record import RunRecord, label_of, save_export  # noqa: E402
+from dart_core.ui.session import Comparison, RunSettings, StepSession, check_prompt_length  # noqa: E402
 from dart_core.config import ConfigError  # noqa: E402
 from dart_core.presets import LIMITS  # noqa: E402
 from dart_core.ui.serving import ServingLimits, serving_limits  # noqa: E402
@@ -260,7 +264,7 @@ class Visualiser:
         self.factory = factory or EngineFactory.from_flags(
             target, base_model_name_or_path=args.base_model_name_or_path,
             dart_model_name_or_path=args.dart_model_name_or_path,
-            ngram_model_name_or_path=args.ngram_model_name_or_path, use_small_ngram=args.use_small_ngram,
+            ngram_model_name_or_path=args.ngram_model_name_or_path, is_small_ngram=args.use_small_ngram,
             eagle3_model_name_or_path=args.eagle3_model_name_or_path, compare_eagle3=args.compare_eagle3)
         self.template = get_template(args.template_name or target.template_name)
         self.available = self.factory.names
@@ -395,7 +399,7 @@ class Visualiser:
                 out[self.step_text[s]] = why
                 continue
             pos = int(position or 0)
-            k = len(run.traces) - 1 if latest else viz.step_for_token(run.traces, pos)
+            k = len(run.traces) - 1 if latest else step_for_token(run.traces, pos)
             if k is None:
                 if pos == 0:
                     msg = f"Token 0 came from the prefill (the target's first token), before any {run.label} step."

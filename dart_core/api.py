@@ -34,6 +34,7 @@ from .drafters.dart import DartDrafter
 from .models.bundled import is_bundled_target
 from .models.heads.dart import DartHead, DartHeadError, load_dart_head
 from .drafters.pruning import PruningConfig, default_pruning
+from .models.detok import IncrementalDetokenizer
 from .models.templates import TEMPLATE_REGISTRY, check_text, encode_chat, get_template
 from .engine.trace import StepTrace
 
@@ -311,27 +312,28 @@ def dart_generate_stream(model: DartModel, prompt: str | None = None, temperatur
     ids = model.encode_prompt(prompt, messages, input_ids)
     gen = model.engine.stream(ids, _config(temperature, top_p, top_k, max_new_token_num, max_length, seed))
     eos = set(model.target.eos_token_ids)
+    tokenizer = model.tokenizer
+    # The text stops at the first EOS; a character split across steps is held back until it is whole.
+    detok = IncrementalDetokenizer(lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
     answer: list[int] = []
-    shown = ""
-    first_emitted = False
+    first_emitted = ended = False
     while True:
         try:
             trace = next(gen)
         except StopIteration as done:
             res = done.value
             return DartOutput(tokens=res.tokens, text=res.text, stats=res.stats, traces=res.traces)
+        new = list(trace.emitted_tokens)
         if not first_emitted:
             # The engine's first answer token comes from the prefill; it is the root of step 1's tree.
-            answer.append(int(trace.tree.tokens[0]))
+            new_in_answer = [int(trace.tree.tokens[0])] + new
             first_emitted = True
-        new = list(trace.emitted_tokens)
-        answer.extend(new)
-        cut = next((i for i, t in enumerate(answer) if t in eos), len(answer))
-        text = model.tokenizer.decode(answer[:cut], skip_special_tokens=True)
-        # Hold back a trailing replacement character: a multi-byte character may be split across steps.
-        stable = text[:-1] if text.endswith("\ufffd") else text
-        delta = stable[len(shown):]
-        shown = stable if len(stable) >= len(shown) else shown
+        else:
+            new_in_answer = new
+        answer.extend(new_in_answer)
+        cut = next((i for i, t in enumerate(new_in_answer) if t in eos), None)
+        delta = "" if ended else detok.push(new_in_answer if cut is None else new_in_answer[:cut])
+        ended = ended or cut is not None
         step_tokens = ([answer[0]] if trace.step == 1 else []) + new
         yield DartStreamStep(tokens=step_tokens, text=delta, answer_tokens=list(answer), trace=trace)
 

@@ -12,8 +12,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import app  # noqa: E402
 from dart_core.ui import serving, viz  # noqa: E402
-from dart_core.ui.session import (Comparison, EngineFactory, RunRecord, RunSettings, lossless_check,  # noqa: E402
-                               narrate_step, EngineRun)
+from dart_core.loading import EngineFactory  # noqa: E402
+from dart_core.ui.narration import narrate_step  # noqa: E402
+from dart_core.ui.record import EngineRun, RunRecord, lossless_check  # noqa: E402
+from dart_core.ui.session import Comparison, RunSettings  # noqa: E402
 from dart_core.config import ConfigError, GenerationConfig  # noqa: E402
 from dart_core.engine.decoding import SpeculativeEngine  # noqa: E402
 from dart_core.drafters.dart import DartDrafter  # noqa: E402

@@ -21,7 +21,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import app  # noqa: E402
 from dart_core.ui import serving  # noqa: E402
-from dart_core.ui.session import Comparison, RunRecord, RunSettings  # noqa: E402
+from dart_core.ui.record import RunRecord  # noqa: E402
+from dart_core.ui.session import Comparison, RunSettings  # noqa: E402
 from dart_core.engine.decoding import EngineBusyError, SpeculativeEngine  # noqa: E402
 from dart_core.models.heads.dart import new_head_for_target, save_dart_head  # noqa: E402
 from dart_core.models.heads.eagle3 import new_eagle3_head_for_target, save_eagle3_head  # noqa: E402

@@ -14,7 +14,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import app  # noqa: E402
 from dart_core.api import DartModel, dart_generate  # noqa: E402
-from dart_core.ui.session import EngineFactory, RunSettings  # noqa: E402
+from dart_core.loading import EngineFactory  # noqa: E402
+from dart_core.ui.session import RunSettings  # noqa: E402
 from dart_core.config import ConfigError, GenerationConfig  # noqa: E402
 from dart_core.engine.decoding import SpeculativeEngine  # noqa: E402
 from dart_core.drafters import PromptLookupDrafter  # noqa: E402

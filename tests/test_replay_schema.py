@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import app  # noqa: E402
-from dart_core.ui.session import EngineFactory, ReplayError, RunRecord  # noqa: E402
+from dart_core.loading import EngineFactory  # noqa: E402
+from dart_core.ui.record import RunRecord  # noqa: E402
+from dart_core.ui.record_schema import ReplayError  # noqa: E402
 
 RECORDED = Path(__file__).resolve().parent / "data" / "recorded_run.json"
 BASE = json.loads(RECORDED.read_text(encoding="utf-8"))

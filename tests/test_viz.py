@@ -1,4 +1,4 @@
-"""Visualiser figures (dart_core.ui.viz): layout, node/candidate/bar counts, the accepted path, JSON replay,
+"""Visualiser figures (dart_core.ui.viz) and trace analytics (dart_core.engine.trace_stats): layout, node/candidate/bar counts, the accepted path, JSON replay,
 token positions and token spans, on real traces from the engine (prompt lookup, DART with a random
 head and a tiny N-gram table, DART with an oracle head) and on a hand-made trace."""
 from __future__ import annotations
@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from dart_core.engine import trace_stats
 from dart_core.ui import viz
+from dart_core.ui.record import token_spans
 from dart_core.config import GenerationConfig
 from dart_core.engine.decoding import SpeculativeEngine
 from dart_core.drafters import PromptLookupDrafter
@@ -304,7 +306,7 @@ def test_candidate_nodes_follow_the_tree_even_when_the_engine_cuts_it(dart_run, 
     for res in (dart_run, oracle_run):
         for st in res.traces:
             c = st.candidates
-            nodes = viz.candidate_nodes(st)
+            nodes = trace_stats.candidate_nodes(st)
             kept = [i for i in range(len(c)) if c.kept[i]]
             assert sorted(nodes[i] for i in kept) == list(range(1, len(st.tree)))
             assert all(nodes[i] == -1 for i in range(len(c)) if not c.kept[i])
@@ -359,12 +361,12 @@ def test_timing_figure_has_a_bar_per_step_and_stage(all_runs):
 
 def test_acceptance_metrics_match_the_engine(all_runs):
     for res in all_runs.values():
-        m = viz.acceptance_metrics(res.traces)
+        m = trace_stats.acceptance_metrics(res.traces)
         assert m["tau"] == pytest.approx(res.stats.tau)
         assert m["steps"] == len(res.traces) and sum(m["histogram"].values()) == m["steps"]
         assert m["tokens"] == len(res.tokens) - 1
         assert all(0.0 <= r <= g <= 1.0 for r, g in zip(m["per_depth"], m["per_depth_given_drafted"]))
-    m = viz.acceptance_metrics(all_runs["oracle"].traces)
+    m = trace_stats.acceptance_metrics(all_runs["oracle"].traces)
     # the oracle's every drafted level is accepted; its last tree was cut to 3 levels
     assert m["per_depth_given_drafted"] == [1.0] * 5
     assert m["per_depth"] == [1.0, 1.0, 1.0, 0.75, 0.75] and m["histogram"] == {4: 1, 6: 3}
@@ -379,7 +381,7 @@ def test_acceptance_figures(all_runs):
     assert [a + b for a, b in zip(drafts.y, bonus.y)] == [st.acceptance_length for st in steps]
     assert sum(figs.histogram.data[0].y) == len(steps)
     assert len(figs.per_depth.data[0].x) == max(st.tree.max_depth for st in steps)
-    hand = viz.acceptance_metrics([hand_trace()])
+    hand = trace_stats.acceptance_metrics([hand_trace()])
     assert hand["tau"] == 3 and hand["per_depth"] == [1.0, 1.0] and hand["draft_acceptance_rate"] == 2 / 5
 
 
@@ -400,8 +402,8 @@ def test_figures_are_identical_from_json(all_runs, tiny):
         as_json = json.dumps([st.to_dict() for st in steps])
         live = figures_of(steps, tiny.tokenizer)
         assert live == figures_of(as_dicts, tiny.tokenizer)
-        assert live == figures_of(viz.as_steps(as_json), tiny.tokenizer)
-        assert viz.token_spans(steps, tiny.tokenizer) == viz.token_spans(as_dicts, tiny.tokenizer)
+        assert live == figures_of(trace_stats.as_steps(as_json), tiny.tokenizer)
+        assert token_spans(steps, tiny.tokenizer) == token_spans(as_dicts, tiny.tokenizer)
     st = hand_trace()
     assert viz.tree_figure(st).to_json() == viz.tree_figure(st.to_json()).to_json()
 
@@ -410,33 +412,33 @@ def test_figures_are_identical_from_json(all_runs, tiny):
 def test_step_for_token(all_runs):
     for res in all_runs.values():
         steps = res.traces
-        assert viz.step_for_token(steps, 0) is None                     # chosen by the prefill
+        assert trace_stats.step_for_token(steps, 0) is None                     # chosen by the prefill
         for pos in range(1, len(res.tokens)):
-            k = viz.step_for_token(steps, pos)
+            k = trace_stats.step_for_token(steps, pos)
             st = steps[k]
             assert st.emitted_tokens[pos - st.position] == res.tokens[pos]
-        assert viz.step_for_token(steps, len(res.tokens)) is None
+        assert trace_stats.step_for_token(steps, len(res.tokens)) is None
     st = hand_trace()
-    assert [viz.step_for_token([st.to_dict()], p) for p in range(5)] == [None, 0, 0, 0, None]
+    assert [trace_stats.step_for_token([st.to_dict()], p) for p in range(5)] == [None, 0, 0, 0, None]
 
 
 def test_token_spans_cover_exactly_the_generated_tokens(all_runs, tiny):
     for res in all_runs.values():
-        tokens, labels = viz.token_origins(res.traces)
+        tokens, labels = trace_stats.token_origins(res.traces)
         assert tokens == res.tokens
-        spans = viz.token_spans(res.traces, tiny.tokenizer)
+        spans = token_spans(res.traces, tiny.tokenizer)
         assert len(spans) == len(res.tokens)
         assert "".join(t for t, _ in spans) == tiny.tokenizer.decode(res.tokens, skip_special_tokens=True)
-        assert spans[0][1] == viz.PREFILL_LABEL
+        assert spans[0][1] == trace_stats.PREFILL_LABEL
         n_acc = sum(min(st.accepted_drafts, len(st.emitted_tokens)) for st in res.traces)
-        assert sum(lab == viz.ACCEPTED_LABEL for _, lab in spans) == n_acc
-        assert sum(lab == viz.BONUS_LABEL for _, lab in spans) == len(res.tokens) - 1 - n_acc
+        assert sum(lab == trace_stats.ACCEPTED_LABEL for _, lab in spans) == n_acc
+        assert sum(lab == trace_stats.BONUS_LABEL for _, lab in spans) == len(res.tokens) - 1 - n_acc
         assert set(lab for _, lab in spans) <= set(viz.SPAN_COLORS)
-    assert sum(lab == viz.ACCEPTED_LABEL for _, lab in viz.token_spans(all_runs["oracle"].traces,
+    assert sum(lab == trace_stats.ACCEPTED_LABEL for _, lab in token_spans(all_runs["oracle"].traces,
                                                                         tiny.tokenizer)) > 0
-    assert viz.token_spans([hand_trace()], decode_fn) == [
-        ("<10>", viz.PREFILL_LABEL), ("<11>", viz.ACCEPTED_LABEL), ("<13>", viz.ACCEPTED_LABEL),
-        ("<99>", viz.BONUS_LABEL)]
+    assert token_spans([hand_trace()], decode_fn) == [
+        ("<10>", trace_stats.PREFILL_LABEL), ("<11>", trace_stats.ACCEPTED_LABEL), ("<13>", trace_stats.ACCEPTED_LABEL),
+        ("<99>", trace_stats.BONUS_LABEL)]
 
 
 def test_token_spans_keep_split_characters_whole():
@@ -445,7 +447,7 @@ def test_token_spans_keep_split_characters_whole():
 
     def decode(ids):
         return b"".join(vocab[i] for i in ids).decode("utf-8", errors="replace")
-    spans = viz.token_spans([hand_trace()], decode)
+    spans = token_spans([hand_trace()], decode)
     assert [t for t, _ in spans] == ["a", "", "\u00e9", "!"]
     assert "".join(t for t, _ in spans) == decode([10, 11, 13, 99])
 
@@ -455,7 +457,7 @@ def test_empty_and_root_only_inputs_render():
     check_chart(viz.timing_figure({}))
     for fig in viz.acceptance_figures([]):
         check_chart(fig)
-    assert viz.token_spans([], decode_fn) == [] and viz.step_for_token([], 3) is None
+    assert token_spans([], decode_fn) == [] and trace_stats.step_for_token([], 3) is None
     st = StepTrace(step=1, position=1, tree=DraftTree.root_only(10), accepted_nodes=[0], emitted_tokens=[11],
                    bonus_token=11, node_target_prob=[1.0], node_target_argmax=[11],
                    timings={s: 0.001 for s in STAGES})
@@ -465,4 +467,4 @@ def test_empty_and_root_only_inputs_render():
     assert [p[0] for p in pts["node"]] == [0] and pts["bonus"][0][1:] == (1.0, pts["node"][0][2])
     check_chart(viz.score_scatter(st))
     check_chart(viz.timing_figure({"vanilla": [st, st.to_dict()]}))
-    assert viz.token_spans([st], decode_fn) == [("<10>", viz.PREFILL_LABEL), ("<11>", viz.BONUS_LABEL)]
+    assert token_spans([st], decode_fn) == [("<10>", trace_stats.PREFILL_LABEL), ("<11>", trace_stats.BONUS_LABEL)]

@@ -14,7 +14,9 @@ import logging
 import time
 from typing import Any
 
-from .session import EngineFactory, RunSettings, label_of
+from ..loading import EngineFactory
+from .record import label_of
+from .session import RunSettings
 from ..models.templates import encode_chat
 
 logger = logging.getLogger(__name__)

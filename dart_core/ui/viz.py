@@ -1,14 +1,14 @@
 """Plotly figures from StepTrace records: draft tree, candidate scores, stage timings, acceptance.
 
 Every function here is pure: it reads traces (a :class:`~dart_core.engine.trace.StepTrace`, its
-``to_dict()`` form, or its JSON text) and returns figures or plain data. Nothing here decodes,
-so live runs and replays of exported traces render through the same code.
+``to_dict()`` form, or its JSON text) and returns figures. The analytics they draw (acceptance
+statistics, token origins, node states) live in dart_core.engine.trace_stats; the answer's
+highlighted spans in dart_core.ui.record. Live runs and replays render through the same code.
 
     fig = tree_figure(trace, tokenizer)                  # one step's pruned draft tree
     fig = score_scatter(trace)                           # N-gram term vs logit term of every candidate
     fig = timing_figure({"dart": traces, "eagle3": other})
     figs = acceptance_figures(traces)                    # per step, histogram, per depth
-    spans = token_spans(traces, tokenizer)               # for gr.HighlightedText(color_map=SPAN_COLORS)
 
 Node states and colours (Okabe-Ito, colour-blind safe), each with a second cue (marker symbol):
 accepted = blue circle, verified but rejected = orange diamond, pruned = grey triangle,
@@ -16,9 +16,7 @@ bonus (the target's own token) = purple star, root = black square.
 """
 from __future__ import annotations
 
-import bisect
 import html
-import json
 import math
 from typing import Any, Callable, Mapping, NamedTuple, Sequence, Union
 
@@ -27,6 +25,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..engine.trace import STAGES, StepTrace
+from ..engine.trace_stats import (ACCEPTED_LABEL, BONUS_LABEL, PREFILL_LABEL, SCATTER_GROUPS, TraceLike,
+                                  acceptance_metrics, as_step, as_steps, candidate_groups, candidate_nodes,
+                                  node_states)
 
 # ---------------------------------------------------------------------------------------------- palette
 # Okabe & Ito (2008), "Color Universal Design".
@@ -56,36 +57,14 @@ STAGE_STYLE: dict[str, tuple[str, str]] = {
 # Score colour scale: cividis is designed to read the same with colour-vision deficiencies.
 SCORE_COLORSCALE = "Cividis"
 
-ACCEPTED_LABEL = "accepted draft"
-BONUS_LABEL = "target token (bonus)"
-PREFILL_LABEL = "target token (prefill)"
 # colour map for gr.HighlightedText(color_map=SPAN_COLORS)
 SPAN_COLORS = {ACCEPTED_LABEL: OKABE_ITO["blue"], BONUS_LABEL: OKABE_ITO["reddish_purple"],
                PREFILL_LABEL: OKABE_ITO["reddish_purple"]}
 
-TraceLike = Union[StepTrace, Mapping[str, Any], str]
 Decoder = Union[Callable[[list[int]], str], Any, None]   # a callable, anything with .decode, or None
 
 
 # ---------------------------------------------------------------------------------------------- inputs
-def as_step(step: TraceLike) -> StepTrace:
-    """A StepTrace from a StepTrace, its ``to_dict()`` form or its JSON text."""
-    if isinstance(step, StepTrace):
-        return step
-    if isinstance(step, str):
-        return StepTrace.from_json(step)
-    if isinstance(step, Mapping):
-        return StepTrace.from_dict(dict(step))
-    raise TypeError(f"expected a StepTrace, its dict or its JSON text, got {type(step).__name__}")
-
-
-def as_steps(steps: Sequence[TraceLike] | str) -> list[StepTrace]:
-    """A list of StepTraces from traces, dicts, or a JSON list of trace dicts."""
-    if isinstance(steps, str):
-        steps = json.loads(steps)
-    return [as_step(s) for s in steps]
-
-
 def _decoder(tokenizer: Decoder, skip_special: bool = False) -> Callable[[list[int]], str] | None:
     if tokenizer is None:
         return None
@@ -187,23 +166,6 @@ def tree_layout(parents: Sequence[int], scores: Sequence[float] | None = None) -
 
 
 # ---------------------------------------------------------------------------------------------- node mapping
-def candidate_nodes(step: TraceLike) -> list[int]:
-    """Per scored candidate, its node index in ``step.tree`` (-1: pruned, or cut from the tree by
-    the engine near the length limit; the engine renumbers ``candidates.node`` when it cuts)."""
-    c = as_step(step).candidates
-    return [] if c is None else _ints(c.node)
-
-
-def node_states(step: TraceLike) -> list[str]:
-    """Per tree node: "root", "accepted" or "rejected" (every non-root node was verified)."""
-    st = as_step(step)
-    states = ["rejected"] * len(st.tree)
-    for n in st.accepted_nodes[1:]:
-        states[int(n)] = "accepted"
-    states[0] = "root"
-    return states
-
-
 def _has_ngram(st: StepTrace) -> bool:
     return st.candidates is not None and any(v != 0.0 for v in _floats(st.candidates.ngram_term))
 
@@ -480,20 +442,6 @@ def tree_figure(step: TraceLike, tokenizer: Decoder = None, *, show_pruned: bool
 
 
 # ---------------------------------------------------------------------------------------------- scores
-SCATTER_GROUPS = ("pruned", "kept", "accepted")
-
-
-def candidate_groups(step: TraceLike) -> list[str]:
-    """Per scored candidate: "accepted" (on the accepted path), "kept" (in the tree, not accepted) or "pruned"."""
-    st = as_step(step)
-    if st.candidates is None:
-        return []
-    cn = candidate_nodes(st)
-    acc = set(int(a) for a in st.accepted_nodes[1:])
-    kept = [bool(k) for k in st.candidates.kept]
-    return ["accepted" if cn[i] in acc and cn[i] > 0 else ("kept" if kept[i] else "pruned") for i in range(len(cn))]
-
-
 def score_scatter(step: TraceLike, tokenizer: Decoder = None, *, score_label: str | None = None,
                   title: str | None = None) -> go.Figure:
     """N-gram term vs logit term of every candidate the drafter scored: pruned, kept, accepted.
@@ -615,42 +563,6 @@ def timing_figure(steps_by_engine: Mapping[str, Sequence[TraceLike]], *, title: 
 
 
 # ---------------------------------------------------------------------------------------------- acceptance
-def acceptance_metrics(steps: Sequence[TraceLike]) -> dict[str, Any]:
-    """Acceptance statistics with vLLM's definitions.
-
-    tau                   mean acceptance length: tokens emitted per verify step, bonus included
-                          (the "compression ratio" of the DART/EAGLE apps)
-    draft_acceptance_rate accepted drafted tokens / drafted tokens verified
-    lengths               acceptance length per step; histogram: {length: steps}
-    per_depth             per depth d >= 1: share of steps whose accepted path reached d (vLLM)
-    per_depth_given_drafted  the same, among steps whose tree reached depth d
-    Lengths count emitted tokens (the last step may be cut at EOS or a length limit);
-    acceptance per depth counts what the target accepted.
-    """
-    sts = as_steps(steps)
-    lengths = [st.acceptance_length for st in sts]
-    accepted = [st.accepted_drafts for st in sts]
-    drafted = [st.tree.num_drafted for st in sts]
-    depth_reached = [st.tree.max_depth for st in sts]
-    max_d = max(depth_reached + [0])
-    per_depth, given = [], []
-    for d in range(1, max_d + 1):
-        hit = sum(a >= d for a in accepted)
-        had = sum(m >= d for m in depth_reached)
-        per_depth.append(hit / len(sts) if sts else 0.0)
-        given.append(hit / had if had else 0.0)
-    hist: dict[int, int] = {}
-    for L in lengths:
-        hist[L] = hist.get(L, 0) + 1
-    return {
-        "steps": len(sts), "tokens": sum(lengths), "tau": (sum(lengths) / len(sts)) if sts else 0.0,
-        "drafted": sum(drafted), "accepted_drafts": sum(accepted),
-        "draft_acceptance_rate": (sum(accepted) / sum(drafted)) if sum(drafted) else 0.0,
-        "lengths": lengths, "histogram": dict(sorted(hist.items())),
-        "per_depth": per_depth, "per_depth_given_drafted": given,
-    }
-
-
 class AcceptanceFigures(NamedTuple):
     per_step: go.Figure
     histogram: go.Figure
@@ -705,74 +617,3 @@ def acceptance_figures(steps: Sequence[TraceLike], *, name: str | None = None) -
                                    tickformat=".0%"),
                         showlegend=True, plot_bgcolor="#FFFFFF")
     return AcceptanceFigures(per_step, hist, depth)
-
-
-# ---------------------------------------------------------------------------------------------- tokens
-def step_for_token(steps: Sequence[TraceLike], position: int) -> int | None:
-    """Index in ``steps`` of the step that emitted answer token ``position`` (0-based).
-
-    None for the first answer token (chosen by the prefill, before any step) and for
-    positions no step emitted. Steps must be in order, as the engine yields them.
-    """
-    sts = as_steps(steps)
-    starts = [st.position for st in sts]
-    k = bisect.bisect_right(starts, int(position)) - 1
-    if k < 0:
-        return None
-    st = sts[k]
-    return k if st.position <= position < st.position + len(st.emitted_tokens) else None
-
-
-def token_origins(steps: Sequence[TraceLike]) -> tuple[list[int], list[str]]:
-    """The answer tokens the steps cover and how each came: (tokens, labels).
-
-    Starts with the first step's root (the token before it; answer position 0 for a full
-    run, labelled as the prefill's), then each step's emitted tokens: its accepted drafts,
-    then the target's bonus token.
-    """
-    sts = as_steps(steps)
-    if not sts:
-        return [], []
-    first = sts[0]
-    tokens = [int(first.tree.tokens[0])]
-    labels = [PREFILL_LABEL if first.position == 1 else BONUS_LABEL]
-    for st in sts:
-        for i, tok in enumerate(st.emitted_tokens):
-            tokens.append(int(tok))
-            labels.append(ACCEPTED_LABEL if i < st.accepted_drafts else BONUS_LABEL)
-    return tokens, labels
-
-
-def _incremental_texts(tokens: list[int], decode: Callable[[list[int]], str]) -> list[str]:
-    """Per token, the text it adds; joined they equal decode(tokens) for byte-level tokenizers.
-
-    Decodes a short window, not one token at a time, so a character split over several byte
-    tokens is credited whole to the token that completes it.
-    """
-    out: list[str] = []
-    prefix, read = 0, 0
-    for i in range(len(tokens)):
-        before = decode(tokens[prefix:read])
-        now = decode(tokens[prefix:i + 1])
-        if len(now) > len(before) and not now.endswith("\ufffd"):
-            out.append(now[len(before):])
-            prefix, read = read, i + 1
-        else:
-            out.append("")
-    if read < len(tokens) and out:  # text still held back (an unfinished character) goes to the last token
-        out[-1] += decode(tokens[prefix:])[len(decode(tokens[prefix:read])):]
-    return out
-
-
-def token_spans(steps: Sequence[TraceLike], decode: Decoder) -> list[tuple[str, str]]:
-    """(text, label) per answer token for ``gr.HighlightedText(color_map=SPAN_COLORS)``.
-
-    Labels come from the trace (accepted draft vs the target's token), never from searching
-    the text. ``decode``: a callable ids -> text or a tokenizer (special tokens skipped, so an
-    EOS gives an empty span).
-    """
-    fn = _decoder(decode, skip_special=True)
-    if fn is None:
-        raise ValueError("token_spans needs a decode callable or a tokenizer")
-    tokens, labels = token_origins(steps)
-    return list(zip(_incremental_texts(tokens, fn), labels))
