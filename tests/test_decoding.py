@@ -9,11 +9,11 @@ import torch
 from scipy import stats
 
 from dart_core.config import ConfigError, GenerationConfig
-from dart_core.decoding import SpeculativeEngine
+from dart_core.engine.decoding import SpeculativeEngine
 from dart_core.drafters import AcceptedStep, Proposal, PromptLookupDrafter
 from dart_core.models.loader import load_target
-from dart_core.templates import encode_chat, get_template
-from dart_core.tree import DraftTree
+from dart_core.models.templates import encode_chat, get_template
+from dart_core.engine.tree import DraftTree
 from tiny_models import make_tiny_model_dir
 
 
@@ -178,7 +178,7 @@ def exact_marginals(target, prompt, cfg):
 
     With top_k set, each warped row has at most top_k nonzero entries, so only those branches are expanded.
     """
-    from dart_core.sampling import warp_probs
+    from dart_core.engine.sampling import warp_probs
 
     def next_probs(seqs):
         with torch.no_grad():
