@@ -43,7 +43,7 @@ from dart_core.ui import viz  # noqa: E402
 from dart_core.ui.narration import narrate_step  # noqa: E402
 from dart_core.ui.record import RunRecord, label_of, save_export  # noqa: E402
 from dart_core.ui.session import Comparison, RunSettings, StepSession, check_prompt_length  # noqa: E402
-from dart_core.config import ConfigError  # noqa: E402
+from dart_core.config import ConfigError, dtype_name  # noqa: E402
 from dart_core.presets import LIMITS  # noqa: E402
 from dart_core.ui.serving import ServingLimits, serving_limits  # noqa: E402
 from dart_core.models.templates import encode_chat, get_template  # noqa: E402
@@ -363,7 +363,7 @@ class Visualiser:
         return settings.generation_config(self.args.max_length, max_new_tokens_limit=self.max_new_tokens)
 
     def _meta(self, settings: RunSettings) -> dict[str, Any]:
-        return {"target": self.target.name, "dtype": str(self.target.dtype).replace("torch.", ""),
+        return {"target": self.target.name, "dtype": dtype_name(self.target.dtype),
                 "device": str(self.target.device), "settings": settings.to_dict(),
                 "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
@@ -713,7 +713,7 @@ class Visualiser:
             gr.Markdown(INTRO)
             if self.banner:
                 gr.Markdown(f"⚠ **{self.banner}**", elem_id="fallback-banner")
-            notes = [f"Target: `{t.name}` ({str(t.dtype).replace('torch.', '')} on {t.device}). "
+            notes = [f"Target: `{t.name}` ({dtype_name(t.dtype)} on {t.device}). "
                      f"Engines: {', '.join(label_of(n) for n in self.available)}."]
             notes += [f"⚠ {why}" for why in self.factory.unavailable.values()]
             gr.Markdown("  \n".join(notes), elem_id="engine-notes")

@@ -28,6 +28,7 @@ from dart_core.api import bundled_head_dir, open_ngram  # noqa: E402
 from dart_core.engine.protocol import AcceptedStep  # noqa: E402
 from dart_core.drafters.dart import DartDrafter  # noqa: E402
 from dart_core.drafters.eagle3 import Eagle3Drafter, default_eagle3_tree  # noqa: E402
+from dart_core.config import dtype_name  # noqa: E402
 from dart_core.hardware import describe_machine  # noqa: E402
 from dart_core.models.heads.dart import load_dart_head  # noqa: E402
 from dart_core.models.heads.eagle3 import load_eagle3_for_target  # noqa: E402
@@ -91,7 +92,7 @@ def main(argv=None) -> int:
                 times[name].append(proposal.draft_forward_s)
     machine = describe_machine("cpu")
     print(f"# draft forward per step: {machine['cpu_model']}, {machine['torch_threads']} threads, "
-          f"dtype {str(target.dtype).replace('torch.', '')}, DART budget {pruning.budget}, "
+          f"dtype {dtype_name(target.dtype)}, DART budget {pruning.budget}, "
           f"EAGLE-3 tree {default_eagle3_tree(target.name)}")
     print("| arm | draft forward ms | speedup over the method's torch arm |\n|---|---:|---:|")
     base: dict[str, float] = {}

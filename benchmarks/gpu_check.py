@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from dart_core.config import GenerationConfig  # noqa: E402
+from dart_core.config import GenerationConfig, dtype_name  # noqa: E402
 from dart_core.engine.decoding import SpeculativeEngine  # noqa: E402
 from dart_core.engine.protocol import AcceptedStep  # noqa: E402
 from dart_core.drafters.dart import DartDrafter  # noqa: E402
@@ -152,7 +152,7 @@ def stage_timings(name: str, device: torch.device, dtype: torch.dtype, prefix: i
     eagle_head = new_eagle3_head_for_target(target, draft_ids=draft_ids).to(dtype)
     dart = DartDrafter(dart_head, None, target.eos_token_ids, PruningConfig(budget=60))
     eagle = Eagle3Drafter(eagle_head, Eagle3TreeConfig(total_token=60, depth=7, top_k=10))
-    row = {"config": name, "dtype": str(dtype).replace("torch.", ""), "prefix": prefix,
+    row = {"config": name, "dtype": dtype_name(dtype), "prefix": prefix,
            "verify_1_ms": 1000 * timed(verify(one), reps, device),
            "verify_61_ms": 1000 * timed(verify(tree61), reps, device),
            "dart_draft_ms": 1000 * draft_seconds(dart, prompt, aux, reps, device),
@@ -194,7 +194,7 @@ def main(argv=None) -> int:
             rs = [r for r in lossless if r["model"] == model and r["method"] == method]
             print(f"| {model} | {method} | {sum(r['identical'] for r in rs)}/{len(rs)} | "
                   f"{statistics.mean(r['tau'] for r in rs):.2f} |")
-    print(f"\n# 2. stage timings on {gpu}, random weights at real shapes, {str(dtype).replace('torch.', '')}, "
+    print(f"\n# 2. stage timings on {gpu}, random weights at real shapes, {dtype_name(dtype)}, "
           f"{args.prefix}-token prefix, median of {args.reps}")
     print("| config | verify 1 token ms | verify 61 nodes ms | DART draft ms (budget 60) | "
           "EAGLE-3 draft ms (60/7/10) | EAGLE-3 / DART |\n|---|---:|---:|---:|---:|---:|")

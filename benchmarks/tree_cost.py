@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dart_core.config import dtype_name  # noqa: E402
 from dart_core.hardware import describe_machine  # noqa: E402
 from dart_core.models.loader import load_target  # noqa: E402
 from dart_core.engine.tree import DraftTree  # noqa: E402
@@ -85,7 +86,7 @@ def measure(model: str | None, dtype: str, device: str, prefix: int, sizes: list
     out = []
     for b in backends:
         one_ms = 1000 * statistics.median(times[(b, 1)])
-        r = {"dtype": str(target.dtype).replace("torch.", ""), "backend": b, "device": str(dev),
+        r = {"dtype": dtype_name(target.dtype), "backend": b, "device": str(dev),
              "model": target.name, "prefix": prefix, "one_token_ms": one_ms, "trees": {}}
         for n in sizes:
             ms = 1000 * statistics.median(times[(b, n)])

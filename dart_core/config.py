@@ -2,10 +2,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 class ConfigError(ValueError):
     """A generation setting is out of range; the message names the setting to change."""
+
+
+def dtype_name(dtype: Any) -> str:
+    """A torch dtype's short name, as flags, configs and reports spell it: torch.bfloat16 -> "bfloat16"
+    (a name passes through: "bfloat16" -> "bfloat16"). The names resolve back with
+    dart_core.models.loader.DTYPE_ALIASES."""
+    return str(dtype).replace("torch.", "")
 
 
 @dataclass

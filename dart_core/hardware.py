@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from .config import dtype_name
+
 logger = logging.getLogger(__name__)
 
 
@@ -66,7 +68,7 @@ def describe_machine(device: str | torch.device | None = None, dtype: str | torc
         "torch_threads": torch.get_num_threads(),
         "device": str(dev),
         "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
-        "dtype": str(dtype).replace("torch.", "") if dtype is not None else None,
+        "dtype": dtype_name(dtype) if dtype is not None else None,
         "load_average": load,  # 1, 5, 15 minutes
         "platform": platform.platform(),
         "python": platform.python_version(),

@@ -15,6 +15,11 @@ logger = logging.getLogger(__name__)
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
+#: Every dtype name a flag or config may use -> the torch dtype (the one table; names back: config.dtype_name).
+DTYPE_ALIASES: dict[str, torch.dtype] = {
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+    "half": torch.float16, "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
+
 
 class ModelLoadError(ValueError):
     """The model could not be found or is not a supported causal LM."""
@@ -59,11 +64,9 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device, inferen
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         fast_bf16 = cpu_supports_bf16() or (inference and native_kernel_available())
         return torch.bfloat16 if fast_bf16 else torch.float32
-    names = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-             "half": torch.float16, "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
-    if dtype not in names:
+    if dtype not in DTYPE_ALIASES:
         raise ModelLoadError(f"unknown dtype {dtype!r}; use one of auto, bfloat16, float16, float32 (--dtype)")
-    return names[dtype]
+    return DTYPE_ALIASES[dtype]
 
 
 def resolve_model_path(name_or_path: str | None) -> tuple[str, dict]:

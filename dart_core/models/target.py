@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..config import dtype_name
 from ..engine.tree import DraftTree
 from .fast_forward import FastForward
 from .kv_cache import CacheFullError, PreallocatedCache
@@ -75,8 +76,8 @@ class TargetModel:
     def forward_backend(self) -> str:
         """Short description for logs and benchmark records."""
         if self.fast is None:
-            return f"hf ({str(self.dtype).replace('torch.', '')})"
-        return f"native small-GEMM ({str(self.dtype).replace('torch.', '')} weights, float32 activations)"
+            return f"hf ({dtype_name(self.dtype)})"
+        return f"native small-GEMM ({dtype_name(self.dtype)} weights, float32 activations)"
 
     @property
     def device(self) -> torch.device:

@@ -43,6 +43,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..config import dtype_name
 from .data import DistillRow, load_distill_rows
 from .features import SequenceFeatures, target_states
 
@@ -88,7 +89,7 @@ def target_digest(target) -> str:
 def fingerprint_parts(target, data: str | Path, top_k: int) -> dict:
     return {"format": FORMAT, "version": VERSION, "target": target.name,
             "target_config": target.model.config.to_json_string(use_diff=False),
-            "target_dtype": str(target.dtype).replace("torch.", ""), "target_weights": target_digest(target),
+            "target_dtype": dtype_name(target.dtype), "target_weights": target_digest(target),
             "corpus_sha256": file_sha256(data), "aux_layers": list(target.aux_layer_ids), "top_k": int(top_k)}
 
 

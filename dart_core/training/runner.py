@@ -31,6 +31,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from ..config import dtype_name
+from ..models.loader import DTYPE_ALIASES
 from .checkpoint import find_checkpoint, save_checkpoint
 from .data import DistillRow, corpus_stats, iterate_batches, load_distill_rows, split_rows, truncate
 from .features import SequenceFeatures, compute_features
@@ -271,11 +273,9 @@ def load_trainer_state(path: Path) -> dict[str, Any]:
 
 
 def _save_dtype(name: str) -> torch.dtype | None:
-    names = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-             "float32": torch.float32, "fp32": torch.float32}
-    if name not in names:
-        raise TrainError(f"--save-dtype must be one of {', '.join(names)}, got {name!r}")
-    return names[name]
+    if name not in DTYPE_ALIASES:
+        raise TrainError(f"--save-dtype must be one of {', '.join(DTYPE_ALIASES)}, got {name!r}")
+    return DTYPE_ALIASES[name]
 
 
 class _Interrupted(Exception):
@@ -469,7 +469,7 @@ def run_training(cfg: BaseTrainConfig, method: TrainMethod) -> dict:
     run_info = {"method": method.name, "target": target.name, "data": str(cfg.data), "train_rows": len(train_rows),
                 "train_tokens": corpus_stats(train_rows), "heldout_rows": len(heldout), "eval_rows": len(eval_rows),
                 "device": str(device), "cpu": cpu_description(),
-                "target_dtype": str(rt.dtype).replace("torch.", ""), **rt.extra,
+                "target_dtype": dtype_name(rt.dtype), **rt.extra,
                 "argmax": features_info.get("argmax", rt.argmax), "autocast_bf16": rt.autocast,
                 "features": features_info,
                 "threads": torch.get_num_threads(), "world_size": dist.world, "vocab": vocab_info,

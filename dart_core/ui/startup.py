@@ -14,6 +14,7 @@ import logging
 import time
 from typing import Any
 
+from ..config import dtype_name
 from ..loading import EngineFactory
 from .record import label_of
 from .session import RunSettings
@@ -25,15 +26,11 @@ WARMUP_PROMPT = "Hello!"
 WARMUP_TOKENS = 4
 
 
-def _dtype_name(dtype: Any) -> str:
-    return str(dtype).replace("torch.", "")
-
-
 def startup_summary(target: Any, factory: EngineFactory) -> str:
     """One line: target (dtype, device, attention), each head's source, the N-gram table, and the engines."""
     attn = getattr(getattr(target, "config", None), "_attn_implementation", None)
     backend = getattr(target, "forward_backend", None)
-    parts = [f"target {target.name} ({_dtype_name(target.dtype)} on {target.device}"
+    parts = [f"target {target.name} ({dtype_name(target.dtype)} on {target.device}"
              + (f", {attn} attention" if attn else "") + (f", forward: {backend})" if backend else ")")]
     for name, head in (("DART", factory.dart_head), ("EAGLE-3", factory.eagle3_head)):
         if head is not None:
