@@ -113,8 +113,7 @@ def bench_pruning(store: NgramStore, contexts, likely, rng) -> list[tuple[str, s
         trees.append((logits, tokens, contexts[i].tolist()))
     def native_only():
         runs = [native.bench_prune(lg, tk, np.array(ctx[-(store.order - 1):]), store._native, np.array([2]),
-                                   cfg.top_k, cfg.beam_width, cfg.budget, cfg.level_decay, cfg.logit_decay,
-                                   cfg.ngram_weight, cfg.eps, 20) for lg, tk, ctx in trees]
+                                   cfg, 20) for lg, tk, ctx in trees]
         return {k: statistics.mean(r[k] for r in runs) for k in ("wall", "cpu")}
     def end_to_end():
         w0, c0 = time.perf_counter(), time.thread_time()

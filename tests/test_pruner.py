@@ -286,4 +286,23 @@ def test_the_native_binding_refuses_ids_it_cannot_hold():
     for bad in (-1, 2**32 + 5):
         with pytest.raises(ValueError, match="token id"):
             native.prune_dart_tree(np.zeros((1, 2), np.float32), np.array([[1, bad]]), np.array([1]), None,
-                                   np.array([], np.int64), 25, 20, 60, 0.7, 0.9, 0.5, 1e-10)
+                                   np.array([], np.int64), PruningConfig())
+
+
+def test_the_native_binding_reads_the_pruning_config_whole():
+    # The binding takes the PruningConfig itself (or a dict of its fields); the defaults live there only.
+    from dataclasses import asdict
+
+    rng = np.random.default_rng(3)
+    logits = np.sort(rng.normal(size=(4, 6)).astype(np.float32), axis=1)[:, ::-1].copy()
+    tokens = np.tile(np.arange(VOCAB, dtype=np.int64), (4, 1))
+    cfg = PruningConfig(budget=5, beam_width=3, top_k=4)
+    args = (logits, tokens, np.array([1]), None, np.array([], np.int64))
+    by_object = native.prune_dart_tree(*args, cfg)
+    by_dict = native.prune_dart_tree(*args, asdict(cfg))
+    assert len(by_object["tree_tokens"]) == 6
+    for key in by_object:
+        assert np.array_equal(by_object[key], by_dict[key]), key
+    partial = {k: v for k, v in asdict(cfg).items() if k != "budget"}
+    with pytest.raises(ValueError, match="no field 'budget'"):
+        native.prune_dart_tree(*args, partial)

@@ -183,9 +183,7 @@ def prune_dart_tree(topk_logits: np.ndarray, topk_tokens: np.ndarray, context: S
     _check_token_ids(tokens, ctx_tail, store, vocab_size)
     r = native.prune_dart_tree(logits, tokens, ctx_tail,
                                None if store is None else store._native,
-                               np.asarray(list(eos_token_ids), dtype=np.int64), int(config.top_k),
-                               int(config.beam_width), int(config.budget), float(config.level_decay),
-                               float(config.logit_decay), float(config.ngram_weight), float(config.eps))
+                               np.asarray(list(eos_token_ids), dtype=np.int64), config)
     tree = DraftTree(tokens=r["tree_tokens"], parents=r["tree_parents"], depths=r["tree_depths"],
                      scores=r["tree_scores"])
     # Arrays go into the trace as they are; they become lists only when a trace is exported.

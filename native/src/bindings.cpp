@@ -256,16 +256,27 @@ struct PyDecoder {
   }
 };
 
-dart::PruneParams make_params(int64_t top_k, int64_t beam_width, int64_t budget, double level_decay,
-                              double logit_decay, double ngram_weight, double eps) {
-  dart::PruneParams p;
-  p.top_k = top_k;
-  p.beam_width = beam_width;
-  p.budget = budget;
-  p.level_decay = level_decay;
-  p.logit_decay = logit_decay;
-  p.ngram_weight = ngram_weight;
-  p.eps = eps;
+// The pruner's knobs, read whole from a PruningConfig (or any object / dict with its fields); every
+// field must be present: the defaults live in PruningConfig only.
+dart::PruneParams params_from(const py::handle& config) {
+  const bool is_dict = py::isinstance<py::dict>(config);
+  auto field = [&](const char* name) -> py::object {
+    if (is_dict) {
+      py::dict d = py::reinterpret_borrow<py::dict>(config);
+      if (!d.contains(name)) throw py::value_error(std::string("pruning config has no field '") + name + "'");
+      return d[name];
+    }
+    if (!py::hasattr(config, name)) throw py::value_error(std::string("pruning config has no field '") + name + "'");
+    return config.attr(name);
+  };
+  dart::PruneParams p{};
+  p.top_k = field("top_k").cast<int64_t>();
+  p.beam_width = field("beam_width").cast<int64_t>();
+  p.budget = field("budget").cast<int64_t>();
+  p.level_decay = field("level_decay").cast<double>();
+  p.logit_decay = field("logit_decay").cast<double>();
+  p.ngram_weight = field("ngram_weight").cast<double>();
+  p.eps = field("eps").cast<double>();
   return p;
 }
 
@@ -504,10 +515,9 @@ PYBIND11_MODULE(_native, m) {
   m.def(
       "prune_dart_tree",
       [](py::array logits, py::array tokens, py::array context, const NgramStore* store, py::array eos,
-         int64_t top_k, int64_t beam_width, int64_t budget, double level_decay, double logit_decay,
-         double ngram_weight, double eps) {
+         py::object config) {
         auto in = check_prune_inputs(logits, tokens, context, eos, store);
-        auto params = make_params(top_k, beam_width, budget, level_decay, logit_decay, ngram_weight, eps);
+        auto params = params_from(config);
         dart::PruneResult r;
         {
           py::gil_scoped_release release;
@@ -518,20 +528,19 @@ PYBIND11_MODULE(_native, m) {
         return prune_result_dict(std::move(r));
       },
       py::arg("topk_logits"), py::arg("topk_tokens"), py::arg("context"), py::arg("store").none(true),
-      py::arg("eos_token_ids"), py::arg("top_k"), py::arg("beam_width"), py::arg("budget"), py::arg("level_decay"),
-      py::arg("logit_decay"), py::arg("ngram_weight"), py::arg("eps"),
-      "DART tree pruning (docs/ARCHITECTURE.md section 5). Returns a dict of numpy arrays: every scored candidate "
+      py::arg("eos_token_ids"), py::arg("config"),
+      "DART tree pruning (docs/ARCHITECTURE.md section 5) with config a PruningConfig (or a dict of its fields). "
+      "Returns a dict of numpy arrays: every scored candidate "
       "(token, parent, depth, logit_term, ngram_term, score, kept, node) and the tree (tree_tokens, "
       "tree_parents, tree_depths, tree_scores; node 0 = root).");
 
   m.def(
       "bench_prune",
       [](py::array logits, py::array tokens, py::array context, const NgramStore* store, py::array eos,
-         int64_t top_k, int64_t beam_width, int64_t budget, double level_decay, double logit_decay,
-         double ngram_weight, double eps, int repeats) {
+         py::object config, int repeats) {
         if (repeats < 1) throw py::value_error("bench_prune: repeats must be >= 1");
         auto in = check_prune_inputs(logits, tokens, context, eos, store);
-        auto params = make_params(top_k, beam_width, budget, level_decay, logit_decay, ngram_weight, eps);
+        auto params = params_from(config);
         size_t sink = 0;
         std::unique_ptr<Stopwatch> watch;
         {
@@ -549,8 +558,7 @@ PYBIND11_MODULE(_native, m) {
         return out;
       },
       py::arg("topk_logits"), py::arg("topk_tokens"), py::arg("context"), py::arg("store").none(true),
-      py::arg("eos_token_ids"), py::arg("top_k"), py::arg("beam_width"), py::arg("budget"), py::arg("level_decay"),
-      py::arg("logit_decay"), py::arg("ngram_weight"), py::arg("eps"), py::arg("repeats") = 100,
+      py::arg("eos_token_ids"), py::arg("config"), py::arg("repeats") = 100,
       "Benchmark: {'wall', 'cpu'} mean seconds per native prune_tree call (inputs checked once, no Python in "
       "the loop; cpu = this thread's CPU time).");
 }

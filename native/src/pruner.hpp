@@ -11,15 +11,16 @@
 
 namespace dart {
 
-// Every knob of the pruner (mirrors dart_core.drafters.pruning.PruningConfig).
+// Every knob of the pruner, read whole from dart_core.drafters.pruning.PruningConfig by the binding.
+// No defaults here: PruningConfig is the one place they are set.
 struct PruneParams {
-  int64_t top_k = 25;         // tokens per level (the first top_k columns by logit)
-  int64_t beam_width = 20;    // candidates expanded per level
-  int64_t budget = 60;        // drafted nodes kept, root excluded
-  double level_decay = 0.7;   // w_lvl(l) = (l + 1) ^ -level_decay
-  double logit_decay = 0.9;   // w_logit(l) = logit_decay ^ l
-  double ngram_weight = 0.5;  // w_ng (no N-gram term at level 0)
-  double eps = 1e-10;         // added before each log
+  int64_t top_k;        // tokens per level (the first top_k columns by logit)
+  int64_t beam_width;   // candidates expanded per level
+  int64_t budget;       // drafted nodes kept, root excluded
+  double level_decay;   // w_lvl(l) = (l + 1) ^ -level_decay
+  double logit_decay;   // w_logit(l) = logit_decay ^ l
+  double ngram_weight;  // w_ng (no N-gram term at level 0)
+  double eps;           // added before each log
 };
 
 // Struct-of-arrays result. Candidates are in insertion order: level by level, within a
