@@ -40,21 +40,13 @@ class DartDrafter(FeatureDrafter):
         """head: a DartHead with the target's embedding attached, on the target's device and dtype.
         store: an NgramStore (None = no N-gram term). backend: the pruner, "native" or "python".
         native_linears: on a CPU, run the head's projections through the native small-GEMM kernel."""
-        if head._embed is None:
-            raise ValueError("the DART head has no token embedding: load it with load_dart_head(path, target) "
-                             "or call head.attach_embedding(target embedding)")
-        self.head = head.eval()
-        if native_linears:
-            use_native_linears(self.head)
+        super().__init__(head, name, loader="load_dart_head", prepare=use_native_linears if native_linears else None)
         self.store = store
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self.pruning = pruning or PruningConfig()
         self.pruning.validate()
         self.backend = backend
-        self.name = name
         self.max_tree_nodes = self._tree_size_bound(head.config.draft_length + 1, head.config.draft_vocab_size)
-        self._cache = head.new_cache()
-        self._pending: torch.Tensor | None = None   # [n, 3H] features of positions not yet in the head cache
         self._d2t = head.d2t
 
     def _tree_size_bound(self, rows: int, draft_vocab: int) -> int:

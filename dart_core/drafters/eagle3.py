@@ -107,20 +107,12 @@ class Eagle3Drafter(FeatureDrafter):
                  native_linears: bool = True):
         """head: an Eagle3Head with the target's embedding attached, on the target's device and dtype.
         native_linears: on a CPU, run the head's projections through the native small-GEMM kernel."""
-        if head._embed is None:
-            raise ValueError("the EAGLE-3 head has no token embedding: load it with load_eagle3_head(path, target) "
-                             "or call head.attach_embedding(target embedding)")
-        self.head = head.eval()
-        if native_linears:
-            use_native_linears(self.head)
+        super().__init__(head, name, loader="load_eagle3_head", prepare=use_native_linears if native_linears else None)
         self.tree_config = tree or Eagle3TreeConfig()
         self.tree_config.validate()
-        self.name = name
         # the best total_token - 1 of at most k + depth * k^2 candidates, plus the root
         k = min(int(self.tree_config.top_k), head.config.draft_vocab_size)
         self.max_tree_nodes = min(int(self.tree_config.total_token), 1 + k + int(self.tree_config.depth) * k * k)
-        self._cache = head.new_cache()
-        self._pending: torch.Tensor | None = None   # [n, 3H] features of positions not yet in the head cache
 
     # ------------------------------------------------------------------ protocol
 

@@ -14,7 +14,7 @@ Proposal (tree, scored candidates for the trace, and the drafter's own stage tim
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -54,11 +54,25 @@ class Drafter(Protocol):
 
 
 class FeatureDrafter:
-    """begin / observe for drafters that run a head on the target's aux features (DART, EAGLE-3):
-    the features of newly committed positions wait in ``_pending`` until the next ``propose``.
-    Subclasses own ``_cache`` (a head cache with ``reset()``)."""
+    """The opening, begin and observe of drafters that run a head on the target's aux features (DART,
+    EAGLE-3): the features of newly committed positions wait in ``_pending`` until the next ``propose``;
+    ``_cache`` is the head's own KV cache (``head.new_cache()``, with ``reset()``)."""
     needs_aux = True
     _pending: torch.Tensor | None = None
+
+    def __init__(self, head, name: str, *, loader: str, prepare: Callable[[Any], Any] | None = None):
+        """head: a draft head with the target's embedding attached, on the target's device and dtype
+        (``head.kind`` names it in errors). loader: the load function the error recommends.
+        prepare: applied once to the head in eval mode (the drafters pass the native small-GEMM linears)."""
+        if head._embed is None:
+            raise ValueError(f"the {head.kind} head has no token embedding: load it with {loader}(path, target) "
+                             "or call head.attach_embedding(target embedding)")
+        self.head = head.eval()
+        if prepare is not None:
+            prepare(self.head)
+        self.name = name
+        self._cache = head.new_cache()
+        self._pending = None   # [n, 3H] features of positions not yet in the head cache
 
     def begin(self, prompt_ids: Sequence[int], prefill_aux: torch.Tensor | None) -> None:
         if prefill_aux is None:
