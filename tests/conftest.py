@@ -8,14 +8,63 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-SHARED_DATA = Path(os.environ.get("DART_SHARED_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+
+
+def _shared_data() -> Path | None:
+    """The shared data folder (train/, distill/, eval/), found as the benchmark finds its named sets: from
+    ``DART_DATA_DIR`` (dart_core.data_sources), which ``.ci/run`` points at the shared ``data/eval`` folder
+    beside the clone, so its parent is the data folder; ``DART_SHARED_DATA`` names that folder directly."""
+    from dart_core.data_sources import env_data_dir
+
+    if os.environ.get("DART_SHARED_DATA"):
+        return Path(os.environ["DART_SHARED_DATA"])
+    data_dir = env_data_dir()
+    if data_dir is None:
+        return None
+    return next((d for d in (data_dir, data_dir.parent) if (d / "train").is_dir()), data_dir.parent)
 
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    if not SHARED_DATA.is_dir():
-        pytest.skip(f"shared data not found at {SHARED_DATA} (set DART_SHARED_DATA)")
-    return SHARED_DATA
+    found = _shared_data()
+    if found is None or not found.is_dir():
+        where = f"at {found}" if found is not None else "(DART_DATA_DIR is not set)"
+        pytest.skip(f"shared data not found {where}: set DART_DATA_DIR to its eval folder, as .ci/run does, "
+                    "or DART_SHARED_DATA to the data folder")
+    return found
+
+
+class FakeHubCache:
+    """An empty Hugging Face cache folder laid out as huggingface_hub writes it (``put`` adds a file)."""
+    COMMIT = "0123456789abcdef0123456789abcdef01234567"   # a made-up commit of the fake cache, not a pin
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def put(self, src, text: str, commit: str = COMMIT) -> Path:
+        """``src`` (a dart_core.data_sources.HubFile) with ``text`` as content; ``refs/<revision>`` names the
+        commit, the file lies in ``snapshots/<commit>/``. A ``.gz`` name is gzip-compressed."""
+        import gzip
+
+        repo = self.path / f"{src.repo_type}s--{src.repo_id.replace('/', '--')}"
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / src.revision).write_text(commit)
+        path = repo / "snapshots" / commit / src.filename
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(gzip.compress(text.encode()) if src.filename.endswith(".gz") else text.encode())
+        return path
+
+
+@pytest.fixture()
+def hub_cache(tmp_path, monkeypatch) -> FakeHubCache:
+    """Offline, no DART_DATA_DIR, and HF_HUB_CACHE pointing at an empty cache in tmp_path: no test that uses
+    it reads the machine's cache or the network."""
+    cache = tmp_path / "hf-hub-cache"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("DART_DATA_DIR", raising=False)
+    return FakeHubCache(cache)
 
 
 @pytest.fixture(scope="session")

@@ -43,7 +43,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 def _add_common(p, d) -> None:
     """The flags every head trainer shares (defaults from its config ``d``)."""
     p.add_argument("--target", default=None, help="target model: Hub id, local dir, .gguf, or 'bundled' (default)")
-    p.add_argument("--data", required=True, help="distillation corpus (.jsonl[.gz] with prompt_ids, response_ids)")
+    p.add_argument("--data", required=True,
+                   help="distillation corpus (.jsonl[.gz] with prompt_ids, response_ids): a local file, or a Hub "
+                        "dataset id owner/name[:file] (read from the Hugging Face cache; downloaded when online)")
     p.add_argument("--out", required=True, help="output directory (head, logs, checkpoint)")
     p.add_argument("--resume", action="store_true", help="continue the checkpoint in --out")
     p.add_argument("--max-steps", type=int, default=None, help="optimizer steps (default: --epochs over the data)")

@@ -3,8 +3,13 @@
 target's own greedy continuation; EOS included when reached). Other fields are ignored.
 
     rows = load_distill_rows("corpus/smollm2-135m-instruct.jsonl.gz")   # made by dart_core.training.regenerate
+    rows = load_distill_rows("owner/name:smollm2-135m-instruct.jsonl.gz")   # a Hub dataset (see below)
     train, heldout = split_rows(rows, heldout_permille=20)
     for epoch, batch in iterate_batches(train, batch_size=8, seed=0): ...
+
+``--data`` is a local file, or a Hub dataset id ``owner/name[:file]`` (``file`` may be omitted when the
+dataset holds one ``.jsonl``/``.jsonl.gz`` file). A Hub id resolves through huggingface_hub: from the
+Hugging Face cache first, then, only when online (``HF_HUB_OFFLINE`` unset), from the Hub.
 """
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import gzip
 import hashlib
 import io
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -45,15 +51,63 @@ def open_text(path: str | Path) -> io.TextIOBase:
     return open(path, encoding="utf-8")
 
 
-def load_distill_rows(path: str | Path, limit: int | None = None, vocab_size: int | None = None,
-                      min_response: int = 2) -> list[DistillRow]:
-    """Read the corpus. Rows with fewer than ``min_response`` response tokens are skipped (nothing to learn).
-    With ``vocab_size``, every id is range-checked (a corpus of another tokenizer fails here)."""
-    path = Path(path)
-    if not path.is_file():
+#: ``owner/name`` or ``owner/name:path/in/repo`` (a Hub dataset id; a local path is never taken for one
+#: when it exists, and a corpus file name such as ``runs/x.jsonl.gz`` is never taken for a repository)
+_HUB_DATASET = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+?)(?::(?P<file>[^:]+))?$")
+_CORPUS_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".gz")
+_CORPUS_PATTERNS = ["*.jsonl", "*.jsonl.gz", "**/*.jsonl", "**/*.jsonl.gz"]
+
+
+def hub_dataset_id(text: str) -> tuple[str, str | None] | None:
+    """``(repo_id, file or None)`` when ``text`` reads as a Hub dataset id ``owner/name[:file]``, else None."""
+    m = _HUB_DATASET.match(text.strip())
+    if m is None or m.group("repo").endswith(_CORPUS_SUFFIXES):
+        return None
+    return m.group("repo"), m.group("file")
+
+
+def resolve_data(data: str | Path) -> Path:
+    """``--data`` as a local file: the path itself, or a Hub dataset's file from the cache / (online) the Hub."""
+    from ..data_sources import DataSourceError, HubFile, hub_file, hub_offline, hub_snapshot
+
+    path = Path(data)
+    if path.is_file():
+        return path
+    hub = hub_dataset_id(str(data))
+    if hub is None:
         raise DataError(f"training data {path} does not exist (--data); give the distillation corpus "
                         "(e.g. regenerate it with "
-                        "`python -m dart_core.training.regenerate`)")
+                        "`python -m dart_core.training.regenerate`); a Hub dataset is given as owner/name[:file]")
+    repo_id, filename = hub
+    offline = " (offline: HF_HUB_OFFLINE is set, so only the Hugging Face cache was read)" if hub_offline() else ""
+    try:
+        if filename is not None:
+            src = HubFile(repo_id, filename)
+            found = hub_file(src)
+            if found is None:
+                raise DataError(f"training data {data}: {filename} of the dataset {repo_id} is not in the Hugging "
+                                f"Face cache{offline}; fetch it with `{src.download_command()}` (--data)")
+            return found
+        folder = hub_snapshot(repo_id, patterns=_CORPUS_PATTERNS)
+    except DataSourceError as exc:
+        raise DataError(f"training data {data}: {exc} (--data)") from None
+    if folder is None:
+        raise DataError(f"training data {data}: the dataset {repo_id} is not in the Hugging Face cache{offline}; "
+                        f"fetch it with `hf download {repo_id} --repo-type dataset` (--data)")
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name.endswith((".jsonl", ".jsonl.gz")))
+    if len(files) != 1:
+        names = ", ".join(str(p.relative_to(folder)) for p in files) or "none"
+        raise DataError(f"training data {data}: the dataset {repo_id} holds {len(files)} .jsonl[.gz] files "
+                        f"({names}); name one as {repo_id}:FILE (--data)")
+    return files[0]
+
+
+def load_distill_rows(path: str | Path, limit: int | None = None, vocab_size: int | None = None,
+                      min_response: int = 2) -> list[DistillRow]:
+    """Read the corpus (a local file or a Hub dataset id ``owner/name[:file]``, see ``resolve_data``).
+    Rows with fewer than ``min_response`` response tokens are skipped (nothing to learn).
+    With ``vocab_size``, every id is range-checked (a corpus of another tokenizer fails here)."""
+    path = resolve_data(path)
     rows: list[DistillRow] = []
     with open_text(path) as f:
         for lineno, line in enumerate(f, 1):
