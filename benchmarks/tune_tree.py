@@ -7,15 +7,18 @@ script measures where. It answers the same dev questions (not the benchmark sets
 decoding and every arm, interleaved question by question so that machine noise hits every arm
 alike, and prints ratios from this run.
 
-    python benchmarks/tune_tree.py --methods dart,eagle3 --budgets 8,15,30,60 \
+    python benchmarks/tune_tree.py --methods dart,eagle3 --budget 8 15 30 60 \
         --eagle3-trees 60/7/10,30/5/8,16/4/4,10/3/3 --limit 12 --max-new-tokens 128 \
         --threads 2 --json runs/tune_trees.json --plot docs/tune_trees.png
 
-DART arms are tree budgets (drafted nodes, root excluded); EAGLE-3 arms are
+DART arms are tree budgets (``--budget``: drafted nodes, root excluded); EAGLE-3 arms are
 total_token/depth/top_k triples (total_token counts the root). The plot puts both on one axis:
 nodes verified per step. Run it on a quiet machine (nothing else running); tau does not depend on
 noise, tokens/s does. ``--tables a.dngram,b.dngram,none`` compares N-gram tables (or none) at
 each DART budget: that choice needs only tau, so it may run while the machine is busy.
+
+``--questions`` takes a file or a named set (default ``alpaca``), resolved as ``python -m dart_core.bench``
+does: ``--data-dir`` / ``DART_DATA_DIR``, then the Hugging Face cache, then (online) the Hub.
 """
 from __future__ import annotations
 
@@ -33,22 +36,10 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
 
 from dart_core.presets import LIMITS  # noqa: E402
 
-DEV_QUESTIONS = ROOT.parent / "shared" / "data" / "eval" / "alpaca.jsonl"
-
-
-def parse_int_list(text: str) -> list[int]:
-    """--budgets: comma-separated DART tree budgets, each in the range every entry shares (0 = no draft)."""
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("--budgets is empty")
-    for v in values:
-        why = LIMITS["budget"].problem(v)
-        if why is not None:
-            raise argparse.ArgumentTypeError(f"--budgets: every budget {why}")
-    return values
+DEV_QUESTIONS = "alpaca"   # a named set (dart_core.bench.questions.QUESTION_SETS)
+DEFAULT_BUDGETS = [8, 15, 25, 40, 60]
+#: --budget: each DART tree budget in the range of presets.LIMITS["budget"] (0 = no draft)
+parse_budget = LIMITS["budget"].arg_type("--budget")
 
 
 def parse_eagle3_trees(text: str) -> list[tuple[int, int, int]]:
@@ -77,24 +68,18 @@ def parse_methods(text: str) -> list[str]:
     return methods
 
 
-def main(argv=None) -> int:
-    from dart_core.api import load_head_and_ngram, open_ngram
-    from dart_core.models.bundled import is_bundled_target
-    from dart_core.bench.cli import EngineRunner, load_questions, run_benchmark
-    from dart_core.config import GenerationConfig
-    from dart_core.drafters.dart import DartDrafter
-    from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3TreeConfig
-    from dart_core.models.heads.eagle3 import load_eagle3_for_target
-    from dart_core.models.loader import load_target
-    from dart_core.drafters.pruning import PruningConfig
-
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--methods", type=parse_methods, default=["dart"], help="dart, eagle3 or dart,eagle3")
-    p.add_argument("--questions", default=str(DEV_QUESTIONS), help="Spec-Bench-format dev questions")
+    p.add_argument("--questions", default=DEV_QUESTIONS, metavar="NAME|FILE.jsonl",
+                   help="Spec-Bench-format dev questions: a file or a named set (default: alpaca)")
+    p.add_argument("--data-dir", default=None, metavar="DIR",
+                   help="folder holding the named sets' files (alpaca.jsonl, ...); default: $DART_DATA_DIR")
     p.add_argument("--limit", type=int, default=12)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--budgets", type=parse_int_list, default=parse_int_list("8,15,25,40,60"),
-                   help="DART tree budgets (drafted nodes, root excluded)")
+    p.add_argument("--budget", type=parse_budget, nargs="+", default=DEFAULT_BUDGETS, metavar="N",
+                   help=f"{LIMITS['budget'].label}s to sweep (drafted nodes, root excluded; "
+                        f"{LIMITS['budget'].describe()}), e.g. --budget 8 15 30")
     p.add_argument("--beam-width", type=LIMITS["beam_width"].arg_type("--beam-width"), default=None,
                    help="DART beam; default: min(budget, 20), at least 1")
     p.add_argument("--tables", default=None,
@@ -109,6 +94,22 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", dest="json_out", default=None)
     p.add_argument("--plot", default=None, help="PNG of tau and speedup vs tree size (needs matplotlib)")
+    return p
+
+
+def main(argv=None) -> int:
+    from dart_core.api import load_head_and_ngram, open_ngram
+    from dart_core.models.bundled import is_bundled_target
+    from dart_core.bench.questions import BenchInputError, load_questions, resolve_question_source
+    from dart_core.bench.runners import EngineRunner, run_benchmark
+    from dart_core.config import GenerationConfig
+    from dart_core.drafters.dart import DartDrafter
+    from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3TreeConfig
+    from dart_core.models.heads.eagle3 import load_eagle3_for_target
+    from dart_core.models.loader import load_target
+    from dart_core.drafters.pruning import PruningConfig
+
+    p = build_parser()
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if args.threads:
@@ -124,13 +125,18 @@ def main(argv=None) -> int:
         default = PruningConfig()
         # budget 0 (no draft) still needs a beam of 1
         dart_cfgs = {b: PruningConfig(budget=b, beam_width=args.beam_width or max(1, min(b, default.beam_width)))
-                     for b in args.budgets}
+                     for b in args.budget}
     except ValueError as e:
-        p.error(f"--budgets/--beam-width: {e}")
+        p.error(f"--budget/--beam-width: {e}")
     try:
         config = GenerationConfig(max_new_tokens=args.max_new_tokens, max_length=2048)
     except ValueError as e:
         p.error(f"--max-new-tokens: {e}")
+    try:
+        questions_file, set_name = resolve_question_source(args.questions, args.data_dir)
+        questions = load_questions(questions_file, args.limit, question_set=set_name)
+    except BenchInputError as e:
+        p.error(str(e))
 
     target = load_target(args.base_model_name_or_path, dtype=args.dtype)
     runners = {"vanilla": EngineRunner("vanilla", target, None)}
@@ -141,7 +147,7 @@ def main(argv=None) -> int:
         stores = {t: open_ngram(t, target.tokenizer, bundled=is_bundled_target(args.base_model_name_or_path))
                   for t in tables}
         for t in tables:
-            for b in args.budgets:
+            for b in args.budget:
                 cfg = dart_cfgs[b]
                 name = f"dart@{b}" + (f"/{Path(t).stem}" if len(tables) > 1 else "")
                 arms[name] = {"method": "dart", "nodes": b + 1, "budget": b, "table": t or "default"}
@@ -155,7 +161,6 @@ def main(argv=None) -> int:
                           "depth": tree.depth, "top_k": tree.top_k}
             # each arm its own drafter (its own head cache); the head's weights are shared
             runners[name] = EngineRunner(name, target, Eagle3Drafter(e3_head, tree))
-    questions = load_questions(args.questions, args.limit)
     records = run_benchmark(target, runners, questions, config)
 
     def rate(name):
@@ -192,7 +197,7 @@ def main(argv=None) -> int:
         best[method] = max(mine, key=lambda r: r["speedup"])
         print(f"\n{method}: fastest arm on this machine {best[method]['arm']} ({best[method]['speedup']:.2f}x, "
               f"tau {best[method]['tau']:.2f}); highest tau {max(mine, key=lambda r: r['tau'])['arm']}")
-    report = {"questions": args.questions, "limit": args.limit, "max_new_tokens": args.max_new_tokens,
+    report = {"questions": args.questions, "question_source": str(questions_file), "limit": args.limit, "max_new_tokens": args.max_new_tokens,
               "threads": torch.get_num_threads(), "dtype": str(target.dtype), "tables": args.tables,
               "vanilla": base, "sweep": rows, "best": {m: r["arm"] for m, r in best.items()},
               "best_budget": best["dart"]["budget"] if "dart" in best else None,

@@ -6,7 +6,11 @@ import json
 import pytest
 
 from dart_core.bench import cli as bench
-from dart_core.bench.cli import AnswerRecord, BenchInputError, first_divergence, load_questions, summarize
+from dart_core.bench import runners
+from dart_core.bench.questions import (QUESTION_SETS, BenchInputError, load_question_sets, load_questions,
+                                       resolve_question_set, resolve_question_source)
+from dart_core.bench.runners import AnswerRecord
+from dart_core.bench.summary import first_divergence, summarize
 from dart_core.engine.trace import STAGES
 from tiny_models import make_tiny_model_dir
 
@@ -179,7 +183,7 @@ def test_limit_reads_only_k_questions(questions_file):
 
 def test_unknown_method_lists_valid_ones(questions_file, capsys):
     last = _fails(["--questions", questions_file, "--methods", "vanilla,medusa"], capsys, "medusa")
-    for name in bench.METHODS:
+    for name in runners.METHODS:
         assert name in last
 
 
@@ -245,9 +249,9 @@ def test_summarize_reports_divergences_and_tau():
 
 
 def test_registry_rejects_duplicates_and_lists_methods():
-    assert {"hf_generate", "vanilla", "prompt_lookup"} <= set(bench.METHODS)
+    assert {"hf_generate", "vanilla", "prompt_lookup"} <= set(runners.METHODS)
     with pytest.raises(ValueError, match="twice"):
-        bench.register_method(bench.MethodSpec("vanilla", lambda target, args: None))
+        runners.register_method(runners.MethodSpec("vanilla", lambda target, args: None))
 
 
 # ------------------------------------------------------------------------------------------- the report
@@ -338,3 +342,105 @@ def test_tune_tree_arm_parsing():
             tune_tree.parse_eagle3_trees(bad)
     with pytest.raises(argparse.ArgumentTypeError, match="dart and/or eagle3"):
         tune_tree.parse_methods("dart,medusa")
+
+
+# ------------------------------------------------------------------------------------------- named question sets
+# Offline against a fake Hugging Face cache in tmp_path (the conftest's hub_cache: HF_HUB_CACHE there,
+# HF_HUB_OFFLINE=1); the online step runs with huggingface_hub's download replaced. No network.
+def _set_lines(prefix: str, n: int = 2) -> str:
+    return "".join(json.dumps({"question_id": f"{prefix}/{i}", "category": "writing", "turns": [f"Question {i}?"]})
+                   + "\n" for i in range(n))
+
+
+def test_the_four_named_sets():
+    assert list(QUESTION_SETS) == ["mt_bench", "humaneval", "gsm8k", "alpaca"]
+    assert [s.local_file for s in QUESTION_SETS.values()] == [
+        "mt_bench.jsonl", "humaneval.jsonl", "gsm8k_test.jsonl", "alpaca.jsonl"]
+    for s in QUESTION_SETS.values():
+        if s.hub is not None:
+            assert s.hub.repo_type == "dataset" and s.hub.revision and s.hub.filename.endswith(".jsonl")
+
+
+def test_a_name_resolves_from_the_data_dir_first(hub_cache, tmp_path, monkeypatch):
+    data = tmp_path / "eval"
+    data.mkdir()
+    (data / "gsm8k_test.jsonl").write_text(_set_lines("local"))
+    hub_cache.put(QUESTION_SETS["gsm8k"].hub, _set_lines("cached"))
+    assert resolve_question_set("gsm8k", data) == data / "gsm8k_test.jsonl"
+    monkeypatch.setenv("DART_DATA_DIR", str(data))
+    assert resolve_question_set("gsm8k") == data / "gsm8k_test.jsonl"
+    qs = load_question_sets(["gsm8k"])
+    assert [q.question_id for q in qs] == ["local/0", "local/1"] and {q.question_set for q in qs} == {"gsm8k"}
+
+
+def test_a_name_resolves_from_the_hub_cache_offline(hub_cache, tmp_path):
+    cached = hub_cache.put(QUESTION_SETS["mt_bench"].hub, _set_lines("mt"))
+    empty = tmp_path / "empty"
+    empty.mkdir()   # a data dir without the file falls through to the cache
+    path, name = resolve_question_source("mt_bench", empty)
+    assert path.resolve() == cached.resolve() and name == "mt_bench"
+    qs = load_question_sets(["mt_bench"], limit=1)
+    # the report groups by the set's name, not by the Hub file's stem (question.jsonl)
+    assert len(qs) == 1 and qs[0].question_set == "mt_bench"
+
+
+def test_offline_with_nothing_found_names_the_flag_and_the_download(hub_cache):
+    with pytest.raises(BenchInputError) as exc:
+        resolve_question_set("humaneval")
+    msg = str(exc.value)
+    for needle in ("--data-dir", "DART_DATA_DIR", "humaneval.jsonl", "hf download", "HF_HUB_OFFLINE",
+                   QUESTION_SETS["humaneval"].hub.repo_id):
+        assert needle in msg, (needle, msg)
+    with pytest.raises(BenchInputError, match="no Hub source"):   # alpaca: a data dir or the cache only
+        resolve_question_set("alpaca")
+
+
+def test_online_downloads_the_pinned_file(hub_cache, tmp_path, monkeypatch):
+    import huggingface_hub
+
+    from dart_core.data_sources import hub_file
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    calls = []
+    fetched = tmp_path / "fetched.jsonl"
+    fetched.write_text(_set_lines("hub"))
+
+    def fake_download(repo_id, filename, **kw):
+        calls.append((repo_id, filename, kw.get("repo_type"), kw.get("revision"), kw.get("local_files_only")))
+        if kw.get("local_files_only"):
+            raise huggingface_hub.errors.LocalEntryNotFoundError("not cached")
+        return str(fetched)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    src = QUESTION_SETS["mt_bench"].hub
+    assert resolve_question_set("mt_bench") == fetched
+    assert calls == [(src.repo_id, src.filename, "dataset", src.revision, True),
+                     (src.repo_id, src.filename, "dataset", src.revision, None)]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")   # offline, the Hub is never asked
+    calls.clear()
+    assert hub_file(src) is None and calls and all(c[-1] for c in calls)
+
+
+def test_unknown_set_names_list_the_known_ones(hub_cache):
+    with pytest.raises(BenchInputError, match="mt_bench, humaneval, gsm8k, alpaca"):
+        resolve_question_source("mtbench")
+
+
+def test_cli_error_for_a_missing_named_set(hub_cache, tmp_path, capsys):
+    _fails(["--questions", "gsm8k", "--bandwidth-mib", "0", "--max-busy", "1"], capsys,
+           "gsm8k", "--data-dir", "DART_DATA_DIR", "hf download")
+    _fails(["--questions", "gsm8k", "--data-dir", tmp_path / "nowhere", "--bandwidth-mib", "0", "--max-busy", "1"],
+           capsys, "--data-dir", "nowhere")
+
+
+def test_cli_runs_a_named_set_from_the_data_dir(tiny_dir, hub_cache, tmp_path, capsys):
+    data = tmp_path / "eval"
+    data.mkdir()
+    (data / "mt_bench.jsonl").write_text(_set_lines("mt_bench"))
+    out = tmp_path / "named.json"
+    argv = _common(tiny_dir, "mt_bench")
+    _run(argv + ["--data-dir", data, "--methods", "vanilla", "--limit", "1", "--max-new-tokens", "4",
+                 "--json", out], capsys)
+    report = json.loads(out.read_text())
+    assert report["settings"]["questions"] == ["mt_bench"]
+    assert report["settings"]["question_sources"] == [str(data / "mt_bench.jsonl")]
+    assert list(report["methods"]["vanilla"]["per_set"]) == ["mt_bench"]

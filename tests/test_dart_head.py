@@ -419,7 +419,7 @@ def test_api_refuses_missing_defaults(tiny):
 def test_bench_method_registration(tiny, tiny_head_dir):
     import argparse
 
-    from dart_core.bench import cli as bench
+    from dart_core.bench import runners as bench
     from dart_core.bench.methods import register_all
 
     registry: dict = {}
@@ -441,11 +441,11 @@ def test_bench_method_registration(tiny, tiny_head_dir):
     assert runner.run(ids, cfg).tokens == SpeculativeEngine(t).generate(ids, cfg).tokens
     # Pruner flags: unset ones keep the target's default, set ones win, bad ones name the flag.
     assert registry["dart"].factory(t, args).engine.drafter.pruning.budget == default_pruning(t.name).budget
-    args.tree_budget, args.beam_width = 7, 3
+    args.budget, args.beam_width = 7, 3
     pruning = registry["dart"].factory(t, args).engine.drafter.pruning
     assert (pruning.budget, pruning.beam_width, pruning.top_k) == (7, 3, default_pruning(t.name).top_k)
-    args.tree_budget = -1
-    with pytest.raises(SystemExit, match="--tree-budget"):
+    args.budget = -1
+    with pytest.raises(SystemExit, match="--budget"):
         registry["dart"].factory(t, args)
 
 

@@ -517,7 +517,7 @@ def test_drafter_refuses_out_of_step_use(tiny):
 def test_bench_method_registration(tiny, tiny_head_dir, tmp_path, monkeypatch):
     import argparse
 
-    from dart_core.bench import cli as bench
+    from dart_core.bench import runners as bench
     from dart_core.bench.methods import register_all
     from dart_core.drafters import eagle3 as eagle3_drafter
     from dart_core.models.heads import eagle3 as eagle3_head

@@ -155,10 +155,10 @@ def test_cli_tree_flags_share_the_ranges_and_fail_before_loading(capsys):
     from dart_core.bench.cli import build_parser
 
     parser = build_parser()
-    ok = parser.parse_args(["--questions", "q.jsonl", "--tree-budget", "0", "--eagle3-depth", "0",
+    ok = parser.parse_args(["--questions", "q.jsonl", "--budget", "0", "--eagle3-depth", "0",
                             "--eagle3-total-token", "1024", "--ngram-weight", "0"])
-    assert ok.tree_budget == 0 and ok.eagle3_depth == 0 and ok.eagle3_total_token == 1024
-    for flag, value in (("--tree-budget", "-1"), ("--tree-budget", "1025"), ("--beam-width", "0"),
+    assert ok.budget == 0 and ok.eagle3_depth == 0 and ok.eagle3_total_token == 1024
+    for flag, value in (("--budget", "-1"), ("--budget", "1025"), ("--beam-width", "0"),
                         ("--per-level-top-k", "2.5"), ("--ngram-weight", "nan"), ("--eagle3-total-token", "0"),
                         ("--eagle3-depth", "65"), ("--eagle3-top-k", "x")):
         with pytest.raises(SystemExit):
@@ -169,14 +169,17 @@ def test_cli_tree_flags_share_the_ranges_and_fail_before_loading(capsys):
     spec = importlib.util.spec_from_file_location("tune_tree_edges", path)
     tune_tree = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tune_tree)
-    assert tune_tree.parse_int_list("0,2,1024") == [0, 2, 1024]
+    assert tune_tree.build_parser().parse_args(["--budget", "0", "2", "1024"]).budget == [0, 2, 1024]
     for bad in ("-1", "1025"):
         with pytest.raises(argparse.ArgumentTypeError, match="between 0 and 1024"):
-            tune_tree.parse_int_list(bad)
+            tune_tree.parse_budget(bad)
+        with pytest.raises(SystemExit):
+            tune_tree.build_parser().parse_args(["--budget", "8", bad])
+        assert "--budget" in capsys.readouterr().err
     with pytest.raises(argparse.ArgumentTypeError, match="EAGLE-3 depth"):
         tune_tree.parse_eagle3_trees("60/65/10")
     with pytest.raises(SystemExit):   # refused before the model load (which would take seconds)
-        tune_tree.main(["--budgets", "0", "--max-new-tokens", "0", "--base-model-name-or-path", "/nonexistent"])
+        tune_tree.main(["--budget", "0", "--max-new-tokens", "0", "--base-model-name-or-path", "/nonexistent"])
     assert "--max-new-tokens" in capsys.readouterr().err
 
 

@@ -1,11 +1,11 @@
 """Benchmark methods backed by draft heads: ``dart``, ``dart_no_ngram`` (the N-gram ablation) and
 ``eagle3`` (the EAGLE-3 baseline with the EAGLE-2 dynamic tree).
 
-``bench.py`` calls :func:`register_all` with its own registry at import (also when it runs as
-``__main__``, which is why the registry is passed in rather than imported):
+``bench/runners.py`` calls :func:`register_all` with its registry at import; the registry is passed in
+(not imported) so that this module never imports the runners and a test can register into its own:
 
     python -m dart_core.bench --questions mt_bench.jsonl --methods vanilla,dart,dart_no_ngram \\
-        [--dart-model-name-or-path DIR|HUB_ID] [--ngram-model-name-or-path FILE|DIR|HUB_ID|none] [--small-ngram]
+        [--dart-model-name-or-path DIR|HUB_ID] [--ngram-model-name-or-path FILE|DIR|HUB_ID|none] [--small-ngram] [--budget N]
         [--eagle3-model-name-or-path DIR|HUB_ID] [--eagle3-total-token 60 --eagle3-depth 7 --eagle3-top-k 10]
 
 Defaults: the bundled heads and N-gram table of the bundled target, and each method's tree settings
@@ -31,7 +31,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="N-gram table for dart: .dngram file, directory, Hub repo, or 'none'; default: the bundled one")
     g.add_argument("--small-ngram", action="store_true", help="prefer small.* over full.* tables in a directory/repo")
     # Pruner knobs: unset flags take the target's default (dart_core.drafters.pruning.default_pruning).
-    g.add_argument("--tree-budget", type=_limit("budget", "--tree-budget"), default=None, metavar="N",
+    g.add_argument("--budget", type=_limit("budget", "--budget"), default=None, metavar="N",
                    help="drafted nodes kept per step, root excluded; 0 = no draft, a plain target step (default: the "
                         "target's tuned value, else 60)")
     g.add_argument("--beam-width", type=_limit("beam_width", "--beam-width"), default=None, metavar="N",
@@ -57,7 +57,7 @@ def _flags_over(base, args, flags: dict[str, str], what: str):
 
 def _pruning(target, args):
     from ..drafters.pruning import default_pruning
-    return _flags_over(default_pruning(target.name), args, {"budget": "tree_budget", "beam_width": "beam_width",
+    return _flags_over(default_pruning(target.name), args, {"budget": "budget", "beam_width": "beam_width",
                        "top_k": "per_level_top_k", "ngram_weight": "ngram_weight"}, "DART pruning")
 
 

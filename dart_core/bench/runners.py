@@ -1,0 +1,235 @@
+"""Benchmark methods and the loop that runs them.
+
+Methods come from ``METHODS``: a name -> factory(target, args) registry. A new method is one
+``register_method(MethodSpec(...))`` call; its factory returns a ``MethodRunner``
+(``run(prompt_ids, config) -> RunOutput``) and may add its own command-line flags through
+``add_arguments``. Built in here: ``hf_generate`` (transformers' ``generate()``), ``vanilla`` and
+``prompt_lookup``; the methods backed by draft heads (``dart``, ``dart_no_ngram``, ``eagle3``) live in
+``bench/methods.py`` with their flags and heavier imports, and register at the end of this module.
+
+``run_benchmark`` has every method answer every question on the one loaded target (each engine has
+its own KV cache); question by question the methods take turns, so slow drifts of a shared machine's
+load hit them alike. Each method gets a short warm-up generation before anything is timed. With
+``turns="all"`` each later turn follows the method's *own* earlier answers, as Spec-Bench does.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+import torch
+
+from ..config import ConfigError, GenerationConfig
+from ..drafters import PromptLookupDrafter
+from ..engine.decoding import GenerationStats, SpeculativeEngine
+from .questions import BenchInputError, Question
+
+logger = logging.getLogger(__name__)
+
+WARMUP_TOKENS = 8
+
+
+@dataclass
+class RunOutput:
+    """What one method produced for one prompt."""
+    tokens: list[int]                 # answer tokens, cut after the first EOS (EOS kept, as the engine does)
+    text: str                         # answer text before EOS: what --turns all feeds back as the reply
+    stats: GenerationStats            # engine stats; for methods without verify steps only new_tokens/stop_reason
+    target_forwards: int              # target forwards this answer took (prefill included)
+    accept_lengths: list[int] = field(default_factory=list)   # tokens committed by each verify step (bonus incl.)
+
+
+class MethodRunner(Protocol):
+    name: str
+    speculative: bool                 # True: has verify steps (tau and stage times are reported)
+
+    def run(self, prompt_ids: list[int], config: GenerationConfig) -> RunOutput:
+        ...
+
+
+class EngineRunner:
+    """A SpeculativeEngine on the shared target; ``drafter=None`` is vanilla decoding."""
+    speculative = True
+
+    def __init__(self, name: str, target, drafter=None):
+        self.name = name
+        self.engine = SpeculativeEngine(target, drafter, name=name)
+
+    def run(self, prompt_ids: list[int], config: GenerationConfig) -> RunOutput:
+        result = self.engine.generate(prompt_ids, config)
+        return RunOutput(result.tokens, result.text, result.stats, target_forwards=result.stats.steps + 1,
+                         accept_lengths=[len(t.emitted_tokens) for t in result.traces])
+
+
+class HFGenerateRunner:
+    """transformers' own ``generate()`` on the same model: the baseline users know.
+
+    Greedy (``do_sample=False``) at temperature 0, else sampling with the same
+    temperature / top-p / top-k. Every other logits processor is switched off so the
+    model's generation_config cannot change the decoding rule.
+    """
+    name = "hf_generate"
+    speculative = False
+
+    def __init__(self, target):
+        self.target = target
+        gc = getattr(target.model, "generation_config", None)
+        pad = getattr(gc, "pad_token_id", None) if gc is not None else None
+        self.pad_token_id = pad if pad is not None else target.eos_token_ids[0]
+
+    def run(self, prompt_ids: list[int], config: GenerationConfig) -> RunOutput:
+        target = self.target
+        max_new = min(config.max_new_tokens, config.max_length - len(prompt_ids))
+        if max_new <= 0:
+            raise ConfigError(f"the prompt has {len(prompt_ids)} tokens but max_length is {config.max_length}: "
+                              "shorten the prompt or raise max_length (--max-length)")
+        ids = torch.tensor([prompt_ids], dtype=torch.long, device=target.device)
+        kwargs = dict(max_new_tokens=max_new, min_new_tokens=0, num_beams=1, repetition_penalty=1.0,
+                      no_repeat_ngram_size=0, eos_token_id=list(target.eos_token_ids),
+                      pad_token_id=self.pad_token_id)
+        if config.greedy:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        else:
+            kwargs.update(do_sample=True, temperature=config.temperature, top_p=config.top_p, top_k=config.top_k)
+            if config.seed is not None:
+                torch.manual_seed(config.seed)
+        with torch.inference_mode():
+            out = target.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
+        tokens = out[0, len(prompt_ids):].tolist()
+        eos = set(target.eos_token_ids)
+        cut = next((i for i, t in enumerate(tokens) if t in eos), None)
+        if cut is not None:
+            tokens = tokens[: cut + 1]
+        stop = "eos" if cut is not None else (
+            "max_new_tokens" if len(tokens) >= config.max_new_tokens else "max_length")
+        text = target.tokenizer.decode(tokens[:cut] if cut is not None else tokens, skip_special_tokens=True)
+        stats = GenerationStats(new_tokens=len(tokens), stop_reason=stop)
+        return RunOutput(tokens, text, stats, target_forwards=len(tokens))
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One benchmarkable method.
+
+    factory(target, args) -> MethodRunner, called once per run after the target is loaded.
+    add_arguments(parser) adds the method's own flags (e.g. a draft-head path), or None.
+    """
+    name: str
+    factory: Callable[..., MethodRunner]
+    help: str = ""
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
+
+
+METHODS: dict[str, MethodSpec] = {}
+
+
+def register_method(spec: MethodSpec) -> MethodSpec:
+    if spec.name in METHODS:
+        raise ValueError(f"benchmark method {spec.name!r} is registered twice")
+    METHODS[spec.name] = spec
+    return spec
+
+
+register_method(MethodSpec("hf_generate", lambda target, args: HFGenerateRunner(target),
+                           "transformers' generate() on the same model (greedy or the same sampling)"))
+register_method(MethodSpec("vanilla", lambda target, args: EngineRunner("vanilla", target, None),
+                           "our loop without a drafter: one token per target forward"))
+register_method(MethodSpec("prompt_lookup",
+                           lambda target, args: EngineRunner("prompt_lookup", target, PromptLookupDrafter()),
+                           "our loop with prompt-lookup drafting (n-gram matches in the context)"))
+
+
+# ---------------------------------------------------------------------------------------------- running
+@dataclass
+class AnswerRecord:
+    question_id: str
+    category: str
+    turn: int                          # 1-based
+    prompt_tokens: int
+    new_tokens: int
+    wall_s: float
+    steps: int                         # verify steps (0 for methods without them)
+    target_forwards: int
+    stage_s: dict[str, float]
+    stop_reason: str
+    text: str
+    tokens: list[int] = field(default_factory=list)
+    question_set: str = ""
+    accept_lengths: list[int] = field(default_factory=list)   # per verify step
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_answer(runner: MethodRunner, prompt_ids: list[int], config: GenerationConfig,
+               device: torch.device) -> tuple[RunOutput, float]:
+    """Run one request; wall time from the call to the last token (device synchronised)."""
+    _sync(device)
+    t0 = time.perf_counter()
+    out = runner.run(prompt_ids, config)
+    _sync(device)
+    return out, time.perf_counter() - t0
+
+
+def run_benchmark(target, runners: dict[str, MethodRunner], questions: Sequence[Question], config: GenerationConfig,
+                  turns: str = "first", progress: bool = True) -> dict[str, list[AnswerRecord]]:
+    """Every method answers every question (all turns with ``turns="all"``); returns records per method."""
+    from tqdm.auto import tqdm
+
+    from ..models.templates import encode_chat, get_template
+
+    template = get_template(target.template_name)
+    device = target.device
+    first_prompt = encode_chat(target.tokenizer, template, [{"role": "user", "content": questions[0].turns[0]}])
+    warm = GenerationConfig(max_new_tokens=min(WARMUP_TOKENS, config.max_new_tokens), max_length=config.max_length,
+                            temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
+                            seed=config.seed, profile_stages=config.profile_stages)
+    for name, runner in runners.items():
+        logger.info("warm-up: %s", name)
+        try:
+            run_answer(runner, first_prompt, warm, device)
+        except ConfigError as exc:
+            raise BenchInputError(f"question {questions[0].question_id} turn 1 (warm-up, {name}): {exc}") from None
+
+    records: dict[str, list[AnswerRecord]] = {name: [] for name in runners}
+    bar = tqdm(total=len(questions) * len(runners), desc="bench", unit="answer", disable=not progress,
+               file=sys.stderr, dynamic_ncols=True)
+    try:
+        for q in questions:
+            q_turns = q.turns if turns == "all" else q.turns[:1]
+            for name, runner in runners.items():
+                bar.set_postfix_str(f"{q.question_id} {name}", refresh=False)
+                messages: list[dict] = []  # each method continues its own conversation
+                for t, user_turn in enumerate(q_turns, 1):
+                    messages.append({"role": "user", "content": user_turn})
+                    prompt = encode_chat(target.tokenizer, template, messages)
+                    try:
+                        out, wall = run_answer(runner, prompt, config, device)
+                    except ConfigError as exc:
+                        raise BenchInputError(f"question {q.question_id} turn {t} ({name}): {exc}") from None
+                    records[name].append(AnswerRecord(
+                        question_id=q.question_id, category=q.category, turn=t, prompt_tokens=len(prompt),
+                        new_tokens=len(out.tokens), wall_s=wall, steps=out.stats.steps,
+                        target_forwards=out.target_forwards, stage_s=dict(out.stats.stage_s),
+                        stop_reason=out.stats.stop_reason, text=out.text, tokens=list(out.tokens),
+                        question_set=q.question_set, accept_lengths=list(out.accept_lengths)))
+                    messages.append({"role": "assistant", "content": out.text})
+                bar.update(1)
+    finally:
+        bar.close()
+    return records
+
+
+def _register_optional_methods() -> None:
+    """Methods backed by draft heads (DART, EAGLE-3) register themselves from dart_core.bench.methods."""
+    from .methods import register_all
+    register_all(register_method, MethodSpec, EngineRunner, METHODS)
+
+
+_register_optional_methods()
