@@ -44,7 +44,7 @@ from dart_core.ui.narration import narrate_step  # noqa: E402
 from dart_core.ui.record import RunRecord, label_of, save_export  # noqa: E402
 from dart_core.ui.session import Comparison, RunSettings, StepSession, check_prompt_length  # noqa: E402
 from dart_core.config import ConfigError, dtype_name  # noqa: E402
-from dart_core.presets import LIMITS  # noqa: E402
+from dart_core.presets import KNOBS  # noqa: E402
 from dart_core.ui.serving import ServingLimits, serving_limits  # noqa: E402
 from dart_core.models.templates import encode_chat, get_template  # noqa: E402
 
@@ -199,8 +199,8 @@ class Controls:
         return [getattr(self, f) for f in self.__dataclass_fields__]
 
 
-SETTING_NAMES = ("max_new_tokens", "temperature", "top_p", "top_k", "budget", "beam_width", "level_top_k",
-                 "ngram_weight", "eagle3_total_token", "eagle3_depth", "eagle3_top_k")
+#: the settings controls in page order: RunSettings' field names, which are the knobs' names (dart_core.presets)
+SETTING_NAMES = ("max_new_tokens",) + tuple(KNOBS)
 
 
 def _fmt_metrics(m, name: str, run, baseline: str) -> str:
@@ -218,14 +218,18 @@ def _fmt_metrics(m, name: str, run, baseline: str) -> str:
             f"{icon} lossless check: {m.lossless_text}")
 
 
-def _slider(key: str, value: float, step: float, label: str) -> gr.Slider:
-    """A settings slider spanning LIMITS[key]'s slider range; a default past that span widens it, up to the
-    limit's high end (a default beyond the limit is shown at the limit, the most a request may ask for)."""
-    limit = LIMITS[key]
+def _slider(name: str, tree_config: Any = None) -> gr.Slider:
+    """The settings slider of KNOBS[name] (dart_core.presets: its label, step, slider span and default; a tree
+    knob's default is the target's own ``tree_config``). A default past the span widens it, up to the limit's
+    high end (a default beyond the limit is shown at the limit, the most a request may ask for)."""
+    knob = KNOBS[name]
+    limit = knob.limit
+    value = knob.default_for(tree_config)
     lo, hi = limit.slider_range
     if limit.high is not None:
         value = min(value, limit.high)
-    return gr.Slider(lo, max(hi, value), value=max(value, lo), step=step, label=label)
+    return gr.Slider(lo, max(hi, value), value=max(value, lo), step=knob.step,
+                     label=knob.slider_label or knob.label)
 
 
 def _fmt_bytes(n: float) -> str:
@@ -735,19 +739,19 @@ class Visualiser:
                 base_e = self.factory.eagle3_tree_base
                 with gr.Row():
                     max_new = gr.Slider(1, m, value=min(96, m), step=1, label="Max new tokens")
-                    # slider spans come from dart_core.presets, the ranges RunSettings checks
-                    temperature = _slider("temperature", 0.0, 0.05, "Temperature (0 = greedy)")
-                    top_p = _slider("top_p", 1.0, 0.05, "Top-p (1 = off)")
-                    top_k = _slider("top_k", 0, 1, "Top-k (0 = off)")
+                    # every slider comes from dart_core.presets.KNOBS: the ranges RunSettings checks
+                    temperature = _slider("temperature")
+                    top_p = _slider("top_p")
+                    top_k = _slider("top_k")
                 with gr.Row(visible="dart" in self.available):
-                    budget = _slider("budget", base_p.budget, 1, "DART tree budget (nodes; 0 = no draft)")
-                    beam = _slider("beam_width", base_p.beam_width, 1, "DART beam width")
-                    level_k = _slider("level_top_k", base_p.top_k, 1, "DART per-level top-k")
-                    ngram_w = _slider("ngram_weight", base_p.ngram_weight, 0.05, "DART N-gram weight")
+                    budget = _slider("budget", base_p)
+                    beam = _slider("beam_width", base_p)
+                    level_k = _slider("level_top_k", base_p)
+                    ngram_w = _slider("ngram_weight", base_p)
                 with gr.Row(visible="eagle3" in self.available):
-                    e_total = _slider("eagle3_total_token", base_e.total_token, 1, "EAGLE-3 total tokens")
-                    e_depth = _slider("eagle3_depth", base_e.depth, 1, "EAGLE-3 depth")
-                    e_topk = _slider("eagle3_top_k", base_e.top_k, 1, "EAGLE-3 top-k")
+                    e_total = _slider("eagle3_total_token", base_e)
+                    e_depth = _slider("eagle3_depth", base_e)
+                    e_topk = _slider("eagle3_top_k", base_e)
             self.controls = Controls(self.prompt, max_new, temperature, top_p, top_k, budget, beam, level_k, ngram_w,
                                      e_total, e_depth, e_topk)
             self.status = gr.Markdown("Pick an example or type a prompt, then **Run** (or **Step once**).",

@@ -1,6 +1,8 @@
-"""The allowed range of every decoding-tree knob and sampling knob, defined once.
+"""Every decoding-tree knob and sampling knob, defined once: name, label, range, default, help (``KNOBS``).
 
-Every entry point reads its range from here: the app's sliders, ``RunSettings`` (the page and
+A knob has one name: the RunSettings field, the page's control, the settings API's keyword and (dashed)
+the command-line flag (``budget`` / ``--budget``, ``level_top_k`` / ``--level-top-k``, ...). Every entry
+point reads its range from here: the app's sliders, ``RunSettings`` (the page and
 its API), the tree flags of ``dart_core.bench`` and ``benchmarks/tune_tree.py``, and the configs
 ``PruningConfig`` / ``Eagle3TreeConfig`` (the Python API). A value inside a range always runs; a
 value outside is refused where it enters, with a message that names the setting.
@@ -10,8 +12,9 @@ The high end bounds the cost of one request: the page, its settings API and the 
 it, while the configs take larger values from Python (the drafters size their trees by the
 candidates they can actually produce, so a huge budget or beam costs no memory by itself).
 
-    LIMITS["budget"].check(0, "--tree-budget")     # -> 0 (DART drafts nothing: a plain target step)
-    LIMITS["budget"].check(-1, "--tree-budget")    # ValueError: --tree-budget must be between 0 and 1024, got -1
+    LIMITS["budget"].check(0, "--budget")     # -> 0 (DART drafts nothing: a plain target step)
+    LIMITS["budget"].check(-1, "--budget")    # ValueError: --budget must be between 0 and 1024, got -1
+    KNOBS["budget"].default_for(default_pruning(target.name))   # the page's default for this target
 
 Edge values mean:
 
@@ -101,23 +104,81 @@ class Limit:
         return parse
 
 
-#: Every knob the page, the API and the benchmark flags share (keys: RunSettings' fields).
-LIMITS: dict[str, Limit] = {
-    "temperature": Limit("Temperature", 0.0, None, False, slider_high=2.0),
-    "top_p": Limit("Top-p", 0.0, 1.0, False, slider_low=0.05, low_open=True),
-    "top_k": Limit("Top-k", 0, None, True, slider_high=200),
-    # DART pruning (dart_core.drafters.pruning.PruningConfig: budget, beam_width, top_k, ngram_weight)
-    "budget": Limit("DART tree budget", 0, 1024, True, slider_high=256),
-    "beam_width": Limit("DART beam width", 1, 256, True, slider_high=64),
-    "level_top_k": Limit("DART per-level top-k", 1, 256, True, slider_high=64),
-    "ngram_weight": Limit("DART N-gram weight", 0.0, 100.0, False, slider_high=2.0),
-    # EAGLE-3 dynamic tree (dart_core.drafters.eagle3.Eagle3TreeConfig: total_token, depth, top_k)
-    "eagle3_total_token": Limit("EAGLE-3 total tokens", 1, 1024, True, slider_high=256),
-    "eagle3_depth": Limit("EAGLE-3 depth", 0, 64, True, slider_high=16),
-    "eagle3_top_k": Limit("EAGLE-3 top-k", 1, 256, True, slider_high=32),
-}
+@dataclass(frozen=True)
+class Knob:
+    """One knob, named once: its name is the RunSettings field, the page's control, the keyword of the
+    settings API and (dashed) the command-line flag.
 
-#: PruningConfig / Eagle3TreeConfig field -> LIMITS key.
-PRUNING_FIELDS = {"budget": "budget", "beam_width": "beam_width", "top_k": "level_top_k",
-                  "ngram_weight": "ngram_weight"}
-EAGLE3_FIELDS = {"total_token": "eagle3_total_token", "depth": "eagle3_depth", "top_k": "eagle3_top_k"}
+    limit         its range and its label (the name the page's messages use)
+    step          the page slider's step
+    help          one line for flags and docs
+    default       the page's default; None for a tree knob: the target's own tree config, i.e. the tuned
+                  setting of the bundled model (drafters/pruning.py TUNED_PRUNING, drafters/eagle3.py
+                  TUNED_EAGLE3_TREE) or the paper's / published one (:meth:`default_for`)
+    engine        "dart" / "eagle3" for a tree knob (None: a sampling knob every engine shares)
+    config_field  its field in that engine's tree config (PruningConfig / Eagle3TreeConfig)
+    slider_label  the slider's label where it says more than ``limit.label`` (e.g. what 0 means)
+    """
+    name: str
+    limit: Limit
+    step: float
+    help: str
+    default: float | None = None
+    engine: str | None = None
+    config_field: str | None = None
+    slider_label: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.limit.label
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def default_for(self, tree_config: Any = None) -> float:
+        """The page's default: ``default``, or for a tree knob the value in ``tree_config`` (the target's
+        PruningConfig / Eagle3TreeConfig, e.g. ``default_pruning(target.name)``)."""
+        if self.config_field is None:
+            return self.default
+        if tree_config is None:
+            raise ValueError(f"{self.name} defaults per target: pass its {self.engine} tree config")
+        return getattr(tree_config, self.config_field)
+
+
+#: Every knob the page, the settings API and the tree flags share, in the page's order.
+KNOBS: dict[str, Knob] = {k.name: k for k in (
+    Knob("temperature", Limit("Temperature", 0.0, None, False, slider_high=2.0), 0.05,
+         "sampling temperature (0 = greedy)", default=0.0, slider_label="Temperature (0 = greedy)"),
+    Knob("top_p", Limit("Top-p", 0.0, 1.0, False, slider_low=0.05, low_open=True), 0.05,
+         "nucleus sampling: keep the smallest set of tokens with this much probability (1 = off)", default=1.0,
+         slider_label="Top-p (1 = off)"),
+    Knob("top_k", Limit("Top-k", 0, None, True, slider_high=200), 1,
+         "sample among the k likeliest tokens (0 = off)", default=0, slider_label="Top-k (0 = off)"),
+    # DART pruning (dart_core.drafters.pruning.PruningConfig: budget, beam_width, top_k, ngram_weight)
+    Knob("budget", Limit("DART tree budget", 0, 1024, True, slider_high=256), 1,
+         "DART tree budget: drafted nodes kept per step, root excluded (0 = no draft)",
+         engine="dart", config_field="budget", slider_label="DART tree budget (nodes; 0 = no draft)"),
+    Knob("beam_width", Limit("DART beam width", 1, 256, True, slider_high=64), 1,
+         "DART beam width: candidates expanded per level", engine="dart", config_field="beam_width"),
+    Knob("level_top_k", Limit("DART per-level top-k", 1, 256, True, slider_high=64), 1,
+         "DART per-level top-k: tokens per level taken from each row (its best by logit)", engine="dart", config_field="top_k"),
+    Knob("ngram_weight", Limit("DART N-gram weight", 0.0, 100.0, False, slider_high=2.0), 0.05,
+         "DART N-gram weight: weight of the N-gram log-probability in a candidate's score (0 = logits only)",
+         engine="dart", config_field="ngram_weight"),
+    # EAGLE-3 dynamic tree (dart_core.drafters.eagle3.Eagle3TreeConfig: total_token, depth, top_k)
+    Knob("eagle3_total_token", Limit("EAGLE-3 total tokens", 1, 1024, True, slider_high=256), 1,
+         "EAGLE-3 total tokens: nodes verified per step, root included (1 = no draft)",
+         engine="eagle3", config_field="total_token"),
+    Knob("eagle3_depth", Limit("EAGLE-3 depth", 0, 64, True, slider_high=16), 1,
+         "EAGLE-3 depth: tree forwards after the first one; drafted depth is at most depth + 1", engine="eagle3", config_field="depth"),
+    Knob("eagle3_top_k", Limit("EAGLE-3 top-k", 1, 256, True, slider_high=32), 1,
+         "EAGLE-3 top-k: children scored per expanded node, and the frontier width", engine="eagle3", config_field="top_k"),
+)}
+
+#: Each knob's range (keys: RunSettings' fields), for the entries that only check values.
+LIMITS: dict[str, Limit] = {name: k.limit for name, k in KNOBS.items()}
+
+#: The knobs of each tree config, by config field: PruningConfig / Eagle3TreeConfig field -> knob name.
+PRUNING_FIELDS = {k.config_field: k.name for k in KNOBS.values() if k.engine == "dart"}
+EAGLE3_FIELDS = {k.config_field: k.name for k in KNOBS.values() if k.engine == "eagle3"}

@@ -20,3 +20,77 @@ def test_dtype_names_round_trip_through_the_one_alias_table():
         assert resolve_dtype(alias, torch.device("cpu")) is dtype
     from dart_core.training import runner
     assert runner._save_dtype("bf16") is torch.bfloat16
+
+
+# ---------------------------------------------------------------------------------------------- the knob table
+def test_run_settings_fields_are_the_knob_names():
+    from dataclasses import fields
+
+    from dart_core.presets import KNOBS
+    from dart_core.ui.session import RunSettings
+    names = [f.name for f in fields(RunSettings)]
+    assert [n for n in names if n not in ("max_new_tokens", "seed")] == list(KNOBS)
+    s = RunSettings()
+    for name, knob in KNOBS.items():
+        if knob.config_field is None:   # sampling knobs: one default, the page's and the settings API's
+            assert getattr(s, name) == knob.default, name
+        else:                           # tree knobs: None = the target's own tree config
+            assert getattr(s, name) is None and knob.default is None, name
+
+
+def test_tree_knobs_map_onto_their_configs_and_default_per_target():
+    from dataclasses import fields
+
+    from dart_core.drafters.eagle3 import TUNED_EAGLE3_TREE, Eagle3TreeConfig, default_eagle3_tree
+    from dart_core.drafters.pruning import TUNED_PRUNING, PruningConfig, default_pruning
+    from dart_core.presets import EAGLE3_FIELDS, KNOBS, PRUNING_FIELDS
+    assert set(PRUNING_FIELDS) <= {f.name for f in fields(PruningConfig)}
+    assert set(EAGLE3_FIELDS) <= {f.name for f in fields(Eagle3TreeConfig)}
+    assert PRUNING_FIELDS == {"budget": "budget", "beam_width": "beam_width", "top_k": "level_top_k",
+                              "ngram_weight": "ngram_weight"}
+    assert KNOBS["budget"].flag == "--budget" and KNOBS["level_top_k"].flag == "--level-top-k"
+    for key, tuned in TUNED_PRUNING.items():     # the bundled model's tuned DART tree is the page's default there
+        for field, value in tuned.items():
+            assert KNOBS[PRUNING_FIELDS[field]].default_for(default_pruning(key)) == value
+    for key, tuned in TUNED_EAGLE3_TREE.items():
+        for field, value in tuned.items():
+            assert KNOBS[EAGLE3_FIELDS[field]].default_for(default_eagle3_tree(key)) == value
+    paper = PruningConfig()
+    assert KNOBS["budget"].default_for(paper) == paper.budget and KNOBS["level_top_k"].default_for(paper) == paper.top_k
+    with pytest.raises(ValueError, match="per target"):
+        KNOBS["budget"].default_for()
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import app
+    from dart_core.loading import EngineFactory
+    from dart_core.models.heads.dart import new_head_for_target
+    from dart_core.models.heads.eagle3 import new_eagle3_head_for_target
+    from dart_core.models.loader import load_target
+    from tiny_models import make_tiny_model_dir
+    target = load_target(str(make_tiny_model_dir(tmp_path_factory.mktemp("knobs"))), dtype="float32", device="cpu")
+    factory = EngineFactory(target, dart_head=new_head_for_target(target, draft_length=4, seed=1),
+                            eagle3_head=new_eagle3_head_for_target(target, seed=2))
+    return app, app.Visualiser(target, app.parse_args(["--max-new-tokens", "24", "--max-length", "256"]), factory)
+
+
+def test_every_slider_is_its_knob(page):
+    """Each settings slider's label, step, range and default come from dart_core.presets.KNOBS (a tree knob's
+    default from the target's own tree config), and the page sends its values under the knobs' names."""
+    app, vis = page
+    from dart_core.presets import KNOBS
+    assert app.SETTING_NAMES == ("max_new_tokens",) + tuple(KNOBS)
+    for name, knob in KNOBS.items():
+        slider = getattr(vis.controls, name)
+        base = {"dart": vis.factory.dart_pruning, "eagle3": vis.factory.eagle3_tree_base}.get(knob.engine)
+        default = knob.default_for(base)
+        lo, hi = knob.limit.slider_range
+        assert slider.label == (knob.slider_label or knob.label), name
+        assert slider.step == knob.step, name
+        assert slider.minimum == lo and slider.maximum == max(hi, min(default, knob.limit.high or default)), name
+        assert slider.value == max(min(default, knob.limit.high or default), lo), name
+        assert knob.limit.problem(slider.minimum) is None and knob.limit.problem(slider.maximum) is None, name

@@ -29,7 +29,7 @@ from ..drafters.pruning import PruningConfig
 from ..engine.decoding import GenerationResult, SpeculativeEngine
 from ..engine.trace import StepTrace
 from ..loading import BASELINE, EngineFactory, EngineLease
-from ..presets import LIMITS, Limit
+from ..presets import EAGLE3_FIELDS, KNOBS, PRUNING_FIELDS, Limit
 from .record import EngineRun, RunRecord
 
 logger = logging.getLogger(__name__)
@@ -41,10 +41,11 @@ MAX_NEW_TOKENS = Limit("Max new tokens", 1, None, True)
 # ---------------------------------------------------------------------------------------------- settings
 @dataclass
 class RunSettings:
-    """Every knob the page exposes, with the names the page shows in its error messages.
+    """Every knob the page exposes: the fields are the knobs' names in dart_core.presets.KNOBS (plus
+    max_new_tokens and seed); error messages use the knobs' labels.
 
-    None for a tree knob = the engine's own default (DART: ``default_pruning(target)``;
-    EAGLE-3: the published total_token 60, depth 7, top_k 10).
+    None for a tree knob = the target's own default (DART: ``default_pruning(target)``; EAGLE-3:
+    ``default_eagle3_tree(target)``: the bundled model's tuned trees, else the paper's / published ones).
     """
     max_new_tokens: int = 128
     temperature: float = 0.0
@@ -59,10 +60,9 @@ class RunSettings:
     eagle3_depth: int | None = None
     eagle3_top_k: int | None = None
 
-    # (field, limit): the ranges live in dart_core.presets, shared with the sliders, the tree configs and CLI flags
-    _RULES = (("max_new_tokens", MAX_NEW_TOKENS),) + tuple((name, LIMITS[name]) for name in (
-        "temperature", "top_p", "top_k", "budget", "beam_width", "level_top_k", "ngram_weight",
-        "eagle3_total_token", "eagle3_depth", "eagle3_top_k"))
+    # (field, limit): the fields are the knobs of dart_core.presets (one name from slider to flag), whose ranges
+    # the sliders, the tree configs and the CLI flags share
+    _RULES = (("max_new_tokens", MAX_NEW_TOKENS),) + tuple((name, knob.limit) for name, knob in KNOBS.items())
 
     @classmethod
     def from_values(cls, **values: Any) -> "RunSettings":
@@ -108,8 +108,7 @@ class RunSettings:
 
     def pruning(self, base: PruningConfig) -> PruningConfig:
         d = base.to_dict()
-        for ours, theirs in (("budget", "budget"), ("beam_width", "beam_width"), ("level_top_k", "top_k"),
-                             ("ngram_weight", "ngram_weight")):
+        for theirs, ours in PRUNING_FIELDS.items():
             if getattr(self, ours) is not None:
                 d[theirs] = getattr(self, ours)
         try:
@@ -120,8 +119,7 @@ class RunSettings:
     def eagle3_tree(self, base: Any):
         from ..drafters.eagle3 import Eagle3TreeConfig
         d = asdict(base)
-        for ours, theirs in (("eagle3_total_token", "total_token"), ("eagle3_depth", "depth"),
-                             ("eagle3_top_k", "top_k")):
+        for theirs, ours in EAGLE3_FIELDS.items():
             if getattr(self, ours) is not None:
                 d[theirs] = int(getattr(self, ours))
         try:
