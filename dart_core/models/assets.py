@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-_PACKAGE_DIR = Path(__file__).resolve().parent
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]   # dart_core/ (this file is dart_core/models/assets.py)
 _CANDIDATES = (_PACKAGE_DIR.parent / "assets", _PACKAGE_DIR / "_assets")
 
 

@@ -34,7 +34,7 @@ import yaml
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]   # dart_core/ui/space.py -> the repository
 CONFIG_NAME = "spaces_config.yaml"
 LAUNCH_KEY = "launch"  # our section; everything else in the config is a Spaces setting
 
