@@ -133,8 +133,9 @@ def main(argv=None) -> int:
     except ValueError as e:
         p.error(f"--max-new-tokens: {e}")
     try:
-        questions_file, set_name = resolve_question_source(args.questions, args.data_dir)
-        questions = load_questions(questions_file, args.limit, question_set=set_name)
+        source = resolve_question_source(args.questions, args.data_dir)
+        questions = load_questions(source.path, args.limit, question_set=source.name,
+                                   prompt_category=source.prompt_category)
     except BenchInputError as e:
         p.error(str(e))
 
@@ -197,7 +198,7 @@ def main(argv=None) -> int:
         best[method] = max(mine, key=lambda r: r["speedup"])
         print(f"\n{method}: fastest arm on this machine {best[method]['arm']} ({best[method]['speedup']:.2f}x, "
               f"tau {best[method]['tau']:.2f}); highest tau {max(mine, key=lambda r: r['tau'])['arm']}")
-    report = {"questions": args.questions, "question_source": str(questions_file), "limit": args.limit, "max_new_tokens": args.max_new_tokens,
+    report = {"questions": args.questions, "question_source": str(source.path), "limit": args.limit, "max_new_tokens": args.max_new_tokens,
               "threads": torch.get_num_threads(), "dtype": str(target.dtype), "tables": args.tables,
               "vanilla": base, "sweep": rows, "best": {m: r["arm"] for m, r in best.items()},
               "best_budget": best["dart"]["budget"] if "dart" in best else None,

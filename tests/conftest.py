@@ -42,13 +42,18 @@ class FakeHubCache:
         self.path = path
 
     def put(self, src, text: str, commit: str = COMMIT) -> Path:
-        """``src`` (a dart_core.data_sources.HubFile) with ``text`` as content; ``refs/<revision>`` names the
-        commit, the file lies in ``snapshots/<commit>/``. A ``.gz`` name is gzip-compressed."""
+        """``src`` (a dart_core.data_sources.HubFile) with ``text`` as content, in ``snapshots/<commit>/``;
+        a named revision (``main``) gets ``refs/<revision>`` naming the commit, a pinned commit is the
+        snapshot's own name. A ``.gz`` name is gzip-compressed."""
         import gzip
+        import re
 
         repo = self.path / f"{src.repo_type}s--{src.repo_id.replace('/', '--')}"
-        (repo / "refs").mkdir(parents=True, exist_ok=True)
-        (repo / "refs" / src.revision).write_text(commit)
+        if re.fullmatch(r"[0-9a-f]{40}", src.revision):
+            commit = src.revision
+        else:
+            (repo / "refs").mkdir(parents=True, exist_ok=True)
+            (repo / "refs" / src.revision).write_text(commit)
         path = repo / "snapshots" / commit / src.filename
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(gzip.compress(text.encode()) if src.filename.endswith(".gz") else text.encode())

@@ -358,7 +358,7 @@ def test_the_four_named_sets():
         "mt_bench.jsonl", "humaneval.jsonl", "gsm8k_test.jsonl", "alpaca.jsonl"]
     for s in QUESTION_SETS.values():
         if s.hub is not None:
-            assert s.hub.repo_type == "dataset" and s.hub.revision and s.hub.filename.endswith(".jsonl")
+            assert s.hub.repo_type in ("dataset", "space") and s.hub.revision and s.hub.filename.endswith(".jsonl")
 
 
 def test_a_name_resolves_from_the_data_dir_first(hub_cache, tmp_path, monkeypatch):
@@ -366,9 +366,9 @@ def test_a_name_resolves_from_the_data_dir_first(hub_cache, tmp_path, monkeypatc
     data.mkdir()
     (data / "gsm8k_test.jsonl").write_text(_set_lines("local"))
     hub_cache.put(QUESTION_SETS["gsm8k"].hub, _set_lines("cached"))
-    assert resolve_question_set("gsm8k", data) == data / "gsm8k_test.jsonl"
+    assert resolve_question_set("gsm8k", data).path == data / "gsm8k_test.jsonl"
     monkeypatch.setenv("DART_DATA_DIR", str(data))
-    assert resolve_question_set("gsm8k") == data / "gsm8k_test.jsonl"
+    assert resolve_question_set("gsm8k") == (data / "gsm8k_test.jsonl", "gsm8k", None)   # Spec-Bench lines
     qs = load_question_sets(["gsm8k"])
     assert [q.question_id for q in qs] == ["local/0", "local/1"] and {q.question_set for q in qs} == {"gsm8k"}
 
@@ -377,11 +377,23 @@ def test_a_name_resolves_from_the_hub_cache_offline(hub_cache, tmp_path):
     cached = hub_cache.put(QUESTION_SETS["mt_bench"].hub, _set_lines("mt"))
     empty = tmp_path / "empty"
     empty.mkdir()   # a data dir without the file falls through to the cache
-    path, name = resolve_question_source("mt_bench", empty)
-    assert path.resolve() == cached.resolve() and name == "mt_bench"
+    src = resolve_question_source("mt_bench", empty)
+    assert src.path.resolve() == cached.resolve() and src.name == "mt_bench" and src.prompt_category is None
     qs = load_question_sets(["mt_bench"], limit=1)
     # the report groups by the set's name, not by the Hub file's stem (question.jsonl)
     assert len(qs) == 1 and qs[0].question_set == "mt_bench"
+
+
+def test_a_hub_file_of_prompt_lines_reads_as_single_turn_questions(hub_cache):
+    hub_cache.put(QUESTION_SETS["humaneval"].hub,
+                  "".join(json.dumps({"prompt": f"def f{i}(x):\n    \"\"\"Return x.\"\"\"\n"}) + "\n" for i in range(3)))
+    qs = load_question_sets(["humaneval"], limit=2)
+    assert [(q.question_id, q.category, q.question_set) for q in qs] == [
+        ("humaneval/0", "code", "humaneval"), ("humaneval/1", "code", "humaneval")]
+    assert qs[1].turns == ['def f1(x):\n    """Return x."""\n']
+    hub_cache.put(QUESTION_SETS["gsm8k"].hub, json.dumps({"question": "no prompt"}) + "\n")
+    with pytest.raises(BenchInputError, match="math_reasoning.jsonl:1: expected a JSON object with a non-empty prompt"):
+        load_question_sets(["gsm8k"])
 
 
 def test_offline_with_nothing_found_names_the_flag_and_the_download(hub_cache):
@@ -412,9 +424,9 @@ def test_online_downloads_the_pinned_file(hub_cache, tmp_path, monkeypatch):
         return str(fetched)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
     src = QUESTION_SETS["mt_bench"].hub
-    assert resolve_question_set("mt_bench") == fetched
-    assert calls == [(src.repo_id, src.filename, "dataset", src.revision, True),
-                     (src.repo_id, src.filename, "dataset", src.revision, None)]
+    assert resolve_question_set("mt_bench").path == fetched
+    assert calls == [(src.repo_id, src.filename, src.repo_type, src.revision, True),
+                     (src.repo_id, src.filename, src.repo_type, src.revision, None)]
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")   # offline, the Hub is never asked
     calls.clear()
     assert hub_file(src) is None and calls and all(c[-1] for c in calls)

@@ -128,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise BenchInputError(f"--data-dir {args.data_dir} is not a folder")
         resolved = [resolve_question_source(q, args.data_dir) for q in args.questions]
         questions = load_question_sets(resolved, args.limit)
-        sources = [str(path) for path, _ in resolved]
+        sources = [str(src.path) for src in resolved]
         sweep = None
         if args.sweep is not None:
             from .report import load_sweep

@@ -12,15 +12,15 @@ A name resolves, first match wins, from
 2. the Hugging Face cache: the set's pinned Hub file, if it was downloaded before;
 3. the Hub, only when online (``HF_HUB_OFFLINE`` unset): the pinned file, downloaded into the cache.
 
-The Hub files hold the same format but are not always the same questions as the local files (see each
-row's ``note``): a report names the file it read (``settings.question_sources``).
+The Hub files are not always the same questions as the local files, nor always in the same format
+(see each row's ``note``); a report names the file it read (``settings.question_sources``).
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from ..data_sources import ENV_DATA_DIR, DataSourceError, HubFile, env_data_dir, hub_file, hub_offline
 
@@ -32,27 +32,44 @@ class BenchInputError(ValueError):
 # ---------------------------------------------------------------------------------------------- named sets
 @dataclass(frozen=True)
 class QuestionSet:
-    """A named question set: its file name in a data folder and where the Hub holds it (None: nowhere found)."""
+    """A named question set: its file name in a data folder and where the Hub holds it (None: nowhere found).
+
+    ``hub_prompt_category``: None when the Hub file holds Spec-Bench lines; else the file holds
+    ``{"prompt": "..."}`` lines (one single-turn question each), read as questions ``<name>/<index>`` of
+    this category.
+    """
     name: str
     local_file: str
     hub: HubFile | None
+    hub_prompt_category: str | None = None
     note: str = ""
 
 
-# Spec-Bench (github.com/hemingkx/Spec-Bench, Apache-2.0) and HumanEval (MIT) split by task, in the
-# Spec-Bench question format, as published by Red Hat AI. Pinned to the named revision ``main``: no
-# commit sha of that repository could be confirmed here, so none is written.
-_SPEC_BENCH_SPLITS = "RedHatAI/speculator_benchmarks"
+class QuestionSource(NamedTuple):
+    """A resolved ``--questions`` entry: the file, the set's name in the report, and how its lines read."""
+    path: Path
+    name: str
+    prompt_category: str | None = None    # None: Spec-Bench lines; else {"prompt": ...} lines of this category
+
+
+# MT-bench as FastChat publishes it (question_id, category, both turns: the Spec-Bench format) in LMSYS's
+# Space; pinned to the named revision ``main``, as no commit sha of that Space could be confirmed here.
+_MT_BENCH = HubFile("lmsys/mt-bench", "data/mt_bench/question.jsonl", "main", repo_type="space")
+# Red Hat AI's speculative-decoding splits (HumanEval, MIT; Spec-Bench's tasks, Apache-2.0): one
+# {"prompt": "..."} object per line. The commit is the one a public evaluation script pins for this dataset
+# (it reads HumanEval.jsonl and math_reasoning.jsonl at it); it was not checked against the Hub from here.
+_RED_HAT_SPLITS = "RedHatAI/speculator_benchmarks"
+_RED_HAT_COMMIT = "2ae86affa2cb97a972b7fc681dd51c04fbff083e"
 
 QUESTION_SETS: dict[str, QuestionSet] = {s.name: s for s in (
-    QuestionSet("mt_bench", "mt_bench.jsonl", HubFile(_SPEC_BENCH_SPLITS, "question.jsonl", "main"),
-                "Hub: Spec-Bench's MT-bench split (80 questions, ids without the mt_bench/ prefix)"),
-    QuestionSet("humaneval", "humaneval.jsonl", HubFile(_SPEC_BENCH_SPLITS, "HumanEval.jsonl", "main"),
-                "Hub: HumanEval as Red Hat AI wrapped it (164 problems)"),
-    QuestionSet("gsm8k", "gsm8k_test.jsonl", HubFile(_SPEC_BENCH_SPLITS, "math_reasoning.jsonl", "main"),
-                "Hub: Spec-Bench's math_reasoning split (80 GSM8K test questions, not all 1,319)"),
-    QuestionSet("alpaca", "alpaca.jsonl", None,
-                "no public Hub copy in this format is pinned: use --data-dir / DART_DATA_DIR or the HF cache"),
+    QuestionSet("mt_bench", "mt_bench.jsonl", _MT_BENCH, None,
+                "Hub: FastChat's question.jsonl (80 questions, 2 turns; integer ids)"),
+    QuestionSet("humaneval", "humaneval.jsonl", HubFile(_RED_HAT_SPLITS, "HumanEval.jsonl", _RED_HAT_COMMIT), "code",
+                "Hub: the 164 HumanEval prompts (function signature + docstring, not wrapped in an instruction)"),
+    QuestionSet("gsm8k", "gsm8k_test.jsonl", HubFile(_RED_HAT_SPLITS, "math_reasoning.jsonl", _RED_HAT_COMMIT),
+                "math", "Hub: Spec-Bench's math_reasoning split (80 GSM8K test questions, not all 1,319)"),
+    QuestionSet("alpaca", "alpaca.jsonl", None, None,
+                "no public Hub copy found: a data folder (--data-dir / DART_DATA_DIR) only"),
 )}
 
 
@@ -62,7 +79,7 @@ def _download_hint(qs: QuestionSet) -> str:
     return f", or fetch it once with `{qs.hub.download_command()}` (then it is read from the cache)"
 
 
-def resolve_question_set(name: str, data_dir: str | Path | None = None) -> Path:
+def resolve_question_set(name: str, data_dir: str | Path | None = None) -> QuestionSource:
     """The file of the named set ``name`` (see the module docstring for the order); BenchInputError when none."""
     qs = QUESTION_SETS[name]
     looked: list[str] = []
@@ -70,7 +87,7 @@ def resolve_question_set(name: str, data_dir: str | Path | None = None) -> Path:
     if folder is not None:
         candidate = folder / qs.local_file
         if candidate.is_file():
-            return candidate
+            return QuestionSource(candidate, name)
         looked.append(f"{candidate} ({'--data-dir' if data_dir is not None else ENV_DATA_DIR})")
     if qs.hub is not None:
         try:
@@ -78,7 +95,7 @@ def resolve_question_set(name: str, data_dir: str | Path | None = None) -> Path:
         except DataSourceError as exc:
             raise BenchInputError(f"question set {name!r}: {exc} (--questions)") from None
         if found is not None:
-            return found
+            return QuestionSource(found, name, qs.hub_prompt_category)
         looked.append(f"the Hugging Face cache ({qs.hub})")
     where = "; looked in " + ", ".join(looked) if looked else ""
     offline = " (offline: HF_HUB_OFFLINE is set)" if hub_offline() and qs.hub is not None else ""
@@ -87,14 +104,14 @@ def resolve_question_set(name: str, data_dir: str | Path | None = None) -> Path:
         f"holding {qs.local_file}{_download_hint(qs)}, or pass a file path to --questions")
 
 
-def resolve_question_source(entry: str | Path, data_dir: str | Path | None = None) -> tuple[Path, str]:
-    """A ``--questions`` entry -> (file, set name). An existing file wins; a name of QUESTION_SETS resolves."""
+def resolve_question_source(entry: str | Path, data_dir: str | Path | None = None) -> QuestionSource:
+    """A ``--questions`` entry -> its source. An existing file wins; a name of QUESTION_SETS resolves."""
     path = Path(entry)
     if path.is_file():
-        return path, path.stem
+        return QuestionSource(path, path.stem)
     text = str(entry)
     if text in QUESTION_SETS:
-        return resolve_question_set(text, data_dir), text
+        return resolve_question_set(text, data_dir)
     if "/" not in text and "\\" not in text and not path.suffix:
         raise BenchInputError(f"{text!r} is neither a question file nor a named set; the named sets are "
                               f"{', '.join(QUESTION_SETS)} (--questions)")
@@ -110,9 +127,11 @@ class Question:
     question_set: str = ""            # the question file's stem (mt_bench, humaneval, ...)
 
 
-def load_questions(path: str | Path, limit: int | None = None, question_set: str | None = None) -> list[Question]:
+def load_questions(path: str | Path, limit: int | None = None, question_set: str | None = None,
+                   prompt_category: str | None = None) -> list[Question]:
     """Read a Spec-Bench question file (JSON lines); errors name the file and the line.
-    ``question_set`` names the set in the report (default: the file's stem)."""
+    ``question_set`` names the set in the report (default: the file's stem). With ``prompt_category`` the
+    lines are ``{"prompt": "..."}`` objects instead (a named set's Hub file, see QuestionSet)."""
     path = Path(path)
     if not path.is_file():
         raise BenchInputError(f"question file {path} does not exist (--questions)")
@@ -128,6 +147,15 @@ def load_questions(path: str | Path, limit: int | None = None, question_set: str
             except json.JSONDecodeError as exc:
                 raise BenchInputError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); each line "
                                       "must be one JSON object") from None
+            if prompt_category is not None:
+                prompt = row.get("prompt") if isinstance(row, dict) else None
+                if not isinstance(prompt, str) or not prompt:
+                    raise BenchInputError(f"{where}: expected a JSON object with a non-empty prompt string")
+                qid = f"{question_set or path.stem}/{len(questions)}"
+                questions.append(Question(qid, prompt_category, [prompt], question_set=question_set or path.stem))
+                if limit is not None and len(questions) >= limit:
+                    break
+                continue
             if not isinstance(row, dict):
                 raise BenchInputError(f"{where}: expected a JSON object with question_id, category and turns, "
                                       f"got {type(row).__name__}")
@@ -157,15 +185,16 @@ def load_questions(path: str | Path, limit: int | None = None, question_set: str
     return questions
 
 
-def load_question_sets(entries: Sequence[str | Path | tuple[Path, str]], limit: int | None = None,
+def load_question_sets(entries: Sequence[str | Path | QuestionSource], limit: int | None = None,
                        data_dir: str | Path | None = None) -> list[Question]:
     """Several question files or named sets in one run (``limit`` applies to each); ids must be unique across
-    them. An entry is a path, a set name, or an already resolved ``(file, set name)`` pair."""
+    them. An entry is a path, a set name, or an already resolved QuestionSource."""
     questions: list[Question] = []
     seen: dict[str, str] = {}
     for entry in entries:
-        path, set_name = entry if isinstance(entry, tuple) else resolve_question_source(entry, data_dir)
-        for q in load_questions(path, limit, question_set=set_name):
+        src = entry if isinstance(entry, QuestionSource) else resolve_question_source(entry, data_dir)
+        path = src.path
+        for q in load_questions(path, limit, question_set=src.name, prompt_category=src.prompt_category):
             if q.question_id in seen:
                 raise BenchInputError(f"question_id {q.question_id!r} of {path} is also in {seen[q.question_id]}; "
                                       "ids must be unique across the --questions files")
