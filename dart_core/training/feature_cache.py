@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from ..config import dtype_name
-from .data import DistillRow, load_distill_rows
+from .data import DistillRow, load_distill_rows, resolve_data
 from .features import SequenceFeatures, target_states
 
 logger = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def fingerprint_parts(target, data: str | Path, top_k: int) -> dict:
     return {"format": FORMAT, "version": VERSION, "target": target.name,
             "target_config": target.model.config.to_json_string(use_diff=False),
             "target_dtype": dtype_name(target.dtype), "target_weights": target_digest(target),
-            "corpus_sha256": file_sha256(data), "aux_layers": list(target.aux_layer_ids), "top_k": int(top_k)}
+            "corpus_sha256": file_sha256(resolve_data(data)), "aux_layers": list(target.aux_layer_ids), "top_k": int(top_k)}
 
 
 def fingerprint(parts: dict) -> str:
