@@ -91,8 +91,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="DART head: directory or Hub id (default: the bundled head, for the bundled target)")
     p.add_argument("--ngram-model-name-or-path", default=None,
                    help="N-gram table: .dngram / original .trie file, directory, Hub repo or 'none' (default: bundled)")
-    p.add_argument("--use-small-ngram", action="store_true",
-                   help="in an N-gram directory or Hub repo, pick the small table (small.*) over full.*")
+    p.add_argument("--small-ngram", "--use-small-ngram", dest="is_small_ngram", action="store_true",
+                   help="in an N-gram directory or Hub repo, pick the small table (small.*) over full.* "
+                        "(the API's is_small_ngram=True; --use-small-ngram is the older spelling)")
     p.add_argument("--eagle3-model-name-or-path", default=None,
                    help="EAGLE-3 head: directory or Hub id (implies --compare-eagle3)")
     p.add_argument("--compare-eagle3", action="store_true",
@@ -268,7 +269,7 @@ class Visualiser:
         self.factory = factory or EngineFactory.from_flags(
             target, base_model_name_or_path=args.base_model_name_or_path,
             dart_model_name_or_path=args.dart_model_name_or_path,
-            ngram_model_name_or_path=args.ngram_model_name_or_path, is_small_ngram=args.use_small_ngram,
+            ngram_model_name_or_path=args.ngram_model_name_or_path, is_small_ngram=args.is_small_ngram,
             eagle3_model_name_or_path=args.eagle3_model_name_or_path, compare_eagle3=args.compare_eagle3)
         self.template = get_template(args.template_name or target.template_name)
         self.available = self.factory.names

@@ -98,7 +98,7 @@ def test_help_documents_every_flag(capsys):
         app.parse_args(["--help"])
     text = capsys.readouterr().out
     for flag in ("--base-model-name-or-path", "--dart-model-name-or-path", "--ngram-model-name-or-path",
-                 "--use-small-ngram", "--eagle3-model-name-or-path", "--compare-eagle3", "--template-name",
+                 "--small-ngram", "--use-small-ngram", "--eagle3-model-name-or-path", "--compare-eagle3", "--template-name",
                  "--device", "--dtype", "--max-new-tokens", "--max-length", "--server-port", "--listen", "--share"):
         assert flag in text, flag
 

@@ -144,7 +144,7 @@ def test_app_code_path_loads_the_trio_and_greedy_equals_vanilla(loaded, dart_cac
     assert target.config.model_type == "qwen3" and vis.template.name == "qwen"
     store = vis.factory.ngram
     assert store is not None and Path(store.path).parent == dart_cache / "ngram" and store.order == 4
-    assert Path(store.path).name.startswith("small-")  # --use-small-ngram picked small.trie, not full.trie
+    assert Path(store.path).name.startswith("small-")  # --use-small-ngram (the older spelling of --small-ngram) picked small.trie, not full.trie
     engines = vis.factory.build(RunSettings(max_new_tokens=24))
     cfg = RunSettings(max_new_tokens=24).generation_config(args.max_length)
     for p in PROMPTS:
@@ -254,7 +254,7 @@ def test_space_launch_settings_load_by_repo_id_from_the_hub_cache(repos, tmp_pat
     for repo in (TARGET, DART, EAGLE3, NGRAM):
         assert repo in argv
     args = app.parse_args(argv + ["--dtype", "float32", "--max-length", "256"])  # later flags win
-    assert args.use_small_ngram and args.listen
+    assert args.is_small_ngram and args.listen
     target = load_target(args.base_model_name_or_path, dtype=args.dtype, device="cpu")
     vis = app.Visualiser(target, args)
     assert vis.available == ["dart", "eagle3", "vanilla"]
@@ -272,7 +272,7 @@ def test_without_cuda_the_space_falls_back_to_the_bundled_models(repos):
     args = app.parse_args(argv)
     assert args.base_model_name_or_path is None and args.dart_model_name_or_path is None
     assert args.ngram_model_name_or_path is None and args.eagle3_model_name_or_path is None
-    assert not args.use_small_ngram and args.dtype == "auto" and args.device == "auto"
+    assert not args.is_small_ngram and args.dtype == "auto" and args.device == "auto"
     assert args.compare_eagle3 and args.listen and args.max_new_tokens == 256  # the rest as configured
     assert banner.startswith("No GPU on this machine") and TARGET in banner and "bundled CPU models" in banner
     assert "l4x1" in banner

@@ -179,7 +179,7 @@ def test_launch_settings_to_argv():
     s = LaunchSettings(base_model="Qwen/Qwen3-4B", ngram_model="none", use_small_ngram=True, compare_eagle3=False,
                        dtype="bfloat16", max_new_tokens=64)
     assert s.to_argv() == ["--base-model-name-or-path", "Qwen/Qwen3-4B", "--ngram-model-name-or-path", "none",
-                           "--use-small-ngram", "--dtype", "bfloat16", "--max-new-tokens", "64"]
+                           "--small-ngram", "--dtype", "bfloat16", "--max-new-tokens", "64"]
     assert LaunchSettings().to_argv() == []  # nothing set: app.py's defaults (the bundled models)
     assert set(LaunchSettings.FLAGS) == {f.name for f in dataclasses.fields(LaunchSettings)}
     assert s.hub_repos() == ["Qwen/Qwen3-4B"]  # "none" is no repo
@@ -198,7 +198,7 @@ def test_launch_settings_become_app_args(cfg, app_module):
     assert args.base_model_name_or_path == launch.base_model == "Qwen/Qwen3-4B"
     assert args.dart_model_name_or_path == launch.dart_model == "fvliang/qwen4b-dart"
     assert args.ngram_model_name_or_path == launch.ngram_model == "fvliang/dart-qwen3-ngram"
-    assert args.use_small_ngram is True and args.compare_eagle3 is True
+    assert args.is_small_ngram is True and args.compare_eagle3 is True
     assert args.eagle3_model_name_or_path == launch.eagle3_model == "AngelSlim/Qwen3-4B_eagle3"
     assert (args.dtype, args.max_new_tokens, args.max_length) == (launch.dtype, launch.max_new_tokens,
                                                                   launch.max_length)

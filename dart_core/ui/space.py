@@ -88,7 +88,7 @@ class LaunchSettings:
     # field -> app.py flag (store_true flags for the booleans)
     FLAGS: ClassVar[dict[str, str]] = {
         "base_model": "--base-model-name-or-path", "dart_model": "--dart-model-name-or-path",
-        "ngram_model": "--ngram-model-name-or-path", "use_small_ngram": "--use-small-ngram",
+        "ngram_model": "--ngram-model-name-or-path", "use_small_ngram": "--small-ngram",
         "eagle3_model": "--eagle3-model-name-or-path", "compare_eagle3": "--compare-eagle3",
         "template_name": "--template-name", "device": "--device", "dtype": "--dtype",
         "max_new_tokens": "--max-new-tokens", "max_length": "--max-length",
@@ -347,7 +347,7 @@ def cpu_fallback(argv: Sequence[str], *, cuda_available: bool, path: str | Path 
     out: list[str] = []
     it = iter(argv)
     for a in it:
-        if a == LaunchSettings.FLAGS["use_small_ngram"]:
+        if a in (LaunchSettings.FLAGS["use_small_ngram"], "--use-small-ngram"):   # app.py takes both spellings
             continue
         if a in flags:
             next(it, None)  # the flag's value
