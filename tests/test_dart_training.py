@@ -312,3 +312,64 @@ def test_regeneration_is_resumable_and_greedy(tiny, tmp_path):
         want = SpeculativeEngine(t).generate(r["prompt_ids"], GenerationConfig(max_new_tokens=12, max_length=200))
         assert r["response_ids"] == want.tokens
     assert load_distill_rows(out)[1].response_ids == rows[1]["response_ids"]
+
+
+def test_init_head_fine_tunes_a_head_and_refuses_another_targets(tiny, tmp_path, capsys):
+    """--init-head starts from a trained head's weights and draft vocabulary (as a run fine-tuning the shipped
+    assets/dart head would), is recorded in run_info and the card, and refuses a head made for another target."""
+    from dart_core.training.cli import main
+    from tiny_models import make_tiny_model_dir
+
+    d, t, data, _ = tiny
+    common = ["--target", str(d), "--data", str(data), "--batch-seqs", "4", "--draft-length", "3",
+              "--heldout-permille", "150", "--eval-rows", "2", "--dtype", "float32", "--no-progress",
+              "--max-steps", "1"]
+    base = tmp_path / "base"
+    assert main(["dart", "--out", str(base), "--draft-vocab-size", "64", "--lr", "2e-3"] + common) == 0
+    tuned = tmp_path / "tuned"
+    # A tiny learning rate: the saved head is the start head (to bf16 precision), vocabulary included.
+    assert main(["dart", "--out", str(tuned), "--draft-vocab-size", "32", "--lr", "1e-12",
+                 "--init-head", str(base)] + common) == 0
+    h0, h1 = load_dart_head(base, t), load_dart_head(tuned, t)
+    assert h1.config.draft_vocab_size == 64 and torch.equal(h1.d2t, h0.d2t)      # its vocabulary, not 32
+    for name in ("fc.weight", "midlayer.mask_rep", "midlayer.mlp.down_proj.weight", "lm_head.weight"):
+        assert torch.allclose(h1.state_dict()[name], h0.state_dict()[name], atol=1e-2), name
+    info = json.loads((tuned / "run_info.json").read_text())
+    assert info["init"] == {"head": str(base), "layer_from_target": False, "lm_head_from_target": False}
+    assert info["vocab"]["size"] == 64 and info["vocab"]["from"] == str(base)
+    card = (tuned / "README.md").read_text()
+    assert f"`--init-head {base}`" in card and "the starting head's 64 tokens (`--init-head`)" in card
+    # Another target's head is refused, naming the flag; so is a head with another draft length.
+    other = make_tiny_model_dir(tmp_path, "llama", seed=1)
+    capsys.readouterr()
+    argv = ["dart", "--out", str(tmp_path / "x"), "--lr", "1e-3", "--init-head", str(base)] + common
+    argv[argv.index("--target") + 1] = str(other)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--init-head {base} was made for another target" in err and "other weights" in err
+    assert main(["dart", "--out", str(tmp_path / "y"), "--lr", "1e-3", "--init-head", str(base)] + common
+                + ["--draft-length", "4"]) == 2
+    assert "pass --draft-length 3" in capsys.readouterr().err
+    assert main(["dart", "--out", str(tmp_path / "z"), "--init-head", str(base), "--init-layer-from-target"]
+                + common) == 2
+    assert "cannot be combined with --init-head" in capsys.readouterr().err
+
+
+def test_init_layer_from_target_starts_the_layer_from_the_targets_last(tiny, tmp_path):
+    from dart_core.training.cli import main
+
+    d, t, data, _ = tiny
+    out = tmp_path / "run"
+    assert main(["dart", "--target", str(d), "--data", str(data), "--out", str(out), "--batch-seqs", "4",
+                 "--draft-length", "3", "--draft-vocab-size", "64", "--heldout-permille", "150", "--eval-rows", "2",
+                 "--dtype", "float32", "--no-progress", "--max-steps", "1", "--lr", "1e-12",
+                 "--init-layer-from-target", "--save-dtype", "float32"]) == 0
+    head = load_dart_head(out, t)
+    last = t.model.model.layers[-1]
+    H = head.config.hidden_size
+    assert torch.allclose(head.midlayer.mlp.down_proj.weight, last.mlp.down_proj.weight, atol=1e-6)
+    assert torch.allclose(head.midlayer.self_attn.q_proj.weight[:, H:], last.self_attn.q_proj.weight, atol=1e-6)
+    info = json.loads((out / "run_info.json").read_text())
+    assert info["init"] == {"head": None, "layer_from_target": True, "lm_head_from_target": True}
+    card = (out / "README.md").read_text()
+    assert "decoder layer from the target's last layer" in card

@@ -261,7 +261,7 @@ def test_train_flags_are_validated(tiny, tmp_path, capsys):
 
 
 def test_budget_paragraph_claims_comparable_only_on_the_same_cpu():
-    from dart_core.training.runner import card_budget_lines
+    from dart_core.training.model_card import card_budget_lines
     dart_run = {"dir": "runs/dart", "method": "dart", "steps": 800, "batch_seqs": 8, "train_wall_s": 5689,
                 "device": "cpu", "cpu": "Intel Xeon (native bf16)", "time_budget_min": 100, "sequences_seen": 6400}
     s = {"method": "eagle3", "steps": 200, "batch_seqs": 8, "sequences_seen": 1600, "train_wall_s": 5700.0,
@@ -272,3 +272,46 @@ def test_budget_paragraph_claims_comparable_only_on_the_same_cpu():
     assert "25% as many training sequences" in text and "AMD EPYC" in text and "Intel Xeon" in text
     s["cpu"] = dart_run["cpu"]
     assert "comparable to the DART head" in "\n".join(card_budget_lines(s, "dart"))
+
+
+def test_init_head_and_init_layer_from_target(tiny, tmp_path, capsys):
+    """--init-head fine-tunes an EAGLE-3 head (its weights and draft vocabulary), refusing a DART head or one
+    made for another target; --init-layer-from-target starts a new head's layer from the target's last."""
+    from dart_core.training.cli import main
+
+    d, t, data, _ = tiny
+    common = ["--target", str(d), "--data", str(data), "--batch-seqs", "4", "--ttt-steps", "2",
+              "--heldout-permille", "150", "--eval-rows", "2", "--dtype", "float32", "--no-progress",
+              "--max-steps", "1"]
+    base = tmp_path / "base"
+    assert main(["eagle3", "--out", str(base), "--draft-vocab-size", "64", "--lr", "2e-3",
+                 "--init-layer-from-target", "--save-dtype", "float32"] + common) == 0
+    h0 = load_eagle3_head(base, t)
+    info = json.loads((base / "run_info.json").read_text())
+    assert info["init"] == {"head": None, "layer_from_target": True, "lm_head_from_target": True}
+    assert "decoder layer from the target's last layer" in (base / "README.md").read_text()
+    fresh = new_eagle3_head_for_target(t, h0.draft_ids.cpu(), seed=0, init_layer_from_target=True)
+    last = t.model.model.layers[-1]
+    assert torch.equal(fresh.midlayer.mlp.up_proj.weight, last.mlp.up_proj.weight.float())
+
+    tuned = tmp_path / "tuned"
+    assert main(["eagle3", "--out", str(tuned), "--draft-vocab-size", "32", "--lr", "1e-12",
+                 "--init-head", str(base)] + common) == 0
+    h1 = load_eagle3_head(tuned, t)
+    assert h1.config.draft_vocab_size == 64 and torch.equal(h1.d2t, h0.d2t)
+    assert torch.allclose(h1.fc.weight, h0.fc.weight, atol=1e-2)
+    info = json.loads((tuned / "run_info.json").read_text())
+    assert info["init"]["head"] == str(base) and info["vocab"]["from"] == str(base)
+    assert f"`--init-head {base}`" in (tuned / "README.md").read_text()
+
+    other = make_tiny_model_dir(tmp_path, "llama", seed=1)
+    capsys.readouterr()
+    argv = ["eagle3", "--out", str(tmp_path / "x"), "--init-head", str(base)] + common
+    argv[argv.index("--target") + 1] = str(other)
+    assert main(argv) == 2
+    assert f"--init-head {base} was made for another target" in capsys.readouterr().err
+    from dart_core.models.heads.dart import new_head_for_target, save_dart_head
+    dart_dir = save_dart_head(new_head_for_target(t, h0.draft_ids.cpu(), draft_length=2), tmp_path / "dart")
+    assert main(["eagle3", "--out", str(tmp_path / "y"), "--init-head", str(dart_dir)] + common) == 2
+    err = capsys.readouterr().err
+    assert "is not a usable eagle3 head" in err and "unexpected key midlayer.mask_rep" in err

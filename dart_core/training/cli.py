@@ -84,6 +84,12 @@ def _add_run_tail(p, d) -> None:
     p.add_argument("--save-dtype", default=d.save_dtype, help="dtype of the final head's weights")
     p.add_argument("--no-init-lm-head-from-target", dest="init_lm_head_from_target", action="store_false",
                    help="start lm_head at random instead of the target's output embedding rows")
+    p.add_argument("--init-layer-from-target", action="store_true",
+                   help="start the head's decoder layer from the target's last layer (attention, MLP, norms)")
+    p.add_argument("--init-head", default=None, metavar="DIR|HUB_ID",
+                   help="fine-tune an existing head of this method for this target (e.g. the shipped "
+                        "assets/dart/smollm2-135m-instruct): start from its weights and its draft vocabulary "
+                        "(--draft-vocab-size does not apply); a head made for another target is refused")
     p.add_argument("--compare-with", default=None, metavar="RUN_DIR",
                    help="a finished run of the other head for this target: its budget goes into the model card")
     p.add_argument("--features", default=d.features, metavar="auto|none|DIR",
@@ -92,37 +98,48 @@ def _add_run_tail(p, d) -> None:
     p.add_argument("--no-progress", dest="progress", action="store_false")
 
 
-def _add_dart(sub) -> None:
-    from .dart_trainer import DartTrainConfig as C
-    d = C(data="", out="")
-    p = sub.add_parser("dart", help="train a DART head (prefix-shared masked training)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    _add_common(p, d)
+def _dart_flags(p, d) -> None:
     p.add_argument("--gamma", type=float, default=d.gamma, help="loss weight gamma**(t-1) of future position t")
     p.add_argument("--draft-length", type=int, default=d.draft_length, help="mask slots D (D+1 positions)")
     p.add_argument("--prefixes", type=int, default=None,
                    help="prefixes (mask blocks) per sequence; 0 = all (default: all on GPU, 64 on CPU)")
-    _add_common_tail(p, d)
     p.add_argument("--eval-prefixes", type=int, default=d.eval_prefixes, help="prefixes per held-out row (0 = all)")
-    _add_runtime(p, d)
     p.add_argument("--attention", default=d.attention, choices=["auto", "sdpa", "flex"],
                    help="block-mask attention: sdpa (CPU), flex (flex_attention, GPU)")
-    _add_run_tail(p, d)
-    p.set_defaults(func=_run_dart)
 
 
-def _add_eagle3(sub) -> None:
-    from .eagle3_trainer import Eagle3TrainConfig as C
-    d = C(data="", out="")
-    p = sub.add_parser("eagle3", help="train an EAGLE-3 head (training-time test, the published layout)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    _add_common(p, d)
+def _eagle3_flags(p, d) -> None:
     p.add_argument("--gamma", type=float, default=d.gamma, help="loss weight gamma**k of unrolled step k")
     p.add_argument("--ttt-steps", type=int, default=d.ttt_steps, help="training-time-test steps unrolled")
+
+
+#: method -> (help, config class path, its own flags, what the report's per-level numbers are)
+TRAINERS = {
+    "dart": ("train a DART head (prefix-shared masked training)", ".dart_trainer:DartTrainConfig", _dart_flags,
+             "future position"),
+    "eagle3": ("train an EAGLE-3 head (training-time test, the published layout)",
+               ".eagle3_trainer:Eagle3TrainConfig", _eagle3_flags, "unrolled step (future position)"),
+}
+
+
+def _config_class(method: str):
+    import importlib
+
+    module, name = TRAINERS[method][1].split(":")
+    return getattr(importlib.import_module(module, __package__), name)
+
+
+def _add_trainer(sub, method: str) -> None:
+    """One trainer's subcommand: the shared flags, then the method's own (defaults from its config)."""
+    help_, _, own_flags, _ = TRAINERS[method]
+    d = _config_class(method)(data="", out="")
+    p = sub.add_parser(method, help=help_, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _add_common(p, d)
+    own_flags(p, d)
     _add_common_tail(p, d)
     _add_runtime(p, d)
     _add_run_tail(p, d)
-    p.set_defaults(func=_run_eagle3)
+    p.set_defaults(func=_run_trainer)
 
 
 def _add_features(sub) -> None:
@@ -182,35 +199,22 @@ def _report(args: argparse.Namespace, summary: dict, what: str) -> int:
     return 0
 
 
-def _run(args: argparse.Namespace, train, config_cls):
+def _run_trainer(args: argparse.Namespace) -> int:
     from ..models.heads.files import HeadError
     from ..models.loader import ModelLoadError
     from .data import DataError
-    from .runner import TrainError
+    from .runner import TrainError, train
 
     fields = {k: v for k, v in vars(args).items() if k not in ("func", "method", "verbose")}
     try:
-        return train(config_cls(**fields))
+        summary = train(_config_class(args.method)(**fields))
     except (TrainError, DataError, HeadError, ModelLoadError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: checkpoint saved; rerun the same command with --resume to continue", file=sys.stderr)
         return 130
-
-
-def _run_dart(args: argparse.Namespace) -> int:
-    from .dart_trainer import DartTrainConfig, train_dart
-
-    summary = _run(args, train_dart, DartTrainConfig)
-    return summary if isinstance(summary, int) else _report(args, summary, "future position")
-
-
-def _run_eagle3(args: argparse.Namespace) -> int:
-    from .eagle3_trainer import Eagle3TrainConfig, train_eagle3
-
-    summary = _run(args, train_eagle3, Eagle3TrainConfig)
-    return summary if isinstance(summary, int) else _report(args, summary, "unrolled step (future position)")
+    return _report(args, summary, TRAINERS[args.method][3])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -218,8 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="method", required=True)
-    _add_dart(sub)
-    _add_eagle3(sub)
+    for method in TRAINERS:
+        _add_trainer(sub, method)
     _add_features(sub)
     return p
 

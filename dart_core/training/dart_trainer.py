@@ -32,13 +32,12 @@ from typing import Callable, Sequence
 import torch
 
 from ..models.heads.dart import DartHead, load_dart_head, new_head_for_target, save_dart_head
-from ..models.heads.files import check_head_matches_target
 from .data import DistillRow
 from .features import SequenceFeatures, compute_features
 # Shared with the EAGLE-3 trainer; re-exported here (the names this module always had).
-from .runner import (SOURCE_LICENCES, STATE_FILE, BaseTrainConfig, LevelStats, Runtime, TrainError,  # noqa: F401
-                     TrainMethod, card_budget_lines, card_eval_table, card_sources_lines, card_training_lines,
-                     display_target, level_stats, lr_restarts, run_training, write_model_card_with)
+from .model_card import SOURCE_LICENCES, display_target, lr_restarts, write_model_card  # noqa: F401
+from .runner import STATE_FILE, BaseTrainConfig, LevelStats, Runtime, TrainError, TrainMethod, level_stats  # noqa: F401
+from .runner import train
 
 logger = logging.getLogger(__name__)
 
@@ -173,14 +172,17 @@ class DartMethod(TrainMethod):
 
     def new_head(self, target, draft_ids: torch.Tensor) -> DartHead:
         return new_head_for_target(target, draft_ids, self.cfg.draft_length, seed=self.cfg.seed,
-                                   init_lm_head_from_target=self.cfg.init_lm_head_from_target)
+                                   init_lm_head_from_target=self.cfg.init_lm_head_from_target,
+                                   init_layer_from_target=self.cfg.init_layer_from_target)
 
-    def load_checkpoint_head(self, path: Path, target, device: torch.device) -> DartHead:
-        head = load_dart_head(path, None)
-        check_head_matches_target(head.config, target, source=f"the checkpoint in {path.parent}")
-        head.to(device=device, dtype=torch.float32)
-        head.attach_embedding(target.model.get_input_embeddings().weight)
-        return head
+    def read_head(self, path_or_id: str | Path) -> DartHead:
+        return load_dart_head(path_or_id, None)
+
+    def check_start_head(self, head: DartHead) -> None:
+        if head.config.draft_length != self.cfg.draft_length:
+            raise TrainError(f"--init-head {self.cfg.init_head} drafts {head.config.draft_length} mask slots but "
+                             f"--draft-length is {self.cfg.draft_length}; pass --draft-length "
+                             f"{head.config.draft_length} to fine-tune it")
 
     def save_head(self, head: DartHead, out: Path, dtype: torch.dtype | None) -> None:
         save_dart_head(head, out, dtype=dtype)
@@ -199,47 +201,7 @@ class DartMethod(TrainMethod):
                              attention=rt.extra["attention"], argmax_mode=rt.argmax, autocast=rt.autocast,
                              seed=cfg.seed, progress=cfg.progress, features=rt.features)
 
-    def model_card(self, summary: dict) -> str:
-        return model_card(summary)
 
-
-def train_dart(cfg: DartTrainConfig) -> dict:
-    """Run (or resume) a DART training run; returns the summary written to ``out/training_summary.json``."""
-    return run_training(cfg, DartMethod(cfg))
-
-
-def write_model_card(out: str | Path) -> Path:
-    """(Re)write ``out/README.md`` from ``out/training_summary.json`` (e.g. after fixing the card template)."""
-    return write_model_card_with(out, model_card)
-
-
-def model_card(s: dict) -> str:
-    """A Markdown model card from a training summary."""
-    ev = s.get("eval") or {}
-    lines = [f"# DART draft head for {display_target(s['target'])}", "",
-             "A DART draft head (one decoder layer + D mask slots, the fvliang/DART checkpoint layout) trained with "
-             "`dart_core.train dart` (prefix-shared masked training, self-distillation).", "",
-             "## Training", "", *card_training_lines(s),
-             f"- method: draft length {s['config']['draft_length']}, gamma {s['config']['gamma']}, AdamW lr "
-             f"{s['config']['lr']} cosine with warmup, clip {s['config']['clip']}, {s['prefixes_per_seq'] or 'all'} "
-             f"prefixes per sequence, attention `{s['attention']}`, target argmax `{s['argmax']}`",
-             "", "## Held-out evaluation", ""]
-    if ev:
-        lines += [f"{ev['rows']} held-out rows, up to {ev['prefixes_per_row']} prefixes each; future position t+k "
-                  "is the k-th token after the tree root.", "",
-                  *card_eval_table(ev), "",
-                  f"Mean top-1 chain length (levels matched in a row): {ev['mean_top1_chain']:.3f}; "
-                  f"weighted loss {ev['loss']:.4f}."]
-    else:
-        lines.append("(no held-out rows)")
-    lines += card_budget_lines(s, "eagle3")
-    lines += ["", "## Use", "",
-              "```python",
-              "from dart_core import DartModel, dart_generate",
-              "model = DartModel.from_pretrained(base_model_name_or_path=TARGET, dart_model_name_or_path=THIS_DIR)",
-              "print(dart_generate(model, prompt=\"Explain speculative decoding.\").text)",
-              "```", "",
-              "The head refuses other targets: its config.json records the target's architecture, sizes and a "
-              "fingerprint of its weights."]
-    lines += card_sources_lines(s)
-    return "\n".join(lines)
+DartTrainConfig.method = DartMethod
+#: Run (or resume) a DART training run (``runner.train``: the config's class picks the method).
+train_dart = train

