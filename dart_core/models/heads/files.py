@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ...config import dtype_name
+
 logger = logging.getLogger(__name__)
 
 CONFIG_NAME = "config.json"
@@ -347,7 +349,7 @@ def save_head(head, out_dir: str | os.PathLike, dtype: torch.dtype | None = torc
             t = t.to(dtype)
         state[key] = t.contiguous()
     cfg = head.config.to_dict()
-    cfg["torch_dtype"] = str(dtype or head.fc.weight.dtype).replace("torch.", "")
+    cfg["torch_dtype"] = dtype_name(dtype or head.fc.weight.dtype)
     tmp_w, tmp_c = out / (WEIGHTS_NAME + ".tmp"), out / (CONFIG_NAME + ".tmp")
     save_file(state, str(tmp_w), metadata={"format": "pt"})
     tmp_c.write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
