@@ -480,3 +480,24 @@ def test_shipped_head_on_the_bundled_model(bundled_fp32):
         steps += a.stats.steps
         tokens += len(a.tokens) - 1
     assert tokens / steps > 2.0, f"tau {tokens / steps:.2f} on the dev prompts"
+
+
+def test_one_head_cache_serves_both_heads_and_keeps_every_slot_when_it_grows():
+    from dart_core.models.heads.cache import HeadCache
+    from dart_core.models.heads.dart import DartHead, DartHeadConfig
+    from dart_core.models.heads.eagle3 import Eagle3Head, Eagle3HeadConfig
+
+    small = dict(hidden_size=8, intermediate_size=16, num_attention_heads=2, num_key_value_heads=1, vocab_size=12,
+                 draft_vocab_size=12)
+    dart, eagle3 = DartHead(DartHeadConfig(**small, draft_length=2)), Eagle3Head(Eagle3HeadConfig(**small))
+    for head in (dart, eagle3):
+        cache = head.new_cache(16)
+        assert type(cache) is HeadCache and cache.k.shape == (1, 16, 4)
+        # 10 committed positions + 6 scratch slots (DART's mask slots, EAGLE-3's tree nodes) written, then growth
+        cache.k[:] = torch.arange(16, dtype=cache.k.dtype)[None, :, None]
+        cache.v[:] = -cache.k
+        cache.length = 10
+        cache.reserve(40)
+        assert cache.capacity == 64 and cache.length == 10
+        assert torch.equal(cache.k[0, :16, 0], torch.arange(16, dtype=cache.k.dtype))   # scratch slots kept too
+        assert torch.equal(cache.v[0, :16, 0], -torch.arange(16, dtype=cache.k.dtype))
