@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .files import DartHeadError, HeadError, mismatch_class, validate_vocab_mapping
+from .files import HeadError, mismatch_class, validate_vocab_mapping
 
 
 class RMSNorm(nn.Module):
@@ -155,8 +155,8 @@ class DraftHeadBase(nn.Module):
     """What DART and EAGLE-3 heads share: the draft-vocabulary maps ``d2t`` / ``t2d``, a borrowed
     reference to the target's token embedding and the seeded initialisation. Subclasses set ``kind``
     and ``error`` and call :meth:`_init_vocab_and_embedding` in their constructor."""
-    kind = "DART"
-    error: type[HeadError] = DartHeadError
+    kind = "draft"
+    error: type[HeadError] = HeadError
     config: Any
 
     def _init_vocab_and_embedding(self, c) -> None:
