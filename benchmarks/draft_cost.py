@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dart_core.api import bundled_head_dir, open_ngram  # noqa: E402
+from dart_core.loading import bundled_head_dir, open_ngram  # noqa: E402
 from dart_core.engine.protocol import AcceptedStep  # noqa: E402
 from dart_core.drafters.dart import DartDrafter  # noqa: E402
 from dart_core.drafters.eagle3 import Eagle3Drafter, default_eagle3_tree  # noqa: E402

@@ -1,27 +1,34 @@
-"""Engines for one target from the parts loaded for it: the heads and the N-gram table (no Gradio here).
+"""Loading the drafters' parts for a target (its DART head and N-gram table, its EAGLE-3 head) and building
+engines from them (no Gradio here). The target itself loads with dart_core.models.loader.load_target.
 
+    head, store = load_head_and_ngram(target, None, None, None)     # the bundled head and N-gram table
+    store = open_ngram("fvliang/dart-qwen3-ngram", tokenizer, is_small_ngram=True)   # .dngram, or .trie converted once
     factory = EngineFactory.from_flags(target, dart_model_name_or_path=..., compare_eagle3=True)
     with factory.checkout(settings) as lease:    # engines of this run's tree settings, its own until released
         lease.engines["dart"].generate(ids, config)
 
-``from_flags`` loads what the page's flags name (a head named explicitly must load; a missing default only
-makes that engine unavailable, with the reason the page shows); the files themselves are read by the
-loaders of dart_core.api (``load_head_and_ngram``) and dart_core.models.heads. The factory then builds
-engines from those parts and pools them, so KV caches are reused across requests.
+The Python API (dart_core.api.DartModel.from_pretrained), the page (app.py) and the benchmark load through
+these functions. ``from_flags`` loads what the page's flags name (a head named explicitly must load; a
+missing default only makes that engine unavailable, with the reason the page shows); the factory then
+builds engines from those parts and pools them, so KV caches are reused across requests.
 
 ``settings`` is a :class:`dart_core.ui.session.RunSettings` (or anything with ``pruning(base)`` and
 ``eagle3_tree(base)``): the per-request tree knobs.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from .config import ConfigError
 from .drafters.pruning import PruningConfig
 from .engine.decoding import SpeculativeEngine
+from .models.bundled import is_bundled_target
+from .models.heads.dart import DartHeadError, load_dart_head
 
 if TYPE_CHECKING:
     from .ui.session import RunSettings
@@ -30,6 +37,109 @@ logger = logging.getLogger(__name__)
 
 #: The engine every comparison measures against (plain target decoding, no drafts).
 BASELINE = "vanilla"
+
+#: Where the shipped default head lives in a source checkout.
+BUNDLED_HEAD_NAME = "smollm2-135m-instruct"
+NGRAM_NONE = ("none", "off", "")
+
+
+def bundled_head_dir() -> Path:
+    from .models.assets import asset_path
+    return asset_path("dart", BUNDLED_HEAD_NAME)
+
+
+def load_head_and_ngram(target, base_model_name_or_path: str | None, dart_model_name_or_path: str | None,
+                        ngram_model_name_or_path: str | None, *, is_small_ngram: bool = False,
+                        with_ngram: bool = True, check_fingerprint: bool = True):
+    """The DART head and N-gram table for an already loaded ``target`` (None = the bundled defaults,
+    which exist only for the bundled target). Returns ``(head, store)``; store is None without N-grams.
+    Shared by ``DartModel.from_pretrained``, the benchmark and the app."""
+    bundled = is_bundled_target(base_model_name_or_path)
+    if dart_model_name_or_path is None:
+        if not bundled:
+            raise DartHeadError(f"no default DART head for {base_model_name_or_path!r}: pass "
+                                "dart_model_name_or_path (e.g. fvliang/qwen8b-dart for Qwen/Qwen3-8B), or train "
+                                f"one with `python -m dart_core.train dart --target {base_model_name_or_path} "
+                                "--data FILE --out DIR`")
+        head_dir = bundled_head_dir()
+        if not (head_dir / "config.json").is_file():
+            raise DartHeadError(f"the bundled DART head is missing from {head_dir}; train it with "
+                                "`python -m dart_core.train dart --target bundled --data "
+                                "CORPUS --out DIR` (CORPUS: the distillation corpus, e.g. regenerated with "
+                                "`python -m dart_core.training.regenerate`) and copy "
+                                "DIR/config.json and DIR/model.safetensors there")
+        dart_model_name_or_path = str(head_dir)
+    head = load_dart_head(dart_model_name_or_path, target, check_fingerprint=check_fingerprint)
+    store = None
+    if with_ngram:
+        store = open_ngram(ngram_model_name_or_path, target.tokenizer, is_small_ngram=is_small_ngram,
+                           bundled=bundled)
+    return head, store
+
+
+def open_ngram(name_or_path: str | None, tokenizer, *, is_small_ngram: bool = False, bundled: bool = True):
+    """Open an N-gram table for ``tokenizer`` (see ``DartModel.from_pretrained``); None when disabled."""
+    from .ngram.store import NgramStore, default_table_path, tokenizer_fingerprint
+
+    if isinstance(name_or_path, str) and name_or_path.lower() in NGRAM_NONE:
+        return None
+    fp = tokenizer_fingerprint(tokenizer)
+    if name_or_path is None:
+        if not bundled:
+            logger.warning("no N-gram table given for this target: pruning uses the head's logits only "
+                           "(pass ngram_model_name_or_path for the N-gram term)")
+            return None
+        return NgramStore.open(default_table_path(), expected_fingerprint=fp)
+    path = _resolve_ngram_file(str(name_or_path), is_small_ngram)
+    if path.suffix == ".trie":
+        path = _import_trie_cached(path, tokenizer)
+    return NgramStore.open(path, expected_fingerprint=fp)
+
+
+def _pick(files: list[Path], is_small: bool) -> Path | None:
+    if not files:
+        return None
+    pref = [f for f in files if ("small" in f.name) == is_small]
+    return sorted(pref or files)[0]
+
+
+def _resolve_ngram_file(name: str, is_small: bool) -> Path:
+    p = Path(name).expanduser()
+    if p.is_file():
+        return p
+    if p.is_dir():
+        found = _pick(sorted(p.glob("*.dngram")), is_small) or _pick(sorted(p.glob("*.trie")), is_small)
+        if found is None:
+            raise FileNotFoundError(f"N-gram directory {p} holds no .dngram table (nor an original .trie)")
+        return found
+    if name.startswith((".", "/", "~")) or name.count("/") != 1:
+        raise FileNotFoundError(f"N-gram table {name!r} is not a file, a directory or a Hub repo id; check "
+                                "ngram_model_name_or_path (or pass 'none')")
+    from huggingface_hub import hf_hub_download
+    stem = "small" if is_small else "full"
+    errors = []
+    for fname in (f"{stem}.dngram", f"{stem}.trie"):
+        try:
+            return Path(hf_hub_download(name, fname))
+        except Exception as exc:  # noqa: BLE001 - try the next name, report all
+            errors.append(f"{fname}: {type(exc).__name__}")
+    raise FileNotFoundError(f"could not fetch an N-gram table from the Hub repo {name!r} ({'; '.join(errors)})")
+
+
+def _import_trie_cached(src: Path, tokenizer) -> Path:
+    """Convert an original DART .trie once into the dart-demo cache; later calls reuse it."""
+    from .models.bundled import cache_root
+    from .ngram.build import import_original_trie
+    from .ngram.store import tokenizer_fingerprint
+
+    st = src.stat()
+    key = hashlib.sha256(f"{src.resolve()}:{st.st_size}:{int(st.st_mtime)}:{tokenizer_fingerprint(tokenizer)}"
+                         .encode()).hexdigest()[:16]
+    dst = cache_root() / "ngram" / f"{src.stem}-{key}.dngram"
+    if not dst.is_file():
+        logger.warning("converting the original N-gram trie %s into %s (once)", src, dst)
+        import_original_trie(src, dst, tokenizer)
+    return dst
 
 
 class EngineFactory:
@@ -75,10 +185,6 @@ class EngineFactory:
                    compare_eagle3: bool = False) -> "EngineFactory":
         """Load the heads the flags name. A head the user named explicitly must load (errors propagate,
         naming the flag); a missing *default* head only makes that engine unavailable, with the reason."""
-        from .api import load_head_and_ngram
-        from .models.bundled import is_bundled_target
-        from .models.heads.dart import DartHeadError
-
         unavailable: dict[str, str] = {}
         dart_head = store = None
         try:

@@ -71,3 +71,19 @@ def test_window_decode_keeps_context_sensitive_spaces():
 
     pieces = incremental_texts([1, 2, 3], sp_decode)
     assert "".join(pieces) == sp_decode([1, 2, 3]) == "Hello world!"
+
+
+def test_a_real_byte_level_tokenizer_streams_whole_characters():
+    """With a byte-level BPE tokenizer (tiny_models), characters outside its merges split over byte tokens: the
+    per-token texts hold no U+FFFD and join to the full decode, in one pass or pushed step by step."""
+    from tiny_models import make_tiny_tokenizer
+    tok = make_tiny_tokenizer()
+    text = "caf\u00e9 \U0001F600 \u4f60\u597d, \U0001F44D\U0001F3FD ok"
+    ids = tok.encode(text, add_special_tokens=False)
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+    assert decode(ids) == text and len(ids) > len(text.split())
+    pieces = incremental_texts(ids, decode)
+    assert "".join(pieces) == text and not any("\ufffd" in p for p in pieces)
+    d = IncrementalDetokenizer(decode)
+    streamed = [d.push(ids[i:i + 3]) for i in range(0, len(ids), 3)]
+    assert "".join(streamed) + d.flush() == text and not any("\ufffd" in s for s in streamed)
