@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
+from dart_core.config import dtype_name  # noqa: E402
 from dart_core.presets import LIMITS  # noqa: E402
 
 DEV_QUESTIONS = "alpaca"   # a named set (dart_core.bench.questions.QUESTION_SETS)
@@ -246,7 +247,7 @@ def plot(report: dict, path: str) -> None:
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=7)
     fig.suptitle(f"Tree size sweep: {report['limit']} dev questions x {report['max_new_tokens']} tokens, "
-                 f"{report['dtype'].replace('torch.', '')}, {report['threads']} threads", fontsize=9)
+                 f"{dtype_name(report['dtype'])}, {report['threads']} threads", fontsize=9)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
