@@ -65,12 +65,11 @@ Decoder = Union[Callable[[list[int]], str], Any, None]   # a callable, anything 
 
 
 # ---------------------------------------------------------------------------------------------- inputs
-def _decoder(tokenizer: Decoder, skip_special: bool = False) -> Callable[[list[int]], str] | None:
+def _decoder(tokenizer: Decoder) -> Callable[[list[int]], str] | None:
+    """Token labels keep special tokens' names (e.g. <|im_end|>)."""
     if tokenizer is None:
         return None
     if hasattr(tokenizer, "decode"):
-        if skip_special:
-            return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)
         return lambda ids: tokenizer.decode(list(ids))
     if callable(tokenizer):
         return lambda ids: tokenizer(list(ids))
