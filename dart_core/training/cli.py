@@ -19,7 +19,14 @@ trains the EAGLE-3 baseline (training-time test, published EAGLE-3 layout) on th
 draft vocabulary rule, schedule and outputs; DIR/eval.json then holds hit@1 / hit@10 per
 unrolled step (step k = future position t+k+1, as in the DART table).
 
-    python -m dart_core.train features --target bundled \
+    python -m dart_core.train dart --target bundled --data FILE --out runs/dart-tuned \\
+        --init-head assets/dart/smollm2-135m-instruct
+
+fine-tunes an existing head (its weights and draft vocabulary; a head made for another target is
+refused); ``--init-layer-from-target`` instead starts a new head's decoder layer from the target's
+last layer. Both are recorded in DIR/run_info.json and the model card.
+
+    python -m dart_core.train features --target bundled \\
         --data corpus/smollm2-135m-instruct.jsonl.gz --threads 2
 
 runs the target once over the corpus and caches its features (training/feature_cache.py); both
