@@ -99,7 +99,8 @@ def measure(model: str | None, dtype: str, device: str, prefix: int, sizes: list
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None, help="target (default: the bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--base-model-name-or-path", default=None,
+                   help="target (default: the bundled SmolLM2-135M-Instruct)")
     p.add_argument("--dtypes", default="bfloat16,float32", help="comma-separated dtypes to measure")
     p.add_argument("--device", default="cpu")
     p.add_argument("--nodes", default="61", help="comma-separated tree sizes, root included (default 61)")
@@ -136,7 +137,7 @@ def main(argv=None) -> int:
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     results = []
     for dtype in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
-        rs = measure(args.model, dtype, args.device, args.prefix, sizes, args.max_depth, args.reps, args.warmup,
+        rs = measure(args.base_model_name_or_path, dtype, args.device, args.prefix, sizes, args.max_depth, args.reps, args.warmup,
                      args.seed, backends)
         results.extend(rs)
         hf = next((r for r in rs if r["backend"] == "hf"), None)
