@@ -56,7 +56,7 @@ def app_module():
 @pytest.fixture(scope="module")
 def served_app(request):
     import app
-    from dart_core.api import bundled_head_dir
+    from dart_core.loading import bundled_head_dir
     from dart_core.loading import EngineFactory
 
     _browser_or_skip()  # before loading anything: skip (or fail under CI=true) at once without a browser
