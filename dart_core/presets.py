@@ -155,14 +155,14 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          slider_label="Top-p (1 = off)"),
     Knob("top_k", Limit("Top-k", 0, None, True, slider_high=200), 1,
          "sample among the k likeliest tokens (0 = off)", default=0, slider_label="Top-k (0 = off)"),
-    # DART pruning (dart_core.drafters.pruning.PruningConfig: budget, beam_width, top_k, ngram_weight)
+    # DART pruning (dart_core.drafters.pruning.PruningConfig: budget, beam_width, level_top_k, ngram_weight)
     Knob("budget", Limit("DART tree budget", 0, 1024, True, slider_high=256), 1,
          "DART tree budget: drafted nodes kept per step, root excluded (0 = no draft)",
          engine="dart", config_field="budget", slider_label="DART tree budget (nodes; 0 = no draft)"),
     Knob("beam_width", Limit("DART beam width", 1, 256, True, slider_high=64), 1,
          "DART beam width: candidates expanded per level", engine="dart", config_field="beam_width"),
     Knob("level_top_k", Limit("DART per-level top-k", 1, 256, True, slider_high=64), 1,
-         "DART per-level top-k: tokens per level taken from each row (its best by logit)", engine="dart", config_field="top_k"),
+         "DART per-level top-k: tokens per level taken from each row (its best by logit)", engine="dart", config_field="level_top_k"),
     Knob("ngram_weight", Limit("DART N-gram weight", 0.0, 100.0, False, slider_high=2.0), 0.05,
          "DART N-gram weight: weight of the N-gram log-probability in a candidate's score (0 = logits only)",
          engine="dart", config_field="ngram_weight"),

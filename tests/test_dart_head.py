@@ -443,7 +443,7 @@ def test_bench_method_registration(tiny, tiny_head_dir):
     assert registry["dart"].factory(t, args).engine.drafter.pruning.budget == default_pruning(t.name).budget
     args.budget, args.beam_width = 7, 3
     pruning = registry["dart"].factory(t, args).engine.drafter.pruning
-    assert (pruning.budget, pruning.beam_width, pruning.top_k) == (7, 3, default_pruning(t.name).top_k)
+    assert (pruning.budget, pruning.beam_width, pruning.level_top_k) == (7, 3, default_pruning(t.name).level_top_k)
     args.budget = -1
     with pytest.raises(SystemExit, match="--budget"):
         registry["dart"].factory(t, args)

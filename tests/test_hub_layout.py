@@ -168,7 +168,7 @@ def test_startup_line_and_warm_up(loaded, caplog):
     assert set(seconds) == {"dart", "eagle3", "vanilla"} and "warm-up: DART" in caplog.text
     # the warmed engines are the ones a request at the page's default settings reuses (same trees, caches)
     p, e = vis.factory.dart_pruning, vis.factory.eagle3_tree_base
-    page_defaults = RunSettings(budget=p.budget, beam_width=p.beam_width, level_top_k=p.top_k,
+    page_defaults = RunSettings(budget=p.budget, beam_width=p.beam_width, level_top_k=p.level_top_k,
                                 ngram_weight=p.ngram_weight, eagle3_total_token=e.total_token,
                                 eagle3_depth=e.depth, eagle3_top_k=e.top_k)
     warmed = vis.factory.build(RunSettings())

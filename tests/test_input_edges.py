@@ -124,7 +124,7 @@ def test_every_tree_knob_runs_losslessly_at_both_ends_of_its_range(tiny, vis, na
 
 def test_the_configs_refuse_what_cannot_run_and_bound_their_trees(tiny):
     target, dart, eagle, _ = tiny
-    for kw in ({"budget": -1}, {"beam_width": 0}, {"top_k": 0}, {"ngram_weight": -1.0}, {"budget": 2.5}):
+    for kw in ({"budget": -1}, {"beam_width": 0}, {"level_top_k": 0}, {"ngram_weight": -1.0}, {"budget": 2.5}):
         with pytest.raises(ValueError, match=f"PruningConfig.{next(iter(kw))}"):
             PruningConfig(**kw)
     for kw in ({"total_token": 0}, {"depth": -1}, {"top_k": 0}, {"depth": 1.0}):
@@ -132,7 +132,7 @@ def test_the_configs_refuse_what_cannot_run_and_bound_their_trees(tiny):
             Eagle3TreeConfig(**kw)
     # the Python API may ask for more than the page allows; the drafters size their trees (and so the KV
     # cache) by the candidates they can produce, not by the request
-    huge = DartDrafter(dart, None, target.eos_token_ids, PruningConfig(budget=10**9, beam_width=10**12, top_k=3))
+    huge = DartDrafter(dart, None, target.eos_token_ids, PruningConfig(budget=10**9, beam_width=10**12, level_top_k=3))
     assert huge.max_tree_nodes == 1 + 3 + 9 + 27 + 81 + 243   # 5 head rows, top-3 each, every beam full
     assert Eagle3Drafter(eagle, Eagle3TreeConfig(total_token=10**9, depth=2, top_k=3)).max_tree_nodes == 1 + 3 + 18
 
@@ -159,7 +159,7 @@ def test_cli_tree_flags_share_the_ranges_and_fail_before_loading(capsys):
                             "--eagle3-total-token", "1024", "--ngram-weight", "0"])
     assert ok.budget == 0 and ok.eagle3_depth == 0 and ok.eagle3_total_token == 1024
     for flag, value in (("--budget", "-1"), ("--budget", "1025"), ("--beam-width", "0"),
-                        ("--per-level-top-k", "2.5"), ("--ngram-weight", "nan"), ("--eagle3-total-token", "0"),
+                        ("--level-top-k", "2.5"), ("--ngram-weight", "nan"), ("--eagle3-total-token", "0"),
                         ("--eagle3-depth", "65"), ("--eagle3-top-k", "x")):
         with pytest.raises(SystemExit):
             parser.parse_args(["--questions", "q.jsonl", flag, value])

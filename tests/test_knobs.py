@@ -46,7 +46,7 @@ def test_tree_knobs_map_onto_their_configs_and_default_per_target():
     from dart_core.presets import EAGLE3_FIELDS, KNOBS, PRUNING_FIELDS
     assert set(PRUNING_FIELDS) <= {f.name for f in fields(PruningConfig)}
     assert set(EAGLE3_FIELDS) <= {f.name for f in fields(Eagle3TreeConfig)}
-    assert PRUNING_FIELDS == {"budget": "budget", "beam_width": "beam_width", "top_k": "level_top_k",
+    assert PRUNING_FIELDS == {"budget": "budget", "beam_width": "beam_width", "level_top_k": "level_top_k",
                               "ngram_weight": "ngram_weight"}
     assert KNOBS["budget"].flag == "--budget" and KNOBS["level_top_k"].flag == "--level-top-k"
     for key, tuned in TUNED_PRUNING.items():     # the bundled model's tuned DART tree is the page's default there
@@ -56,7 +56,7 @@ def test_tree_knobs_map_onto_their_configs_and_default_per_target():
         for field, value in tuned.items():
             assert KNOBS[EAGLE3_FIELDS[field]].default_for(default_eagle3_tree(key)) == value
     paper = PruningConfig()
-    assert KNOBS["budget"].default_for(paper) == paper.budget and KNOBS["level_top_k"].default_for(paper) == paper.top_k
+    assert KNOBS["budget"].default_for(paper) == paper.budget and KNOBS["level_top_k"].default_for(paper) == paper.level_top_k
     with pytest.raises(ValueError, match="per target"):
         KNOBS["budget"].default_for()
 

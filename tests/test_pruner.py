@@ -84,7 +84,7 @@ def pruning_case(draw):
     tokens = np.array([[draw(st.integers(0, VOCAB - 1)) for _ in range(k)] for _ in range(rows)], dtype=np.int64)
     context = draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=5))
     eos = draw(st.lists(st.integers(0, VOCAB - 1), max_size=2))
-    config = PruningConfig(top_k=draw(st.integers(1, 8)), beam_width=draw(st.integers(1, 5)),
+    config = PruningConfig(level_top_k=draw(st.integers(1, 8)), beam_width=draw(st.integers(1, 5)),
                            budget=draw(st.integers(0, 60)),
                            level_decay=draw(st.sampled_from([0.7, 0.0, 1.3])),
                            logit_decay=draw(st.sampled_from([0.9, 1.0, 0.0])),
@@ -119,12 +119,12 @@ def test_reference_store_gives_the_same_tree(stores, case):
 
 def test_defaults_are_the_papers():
     c = PruningConfig()
-    assert (c.top_k, c.beam_width, c.budget, c.level_decay, c.logit_decay, c.ngram_weight, c.eps) == \
+    assert (c.level_top_k, c.beam_width, c.budget, c.level_decay, c.logit_decay, c.ngram_weight, c.eps) == \
         (25, 20, 60, 0.7, 0.9, 0.5, 1e-10)
     assert c.level_weight(0) == 1.0 and c.level_weight(1) == 2 ** -0.7 and c.logit_weight(2) == 0.81
 
 
-@pytest.mark.parametrize("field,value", [("top_k", 0), ("beam_width", 0), ("budget", -1), ("eps", 0.0),
+@pytest.mark.parametrize("field,value", [("level_top_k", 0), ("beam_width", 0), ("budget", -1), ("eps", 0.0),
                                          ("ngram_weight", -0.1), ("logit_decay", float("nan"))])
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"PruningConfig.{field}"):
@@ -231,7 +231,7 @@ def test_edge_sizes_match_the_reference_and_leave_inputs_alone(stores, rows, k, 
     tokens = rng.integers(0, VOCAB, size=(rows, k))
     logits_in, tokens_in = logits.copy(), tokens.copy()
     store = None if store_key is None else stores[store_key]
-    cfg = PruningConfig(top_k=64, beam_width=3, budget=70)
+    cfg = PruningConfig(level_top_k=64, beam_width=3, budget=70)
     got = prune_dart_tree(logits, tokens, [0, 1], store, [2], cfg)
     assert_same(got, prune_dart_tree_reference(logits, tokens, [0, 1], store, [2], cfg))
     check_invariants(*got, cfg, {2})
@@ -296,7 +296,7 @@ def test_the_native_binding_reads_the_pruning_config_whole():
     rng = np.random.default_rng(3)
     logits = np.sort(rng.normal(size=(4, 6)).astype(np.float32), axis=1)[:, ::-1].copy()
     tokens = np.tile(np.arange(VOCAB, dtype=np.int64), (4, 1))
-    cfg = PruningConfig(budget=5, beam_width=3, top_k=4)
+    cfg = PruningConfig(budget=5, beam_width=3, level_top_k=4)
     args = (logits, tokens, np.array([1]), None, np.array([], np.int64))
     by_object = native.prune_dart_tree(*args, cfg)
     by_dict = native.prune_dart_tree(*args, asdict(cfg))

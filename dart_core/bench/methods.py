@@ -36,7 +36,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                         "target's tuned value, else 60)")
     g.add_argument("--beam-width", type=_limit("beam_width", "--beam-width"), default=None, metavar="N",
                    help="candidates expanded per tree level (default: the target's tuned value, else 20)")
-    g.add_argument("--per-level-top-k", type=_limit("level_top_k", "--per-level-top-k"), default=None, metavar="K",
+    g.add_argument("--level-top-k", type=_limit("level_top_k", "--level-top-k"), default=None, metavar="K",
                    help="tokens taken from each head row (default: the target's tuned value, else 25)")
     g.add_argument("--ngram-weight", type=_limit("ngram_weight", "--ngram-weight"), default=None, metavar="W",
                    help="weight of the N-gram term (default 0.5; dart_no_ngram has no N-gram term)")
@@ -58,7 +58,7 @@ def _flags_over(base, args, flags: dict[str, str], what: str):
 def _pruning(target, args):
     from ..drafters.pruning import default_pruning
     return _flags_over(default_pruning(target.name), args, {"budget": "budget", "beam_width": "beam_width",
-                       "top_k": "per_level_top_k", "ngram_weight": "ngram_weight"}, "DART pruning")
+                       "level_top_k": "level_top_k", "ngram_weight": "ngram_weight"}, "DART pruning")
 
 
 def _add_eagle3_arguments(p: argparse.ArgumentParser) -> None:

@@ -53,7 +53,7 @@ class DartDrafter(FeatureDrafter):
         """Nodes (root included) of the largest tree this drafter can propose: the budget, or fewer when the
         head's rows x top-k x beam cannot produce that many candidates (so a huge budget sizes no cache)."""
         p = self.pruning
-        levels, k = min(rows, int(p.budget)), min(int(p.top_k), draft_vocab)
+        levels, k = min(rows, int(p.budget)), min(int(p.level_top_k), draft_vocab)
         total, width = 0, 1
         for _ in range(levels):
             width = min(width, int(p.beam_width)) * k if total else k
@@ -91,7 +91,7 @@ class DartDrafter(FeatureDrafter):
         t1 = time.perf_counter()
         self._pending = None
 
-        k = min(int(self.pruning.top_k), logits.shape[-1])
+        k = min(int(self.pruning.level_top_k), logits.shape[-1])
         vals, idx = torch.topk(logits, k, dim=-1)                               # [D+1, k]
         tokens = idx + self._d2t[idx]                                           # draft ids -> target ids
         tree, cands = prune_dart_tree(vals.cpu().numpy().astype(np.float32, copy=False),

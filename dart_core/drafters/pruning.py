@@ -3,7 +3,7 @@ draft tree, scoring each candidate by its logit and N-gram log-probabilities.
 
 For tree level l (row l of the inputs; level 0 = children of the root):
 
-    p_l       = softmax over the row's top_k logits only
+    p_l       = softmax over the row's level_top_k logits only
     w_lvl(l)  = (l + 1) ** -level_decay          w_logit(l) = logit_decay ** l
     logit_term = w_lvl(l) * (w_logit(l) * min(0, log(p_l(x) + eps)))
     ngram_term = w_lvl(l) * (ngram_weight * min(0, log(P_ng(x | ctx) + eps)))   (0 at level 0)
@@ -41,7 +41,7 @@ from ..engine.tree import DraftTree
 class PruningConfig:
     """Every knob of the DART pruner; defaults are the paper's / original code's.
 
-    top_k         tokens per level taken from each row (the row's best by logit)
+    level_top_k   tokens per level taken from each row (the row's best by logit)
     beam_width    candidates expanded per level
     budget        drafted nodes kept in the tree, root excluded (61 nodes verified at 60; 0 = draft nothing)
     level_decay   w_lvl(l) = (l + 1) ** -level_decay
@@ -49,7 +49,7 @@ class PruningConfig:
     ngram_weight  weight of the N-gram log-probability (levels >= 1); 0 disables it
     eps           added to probabilities before the log
     """
-    top_k: int = 25
+    level_top_k: int = 25
     beam_width: int = 20
     budget: int = 60
     level_decay: float = 0.7
@@ -64,7 +64,7 @@ class PruningConfig:
         """Raise ValueError naming the field to change."""
         def bad(name: str, rule: str) -> ValueError:
             return ValueError(f"PruningConfig.{name}={getattr(self, name)!r}: {rule}")
-        # budget, beam_width, top_k, ngram_weight: the low ends every entry point shares (dart_core.presets; the
+        # budget, beam_width, level_top_k, ngram_weight: the low ends every entry point shares (dart_core.presets; the
         # page and the CLI flags also cap the high ends). budget 0 = draft nothing (each step is a plain target step)
         for name, key in PRUNING_FIELDS.items():
             why = LIMITS[key].problem(getattr(self, name), upper=False)
@@ -210,7 +210,7 @@ def prune_dart_tree_reference(topk_logits: np.ndarray, topk_tokens: np.ndarray, 
     _check_token_ids(tokens, ctx_tail_array, store, vocab_size)
     ctx_tail = [int(t) for t in ctx_tail_array]
     rows, k = logits.shape
-    kk = min(k, int(config.top_k))
+    kk = min(k, int(config.level_top_k))
     eos = {int(t) for t in eos_token_ids}
     use_ngram = store is not None and config.ngram_weight != 0.0
 

@@ -270,7 +270,7 @@ dart::PruneParams params_from(const py::handle& config) {
     return config.attr(name);
   };
   dart::PruneParams p{};
-  p.top_k = field("top_k").cast<int64_t>();
+  p.level_top_k = field("level_top_k").cast<int64_t>();
   p.beam_width = field("beam_width").cast<int64_t>();
   p.budget = field("budget").cast<int64_t>();
   p.level_decay = field("level_decay").cast<double>();

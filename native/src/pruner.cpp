@@ -21,7 +21,7 @@ namespace {
 
 void check_params(const PruneParams& p) {
   auto fail = [](const std::string& what) { throw std::invalid_argument("PruningConfig." + what); };
-  if (p.top_k < 1) fail("top_k must be >= 1");
+  if (p.level_top_k < 1) fail("level_top_k must be >= 1");
   if (p.beam_width < 1) fail("beam_width must be >= 1");
   if (p.budget < 0) fail("budget must be >= 0");
   if (!std::isfinite(p.level_decay)) fail("level_decay must be finite");
@@ -43,7 +43,7 @@ PruneResult prune_tree(const float* logits, const int64_t* tokens, size_t rows, 
   check_params(params);
   if (n_context < 1) throw std::invalid_argument("context must hold at least the root token (its last element)");
   if (rows > 0 && k < 1) throw std::invalid_argument("topk_logits has no columns");
-  const size_t kk = std::min<size_t>(k, static_cast<size_t>(params.top_k));
+  const size_t kk = std::min<size_t>(k, static_cast<size_t>(params.level_top_k));
   const bool use_ngram = store != nullptr && params.ngram_weight != 0.0;
 
   // Per row: the kk best columns (stable: ties keep column order), their tokens and clamped

@@ -14,7 +14,7 @@ namespace dart {
 // Every knob of the pruner, read whole from dart_core.drafters.pruning.PruningConfig by the binding.
 // No defaults here: PruningConfig is the one place they are set.
 struct PruneParams {
-  int64_t top_k;        // tokens per level (the first top_k columns by logit)
+  int64_t level_top_k;  // tokens per level (the first top_k columns by logit)
   int64_t beam_width;   // candidates expanded per level
   int64_t budget;       // drafted nodes kept, root excluded
   double level_decay;   // w_lvl(l) = (l + 1) ^ -level_decay
