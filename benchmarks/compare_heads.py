@@ -1,6 +1,6 @@
 """Held-out hit@k per future position of several trained heads, side by side (a Markdown table).
 
-    python benchmarks/compare_heads.py ../runs/gamma-0.6 ../runs/gamma-0.8
+    python benchmarks/compare_heads.py runs/gamma-0.6 runs/gamma-0.8
 
 Each argument is a training output directory (its eval.json and training_summary.json, written by
 ``python -m dart_core.train``). Used for the ablations, whose arms share one training budget.
