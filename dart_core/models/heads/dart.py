@@ -55,7 +55,7 @@ from .cache import HeadCache
 from .files import (WEIGHTS_NAME, DartHeadError, HeadTargetMismatch, check_head_matches_target,
                     fill_head, head_config_dict, head_config_problems, llama_fields_for_target, match_state_dict,
                     read_config, read_state, resolve_head_files, save_head)
-from .layers import (AttendFn, DraftHeadBase, MidLayer, RMSNorm, draft_ids_for, flex_attend,
+from .layers import (AttendFn, DraftHeadBase, MidLayer, RMSNorm, draft_ids_for, flex_attend, head_shapes,
                      init_head_from_target, sdpa_attend)
 
 logger = logging.getLogger(__name__)
@@ -345,25 +345,7 @@ class BlockLayout:
 
 # ---------------------------------------------------------------------------------------------- load / save
 def expected_shapes(c: DartHeadConfig) -> dict[str, tuple[int, ...]]:
-    H, I, hd = c.hidden_size, c.intermediate_size, c.head_dim
-    return {
-        "fc.weight": (H, 3 * c.target_hidden_size),
-        "midlayer.mask_rep": (2 * H,),
-        "midlayer.self_attn.q_proj.weight": (c.num_attention_heads * hd, 2 * H),
-        "midlayer.self_attn.k_proj.weight": (c.num_key_value_heads * hd, 2 * H),
-        "midlayer.self_attn.v_proj.weight": (c.num_key_value_heads * hd, 2 * H),
-        "midlayer.self_attn.o_proj.weight": (H, c.num_attention_heads * hd),
-        "midlayer.mlp.gate_proj.weight": (I, H),
-        "midlayer.mlp.up_proj.weight": (I, H),
-        "midlayer.mlp.down_proj.weight": (H, I),
-        "midlayer.hidden_norm.weight": (H,),
-        "midlayer.input_layernorm.weight": (H,),
-        "midlayer.post_attention_layernorm.weight": (H,),
-        "norm.weight": (H,),
-        "lm_head.weight": (c.draft_vocab_size, H),
-        "d2t": (c.draft_vocab_size,),
-        "t2d": (c.vocab_size,),
-    }
+    return head_shapes(c, mask_rep=True)
 
 
 def check_state_dict(state: dict[str, torch.Tensor], config: DartHeadConfig, source: str) -> dict[str, torch.Tensor]:

@@ -270,3 +270,29 @@ def init_layer_from_target(head: DraftHeadBase, target) -> None:
     put(mid.hidden_norm.weight, src.input_layernorm.weight, "hidden_norm")
     put(mid.input_layernorm.weight, src.input_layernorm.weight, "input_layernorm")
     put(mid.post_attention_layernorm.weight, src.post_attention_layernorm.weight, "post_attention_layernorm")
+
+
+def head_shapes(c, *, mask_rep: bool) -> dict[str, tuple[int, ...]]:
+    """The checkpoint tensors of a head with config ``c`` (published layouts): the DART head also has
+    ``midlayer.mask_rep``, the EAGLE-3 head does not."""
+    H, I, hd = c.hidden_size, c.intermediate_size, c.head_dim
+    shapes = {
+        "fc.weight": (H, 3 * c.target_hidden_size),
+        "midlayer.self_attn.q_proj.weight": (c.num_attention_heads * hd, 2 * H),
+        "midlayer.self_attn.k_proj.weight": (c.num_key_value_heads * hd, 2 * H),
+        "midlayer.self_attn.v_proj.weight": (c.num_key_value_heads * hd, 2 * H),
+        "midlayer.self_attn.o_proj.weight": (H, c.num_attention_heads * hd),
+        "midlayer.mlp.gate_proj.weight": (I, H),
+        "midlayer.mlp.up_proj.weight": (I, H),
+        "midlayer.mlp.down_proj.weight": (H, I),
+        "midlayer.hidden_norm.weight": (H,),
+        "midlayer.input_layernorm.weight": (H,),
+        "midlayer.post_attention_layernorm.weight": (H,),
+        "norm.weight": (H,),
+        "lm_head.weight": (c.draft_vocab_size, H),
+        "d2t": (c.draft_vocab_size,),
+        "t2d": (c.vocab_size,),
+    }
+    if mask_rep:
+        shapes["midlayer.mask_rep"] = (2 * H,)
+    return shapes
