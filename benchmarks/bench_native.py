@@ -27,14 +27,14 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dart_core.ngram import build as ngram_build, cli as ngram_cli, store as ngram  # noqa: E402
+from dart_core.ngram import build as ngram_build, store as ngram  # noqa: E402
 from dart_core.ngram.store import NgramStore  # noqa: E402
 from dart_core.drafters.pruning import PruningConfig, prune_dart_tree, prune_dart_tree_reference  # noqa: E402
 
 
-def load_responses(data: Path, limit: int) -> list[list[int]]:
-    path = data / "distill" / "smollm2-135m-instruct.jsonl.gz"
-    if not path.is_file():
+def load_responses(data: Path | None, limit: int) -> list[list[int]]:
+    path = None if data is None else data / "distill" / "smollm2-135m-instruct.jsonl.gz"
+    if path is None or not path.is_file():
         return []
     out = []
     with gzip.open(path, "rt") as f:
@@ -131,11 +131,11 @@ def bench_pruning(store: NgramStore, contexts, likely, rng) -> list[tuple[str, s
             ("Pruning per tree: pure-Python reference", f"{t_ref * 1e3:.1f} ms CPU")]
 
 
-def bench_build(data: Path, tokenizer_name: str | None) -> list[tuple[str, str]]:
+def bench_build(data: Path | None, tokenizer_name: str | None) -> list[tuple[str, str]]:
     rows = []
-    distill = data / "distill" / "smollm2-135m-instruct.jsonl.gz"
+    distill = None if data is None else data / "distill" / "smollm2-135m-instruct.jsonl.gz"
     with tempfile.TemporaryDirectory() as tmp:
-        if distill.is_file():
+        if distill is not None and distill.is_file():
             s = ngram_build.build_ngram_table([distill], Path(tmp) / "d.dngram", None, vocab_size=49152, fingerprint="bench",
                                         order=4, progress=False)
             rows.append(("Build from token ids (distill, order 4): tokens/s",
@@ -171,7 +171,9 @@ def bench_open(path: Path, store: NgramStore) -> list[tuple[str, str]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--table", type=Path, default=ngram.default_table_path())
-    ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    ap.add_argument("--data", type=Path, default=None,
+                    help="folder holding distill/smollm2-135m-instruct.jsonl.gz (the distillation corpus) for realistic "
+                         "contexts and the build timing; without it those parts use what the table alone gives")
     ap.add_argument("--tokenizer", default=None, help="also time building from text (e.g. 'bundled' or a dir)")
     ap.add_argument("--queries", type=int, default=2000)
     ap.add_argument("--skip-build", action="store_true")
