@@ -114,10 +114,11 @@ def _row_table(rows: Sequence[DistillRow]) -> np.ndarray:
     return table
 
 
-def _totals(table: np.ndarray) -> tuple[int, int]:
-    if len(table) == 0:
+def _ends(table: np.ndarray, b: int) -> tuple[int, int]:
+    """Token and answer-row offsets just past rows [0, b)."""
+    if b == 0:
         return 0, 0
-    P, T, tok, resp = (int(v) for v in table[-1])
+    P, T, tok, resp = (int(v) for v in table[b - 1])
     return tok + T, resp + T - 1 - P
 
 
@@ -134,8 +135,7 @@ def _write_json_atomic(path: Path, obj: dict) -> None:
 def _chunk_bytes(arrays: dict[str, np.ndarray], table: np.ndarray, a: int, b: int) -> dict[str, memoryview]:
     """The byte ranges of rows [a, b) in each file."""
     tok0, resp0 = int(table[a, 2]), int(table[a, 3])
-    tok1 = int(table[b - 1, 2] + table[b - 1, 1])
-    resp1 = int(table[b - 1, 3] + table[b - 1, 1] - 1 - table[b - 1, 0])
+    tok1, resp1 = _ends(table, b)
     return {"aux": memoryview(arrays["aux"][tok0:tok1]).cast("B"),
             "topk_ids": memoryview(arrays["topk_ids"][resp0:resp1]).cast("B"),
             "topk_logp": memoryview(arrays["topk_logp"][resp0:resp1]).cast("B")}
@@ -184,7 +184,7 @@ def build_feature_cache(target, data: str | Path, out: str | Path | None = None,
     fp = fingerprint(parts)
     path = Path(out) if out is not None else default_cache_path(fp)
     table = _row_table(rows)
-    tokens, answers = _totals(table)
+    tokens, answers = _ends(table, len(table))
     meta = {**{k: v for k, v in parts.items() if k != "target_config"}, "fingerprint": fp, "data": str(data),
             "rows": len(rows), "tokens": tokens, "answer_rows": answers, "aux_dim": 3 * target.hidden_size,
             "vocab_size": target.vocab_size, "id_dtype": _id_dtype(target.vocab_size).name,
@@ -207,7 +207,7 @@ def build_feature_cache(target, data: str | Path, out: str | Path | None = None,
     arrays = _open_arrays(path, meta, "w+")
     dev = target.device
     w = target.model.get_output_embeddings().weight
-    done_tokens = int(table[prog["rows_done"], 2]) if prog["rows_done"] < len(rows) else tokens
+    done_tokens = _ends(table, prog["rows_done"])[0]
     bar = tqdm(total=tokens, initial=done_tokens, unit="tok", unit_scale=True, desc="target features",
                disable=not progress, file=sys.stderr, dynamic_ncols=True, smoothing=0.05)
     t_start = time.perf_counter()
@@ -230,16 +230,13 @@ def build_feature_cache(target, data: str | Path, out: str | Path | None = None,
                 arr.flush()
         prog["chunks"].append({"rows": [a, b], "sha256": _digests(_chunk_bytes(arrays, table, a, b))})
         prog["rows_done"] = b
-        prog["answer_rows_done"] = int(table[b - 1, 3] + table[b - 1, 1] - 1 - table[b - 1, 0])
+        prog["answer_rows_done"] = _ends(table, b)[1]
         prog["kept_mass_sum"] += kept
         prog["elapsed_s"] += time.perf_counter() - t_start
         t_start = time.perf_counter()
         prog["complete"] = b == len(rows)
         _write_json_atomic(prog_path, prog)
     bar.close()
-    if not prog["complete"]:  # an empty corpus cannot happen (load_distill_rows refuses it); keep the state honest
-        prog["complete"] = prog["rows_done"] == len(rows)
-        _write_json_atomic(prog_path, prog)
     mass = prog["kept_mass_sum"] / max(prog["answer_rows_done"], 1)
     logger.info("feature cache %s: %d rows, %d tokens, top-%d keeps %.4f of the mass on average, %.0f s",
                 path, len(rows), tokens, top_k, mass, prog["elapsed_s"])
