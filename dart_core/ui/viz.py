@@ -245,21 +245,17 @@ def node_details(step: TraceLike, node: int, tokenizer: Decoder = None,
     return _StepView(as_step(step), score_label).details(node, _decoder(tokenizer))
 
 
+# The optional per-node figures of a hover, in the order shown (absent ones are skipped).
+_HOVER_TERMS = (("logit_term", "logit term"), ("ngram_term", "N-gram term"), ("draft_prob", "draft probability"),
+                ("cum_logprob", "cumulative log-prob"), ("target_prob", "target probability"))
+
+
 def _node_hover(d: dict[str, Any], decode) -> str:
     lines = [f"<b>{_token_hover(d['token'], decode)}</b>  node {d['node']}, depth {d['depth']}",
              f"state: {NODE_STATES[d['state']][0]}"]
     if d["state"] != "root":
         lines.append(f"{d['score_name']}: {_fmt(d['score'])}")
-        if d["logit_term"] is not None:
-            lines.append(f"logit term: {_fmt(d['logit_term'])}")
-        if d["ngram_term"] is not None:
-            lines.append(f"N-gram term: {_fmt(d['ngram_term'])}")
-        if d["draft_prob"] is not None:
-            lines.append(f"draft probability: {_fmt(d['draft_prob'])}")
-        if d["cum_logprob"] is not None:
-            lines.append(f"cumulative log-prob: {_fmt(d['cum_logprob'])}")
-        if d["target_prob"] is not None:
-            lines.append(f"target probability: {_fmt(d['target_prob'])}")
+        lines += [f"{label}: {_fmt(d[key])}" for key, label in _HOVER_TERMS if d[key] is not None]
         if d["target_choice"] is not None:
             same = " (this token)" if d["matches_target"] else ""
             lines.append(f"target's own choice here: {_token_hover(d['target_choice'], decode)}{same}")
