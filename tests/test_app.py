@@ -19,12 +19,10 @@ from dart_core.ui.session import Comparison, RunSettings  # noqa: E402
 from dart_core.config import ConfigError, GenerationConfig  # noqa: E402
 from dart_core.engine.decoding import SpeculativeEngine  # noqa: E402
 from dart_core.drafters.dart import DartDrafter  # noqa: E402
-from dart_core.models.heads.dart import new_head_for_target, save_dart_head  # noqa: E402
-from dart_core.models.heads.eagle3 import new_eagle3_head_for_target, save_eagle3_head  # noqa: E402
-from dart_core.models.loader import load_target  # noqa: E402
+from dart_core.models.heads.dart import new_head_for_target  # noqa: E402
 from dart_core.drafters.pruning import PruningConfig  # noqa: E402
 from dart_core.engine.sampling import accept_greedy  # noqa: E402
-from tiny_models import make_tiny_model_dir  # noqa: E402
+from tiny_models import make_tiny_app_models, tiny_app_argv  # noqa: E402
 from gradio_server import launch_local  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -41,20 +39,12 @@ VALUES = (12, 0.0, 1.0, 0, 16, 6, 6, 0.5, 16, 3, 4)
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A tiny fp32 target with random DART and EAGLE-3 heads saved to disk (loaded through the CLI flags)."""
-    root = tmp_path_factory.mktemp("app")
-    model_dir = make_tiny_model_dir(root)
-    target = load_target(str(model_dir), dtype="float32", device="cpu")
-    dart_dir = save_dart_head(new_head_for_target(target, draft_length=4, seed=1), root / "dart", dtype=None)
-    eagle_dir = save_eagle3_head(new_eagle3_head_for_target(target, seed=2), root / "eagle3", dtype=None)
-    return target, model_dir, dart_dir, eagle_dir
+    return make_tiny_app_models(tmp_path_factory.mktemp("app"))
 
 
 @pytest.fixture(scope="module")
 def tiny_args(tiny):
-    _, model_dir, dart_dir, eagle_dir = tiny
-    return app.parse_args(["--base-model-name-or-path", str(model_dir), "--dart-model-name-or-path", str(dart_dir),
-                           "--ngram-model-name-or-path", "none", "--eagle3-model-name-or-path", str(eagle_dir),
-                           "--max-new-tokens", "32", "--max-length", "256"])
+    return app.parse_args(tiny_app_argv(*tiny[1:], max_new_tokens=32))
 
 
 @pytest.fixture(scope="module")

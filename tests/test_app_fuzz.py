@@ -73,19 +73,11 @@ def _replay_files(tmp: Path) -> list[Path]:
 # ---------------------------------------------------------------------------------------------- the server
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from dart_core.models.heads.dart import new_head_for_target, save_dart_head
-    from dart_core.models.heads.eagle3 import new_eagle3_head_for_target, save_eagle3_head
-    from dart_core.models.loader import load_target
-    from tiny_models import make_tiny_model_dir
+    from tiny_models import make_tiny_app_models, tiny_app_argv
 
     root = tmp_path_factory.mktemp("fuzz")
-    model_dir = make_tiny_model_dir(root)
-    target = load_target(str(model_dir), dtype="float32", device="cpu")
-    dart = save_dart_head(new_head_for_target(target, draft_length=4, seed=1), root / "dart", dtype=None)
-    eagle = save_eagle3_head(new_eagle3_head_for_target(target, seed=2), root / "eagle3", dtype=None)
-    args = app.parse_args(["--base-model-name-or-path", str(model_dir), "--dart-model-name-or-path", str(dart),
-                           "--ngram-model-name-or-path", "none", "--eagle3-model-name-or-path", str(eagle),
-                           "--max-new-tokens", "8", "--max-length", "256"])
+    target, *dirs = make_tiny_app_models(root)
+    args = app.parse_args(tiny_app_argv(*dirs, max_new_tokens=8))
     vis = app.Visualiser(target, args)
     # the app's launch options (show_error, upload limit, ...) on a free local port
     own = {k: v for k, v in app.launch_kwargs(args).items()

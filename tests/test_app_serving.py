@@ -24,11 +24,8 @@ from dart_core.ui import serving  # noqa: E402
 from dart_core.ui.record import RunRecord  # noqa: E402
 from dart_core.ui.session import Comparison, RunSettings  # noqa: E402
 from dart_core.engine.decoding import EngineBusyError, SpeculativeEngine  # noqa: E402
-from dart_core.models.heads.dart import new_head_for_target, save_dart_head  # noqa: E402
-from dart_core.models.heads.eagle3 import new_eagle3_head_for_target, save_eagle3_head  # noqa: E402
-from dart_core.models.loader import load_target  # noqa: E402
 from gradio_server import launch_local  # noqa: E402
-from tiny_models import make_tiny_model_dir  # noqa: E402
+from tiny_models import make_tiny_app_models, tiny_app_argv  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = ROOT / "tests" / "data" / "recorded_run.json"
@@ -41,15 +38,8 @@ OTHER_VALUES = (10, 0.0, 1.0, 0, 8, 4, 4, 0.5, 8, 2, 3)
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("serving")
-    model_dir = make_tiny_model_dir(root)
-    target = load_target(str(model_dir), dtype="float32", device="cpu")
-    dart_dir = save_dart_head(new_head_for_target(target, draft_length=4, seed=1), root / "dart", dtype=None)
-    eagle_dir = save_eagle3_head(new_eagle3_head_for_target(target, seed=2), root / "eagle3", dtype=None)
-    args = app.parse_args(["--base-model-name-or-path", str(model_dir), "--dart-model-name-or-path", str(dart_dir),
-                           "--ngram-model-name-or-path", "none", "--eagle3-model-name-or-path", str(eagle_dir),
-                           "--max-new-tokens", "32", "--max-length", "256"])
-    return target, args
+    target, *dirs = make_tiny_app_models(tmp_path_factory.mktemp("serving"))
+    return target, app.parse_args(tiny_app_argv(*dirs, max_new_tokens=32))
 
 
 def make_vis(tiny, **limits) -> app.Visualiser:

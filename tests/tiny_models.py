@@ -108,3 +108,24 @@ def make_tiny_distill(root: Path):
         for r in rows:
             f.write(json.dumps(r) + "\n")
     return d, t, data, rows
+
+
+def make_tiny_app_models(root: Path):
+    """A tiny fp32 llama target with random DART and EAGLE-3 heads saved under ``root`` (what the app tests load
+    through the CLI flags): returns (TargetModel, model dir, DART head dir, EAGLE-3 head dir)."""
+    from dart_core.models.heads.dart import new_head_for_target, save_dart_head
+    from dart_core.models.heads.eagle3 import new_eagle3_head_for_target, save_eagle3_head
+    from dart_core.models.loader import load_target
+
+    model_dir = make_tiny_model_dir(root)
+    target = load_target(str(model_dir), dtype="float32", device="cpu")
+    dart_dir = save_dart_head(new_head_for_target(target, draft_length=4, seed=1), root / "dart", dtype=None)
+    eagle_dir = save_eagle3_head(new_eagle3_head_for_target(target, seed=2), root / "eagle3", dtype=None)
+    return target, model_dir, dart_dir, eagle_dir
+
+
+def tiny_app_argv(model_dir, dart_dir, eagle_dir, max_new_tokens: int) -> list[str]:
+    """app.py flags that load those models (no N-gram table)."""
+    return ["--base-model-name-or-path", str(model_dir), "--dart-model-name-or-path", str(dart_dir),
+            "--ngram-model-name-or-path", "none", "--eagle3-model-name-or-path", str(eagle_dir),
+            "--max-new-tokens", str(max_new_tokens), "--max-length", "256"]
