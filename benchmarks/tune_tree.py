@@ -1,21 +1,29 @@
-"""Tree-size sweep: tau and tokens/s of DART and EAGLE-3 per tree setting, on dev questions.
+"""Tree-size sweep: tau and tokens/s of DART and EAGLE-3 per tree setting, on dev questions, against
+automatic trees.
 
 The published defaults (DART budget 60, beam 20, top-k 25; EAGLE-3 total_token 60, depth 7,
 top_k 10) were chosen for 8B targets on GPUs, where a 61-node verify costs about as much as a
 1-token step. On a CPU the verify cost grows with the tree, so the best tree is smaller; this
-script measures where. It answers the same dev questions (not the benchmark sets) with vanilla
-decoding and every arm, interleaved question by question so that machine noise hits every arm
-alike, and prints ratios from this run.
+script measures where, and how close automatic trees (``--tree auto`` of the benchmark and the app:
+the size chosen every few steps from a cost model measured at start, dart_core.sizing) get to the
+best fixed tree. It answers the same dev questions (not the benchmark sets) with vanilla decoding
+and every arm, interleaved question by question so that machine noise hits every arm alike, and
+prints ratios from this run.
 
-    python benchmarks/tune_tree.py --methods dart,eagle3 --budget 8 15 30 60 \
-        --eagle3-trees 60/7/10,30/5/8,16/4/4,10/3/3 --limit 12 --max-new-tokens 128 \
+    python benchmarks/tune_tree.py --methods dart,eagle3 --budget 1 2 3 4 6 8 12 16 \
+        --eagle3-trees 2/1/1,3/2/1,4/2/2,6/3/2,8/3/3,12/4/4 --limit 12 --max-new-tokens 128 \
         --threads 2 --json runs/tune_trees.json --plot docs/tune_trees.png
 
 DART arms are tree budgets (``--budget``: drafted nodes, root excluded); EAGLE-3 arms are
-total_token/depth/top_k triples (total_token counts the root). The plot puts both on one axis:
-nodes verified per step. Run it on a quiet machine (nothing else running); tau does not depend on
-noise, tokens/s does. ``--tables a.dngram,b.dngram,none`` compares N-gram tables (or none) at
-each DART budget: that choice needs only tau, so it may run while the machine is busy.
+total_token/depth/top_k triples (total_token counts the root); these sweep arms run fixed trees.
+Each method also gets an ``auto`` arm (``dart@auto``, ``eagle3@auto``; ``--no-auto`` drops them):
+its drafter under automatic trees, every auto arm pricing trees with one cost model of the target
+measured once. Per method the script prints auto's speedup over vanilla next to the best fixed
+arm's and their ratio (auto / best fixed), and the JSON keeps the trees auto chose. The plot puts
+the sweep on one axis, nodes verified per step, with auto's speedup as a horizontal line. Run it on
+a quiet machine (nothing else running); tau does not depend on noise, tokens/s does.
+``--tables a.dngram,b.dngram,none`` compares N-gram tables (or none) at each DART budget: that
+choice needs only tau, so it may run while the machine is busy.
 
 ``--questions`` takes a file or a named set (default ``alpaca``), resolved as ``python -m dart_core.bench``
 does: ``--data-dir`` / ``DART_DATA_DIR``, then the Hugging Face cache, then (online) the Hub.
@@ -38,7 +46,8 @@ from dart_core.config import dtype_name  # noqa: E402
 from dart_core.presets import LIMITS  # noqa: E402
 
 DEV_QUESTIONS = "alpaca"   # a named set (dart_core.bench.questions.QUESTION_SETS)
-DEFAULT_BUDGETS = [8, 15, 25, 40, 60]
+DEFAULT_BUDGETS = [1, 2, 3, 4, 6, 8, 12, 16]
+DEFAULT_EAGLE3_TREES = "2/1/1,3/2/1,4/2/2,6/3/2,8/3/3,12/4/4"
 #: --budget: each DART tree budget in the range of presets.LIMITS["budget"] (0 = no draft)
 parse_budget = LIMITS["budget"].arg_type("--budget")
 
@@ -85,8 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="DART beam; default: min(budget, 20), at least 1")
     p.add_argument("--tables", default=None,
                    help="comma-separated N-gram tables to compare ('none' = no N-gram term); default: the default table")
-    p.add_argument("--eagle3-trees", type=parse_eagle3_trees, default=parse_eagle3_trees("60/7/10,30/5/8,16/4/4"),
-                   help="EAGLE-3 arms as total_token/depth/top_k triples")
+    p.add_argument("--eagle3-trees", type=parse_eagle3_trees, default=parse_eagle3_trees(DEFAULT_EAGLE3_TREES),
+                   help=f"EAGLE-3 arms as total_token/depth/top_k triples (default {DEFAULT_EAGLE3_TREES})")
+    p.add_argument("--auto", action=argparse.BooleanOptionalAction, default=True,
+                   help="an automatic-tree arm per method (<method>@auto) next to the fixed sweep arms "
+                        "(default: on; --no-auto drops it)")
     p.add_argument("--base-model-name-or-path", default=None)
     p.add_argument("--dart-model-name-or-path", default=None)
     p.add_argument("--ngram-model-name-or-path", default=None)
@@ -103,12 +115,17 @@ def main(argv=None) -> int:
     from dart_core.models.bundled import is_bundled_target
     from dart_core.bench.questions import BenchInputError, load_questions, resolve_question_source
     from dart_core.bench.runners import EngineRunner, run_benchmark
+    from dart_core.bench.cli import cost_model_summary
+    from dart_core.bench.report import chosen_text
+    from dart_core.bench.summary import auto_tree_summary
     from dart_core.config import GenerationConfig
     from dart_core.drafters.dart import DartDrafter
     from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3TreeConfig
     from dart_core.models.heads.eagle3 import load_eagle3_for_target
     from dart_core.models.loader import load_target
     from dart_core.drafters.pruning import PruningConfig
+    from dart_core.sizing.auto import make_auto
+    from dart_core.sizing.costs import CostModel
 
     p = build_parser()
     args = p.parse_args(argv)
@@ -141,8 +158,14 @@ def main(argv=None) -> int:
         p.error(str(e))
 
     target = load_target(args.base_model_name_or_path, dtype=args.dtype)
+    costs = cost_model = None
+    if args.auto:   # one cost model of the target for every auto arm, measured (or read from the cache) once
+        costs = CostModel.load_or_measure(target)
+        cost_model = cost_model_summary(costs)      # as measured: the run's steps refresh the model itself
+        print(f"automatic trees: {cost_model['describe']}", file=sys.stderr)
     runners = {"vanilla": EngineRunner("vanilla", target, None)}
     arms = {}   # runner name -> {"method", "nodes" (verified per step, root included), settings...}
+    auto_arms = {}   # runner name -> {"method", "table"}: automatic trees
     if "dart" in args.methods:
         head, _ = load_head_and_ngram(target, args.base_model_name_or_path, args.dart_model_name_or_path, None,
                                       with_ngram=False)
@@ -155,6 +178,12 @@ def main(argv=None) -> int:
                 arms[name] = {"method": "dart", "nodes": b + 1, "budget": b, "table": t or "default"}
                 runners[name] = EngineRunner(name, target,
                                              DartDrafter(head, stores[t], target.eos_token_ids, pruning=cfg))
+            if args.auto:   # the paper's pruning (beam as --beam-width) with the budget chosen step by step
+                name = "dart@auto" + (f"/{Path(t).stem}" if len(tables) > 1 else "")
+                base = PruningConfig(beam_width=args.beam_width or default.beam_width)
+                auto_arms[name] = {"method": "dart", "table": t or "default"}
+                runners[name] = EngineRunner(name, target, make_auto(
+                    DartDrafter(head, stores[t], target.eos_token_ids, pruning=base), costs))
     if "eagle3" in args.methods:
         e3_head = load_eagle3_for_target(target, args.base_model_name_or_path, args.eagle3_model_name_or_path)
         for tree in e3_trees:
@@ -163,6 +192,10 @@ def main(argv=None) -> int:
                           "depth": tree.depth, "top_k": tree.top_k}
             # each arm its own drafter (its own head cache); the head's weights are shared
             runners[name] = EngineRunner(name, target, Eagle3Drafter(e3_head, tree))
+        if args.auto:
+            auto_arms["eagle3@auto"] = {"method": "eagle3"}
+            runners["eagle3@auto"] = EngineRunner("eagle3@auto", target,
+                                                  make_auto(Eagle3Drafter(e3_head, Eagle3TreeConfig()), costs))
     records = run_benchmark(target, runners, questions, config)
 
     def rate(name):
@@ -193,16 +226,44 @@ def main(argv=None) -> int:
         print(f"| {name} | {arm['nodes']} | {r['tau']:.2f} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}x | "
               f"{ms['draft_forward']:.1f} | {ms['tree_build']:.1f} | {ms['verify']:.1f} |"
               + ("" if identical else f" (differs from vanilla{bf16_note})"))
-    best = {}
+    autos = []
+    for name, arm in auto_arms.items():
+        r = rate(name)
+        tree = auto_tree_summary(records[name])
+        nodes = sum(sum(int(n) * c for n, c in rec.tree_nodes.items()) for rec in records[name])
+        r.update(arm, arm=name, auto=True, speedup=r["tokens_per_s"] / base["tokens_per_s"],
+                 nodes=nodes / max(r["steps"], 1), chosen=tree["chosen"] if tree else {},
+                 expected_tau=tree["expected_tau"] if tree else None,
+                 achieved_tau=tree["achieved_tau"] if tree else None,
+                 identical_to_vanilla=all(a.tokens == v.tokens for a, v in zip(records[name], records["vanilla"])))
+        autos.append(r)
+        ms = r["ms_per_step"]
+        print(f"| {name} | {r['nodes']:.1f} (mean) | {r['tau']:.2f} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}x | "
+              f"{ms['draft_forward']:.1f} | {ms['tree_build']:.1f} | {ms['verify']:.1f} |"
+              + ("" if r["identical_to_vanilla"] else f" (differs from vanilla{bf16_note})"))
+    best, comparison = {}, {}
     for method in args.methods:
         mine = [r for r in rows if r["method"] == method]
-        best[method] = max(mine, key=lambda r: r["speedup"])
-        print(f"\n{method}: fastest arm on this machine {best[method]['arm']} ({best[method]['speedup']:.2f}x, "
-              f"tau {best[method]['tau']:.2f}); highest tau {max(mine, key=lambda r: r['tau'])['arm']}")
+        if mine:
+            b = best[method] = max(mine, key=lambda r: r["speedup"])
+            print(f"\n{method}: fastest fixed arm on this machine {b['arm']} ({b['speedup']:.2f}x, tau {b['tau']:.2f}); "
+                  f"highest tau {max(mine, key=lambda r: r['tau'])['arm']}")
+        for a in (r for r in autos if r["method"] == method):
+            b = best.get(method)
+            comparison[a["arm"]] = {"auto_speedup": a["speedup"], "best_fixed_arm": b["arm"] if b else None,
+                                    "best_fixed_speedup": b["speedup"] if b else None,
+                                    "auto_over_best_fixed": a["speedup"] / b["speedup"] if b else None}
+            print(f"{a['arm']}: {a['speedup']:.2f}x vanilla (tau {a['tau']:.2f}; expected "
+                  f"{_fmt(a['expected_tau'])}, achieved {_fmt(a['achieved_tau'])} on its full trees)"
+                  + (f" against the best fixed arm {b['arm']} {b['speedup']:.2f}x: auto / best fixed "
+                     f"{a['speedup'] / b['speedup']:.2f}" if b else "")
+                  + f"; trees chosen: {chosen_text(a['chosen'])}")
     report = {"questions": args.questions, "question_source": str(source.path), "limit": args.limit, "max_new_tokens": args.max_new_tokens,
               "threads": torch.get_num_threads(), "dtype": str(target.dtype), "tables": args.tables,
               "vanilla": base, "sweep": rows, "best": {m: r["arm"] for m, r in best.items()},
               "best_budget": best["dart"]["budget"] if "dart" in best else None,
+              "auto": autos, "auto_vs_best_fixed": comparison,
+              "cost_model": cost_model,
               "command": ["python", "benchmarks/tune_tree.py", *(sys.argv[1:] if argv is None else argv)]}
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
@@ -210,6 +271,10 @@ def main(argv=None) -> int:
     if args.plot:
         plot(report, args.plot)
     return 0
+
+
+def _fmt(x) -> str:
+    return "–" if x is None else f"{x:.2f}"
 
 
 SERIES_STYLE = {"dart": ("#0072B2", "o"), "eagle3": ("#D55E00", "s")}   # Okabe-Ito blue / vermillion
@@ -241,6 +306,10 @@ def plot(report: dict, path: str) -> None:
                 for x, y, r in zip(xs, ys, rs):
                     ax.annotate(f"{r['depth']}/{r['top_k']}", (x, y), textcoords="offset points", xytext=(4, -10),
                                 fontsize=7, color=color)
+    for r in report.get("auto") or []:   # automatic trees: no one size, so a level line per method
+        color, _ = SERIES_STYLE.get(r["method"], ("#009E73", "^"))
+        for ax, key in ((ax1, "tau"), (ax2, "speedup")):
+            ax.axhline(r[key], color=color, lw=1.0, linestyle=":", label=f"{r['arm']} (automatic trees)")
     ax2.axhline(1.0, color="#999999", lw=0.8, label="vanilla")
     for ax, ylabel in ((ax1, "tau (tokens per target forward)"), (ax2, "speedup vs vanilla (this run)")):
         ax.set_xlabel("nodes verified per step (root included)")

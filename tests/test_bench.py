@@ -326,8 +326,7 @@ def test_busy_machine_refuses_unless_allowed(tiny_dir, questions_file, tmp_path,
     assert machine.busy_machine_reason(0.2) is None
 
 
-def test_tune_tree_arm_parsing():
-    import argparse
+def _tune_tree():
     import importlib.util
     from pathlib import Path
 
@@ -335,6 +334,13 @@ def test_tune_tree_arm_parsing():
     spec = importlib.util.spec_from_file_location("tune_tree", path)
     tune_tree = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tune_tree)
+    return tune_tree
+
+
+def test_tune_tree_arm_parsing():
+    import argparse
+
+    tune_tree = _tune_tree()
     assert tune_tree.parse_eagle3_trees("60/7/10, 16/4/4") == [(60, 7, 10), (16, 4, 4)]
     assert tune_tree.parse_methods("dart,eagle3") == ["dart", "eagle3"]
     for bad, needle in (("60/7", "total_token/depth/top_k"), ("a/b/c", "60/7/10"), ("", "empty")):
@@ -342,6 +348,132 @@ def test_tune_tree_arm_parsing():
             tune_tree.parse_eagle3_trees(bad)
     with pytest.raises(argparse.ArgumentTypeError, match="dart and/or eagle3"):
         tune_tree.parse_methods("dart,medusa")
+    # the default sweep: small trees (the CPU's range), an auto arm per method unless --no-auto
+    args = tune_tree.build_parser().parse_args([])
+    assert args.budget == [1, 2, 3, 4, 6, 8, 12, 16] and args.auto is True
+    assert args.eagle3_trees == [(2, 1, 1), (3, 2, 1), (4, 2, 2), (6, 3, 2), (8, 3, 3), (12, 4, 4)]
+    assert tune_tree.build_parser().parse_args(["--no-auto"]).auto is False
+
+
+# ------------------------------------------------------------------------------------------- automatic trees
+@pytest.fixture(scope="module")
+def tiny_heads(tiny_dir):
+    """Random DART and EAGLE-3 heads for the tiny target (DART draft length 4): their directories."""
+    from dart_core.models.heads.dart import new_head_for_target, save_dart_head
+    from dart_core.models.heads.eagle3 import new_eagle3_head_for_target, save_eagle3_head
+    from dart_core.models.loader import load_target
+
+    target = load_target(str(tiny_dir), dtype="float32", device="cpu")
+    dart_dir = save_dart_head(new_head_for_target(target, draft_length=4, seed=1), tiny_dir.parent / "dart",
+                              dtype=None)
+    eagle_dir = save_eagle3_head(new_eagle3_head_for_target(target, seed=2), tiny_dir.parent / "eagle3", dtype=None)
+    return dart_dir, eagle_dir
+
+
+@pytest.fixture()
+def cost_cache(tmp_path, monkeypatch):
+    """The cost model's cache in tmp_path (measured once per test, never in the user's cache)."""
+    monkeypatch.setenv("DART_DEMO_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _heads(tiny_heads):
+    dart_dir, eagle_dir = tiny_heads
+    return ["--dart-model-name-or-path", dart_dir, "--ngram-model-name-or-path", "none",
+            "--eagle3-model-name-or-path", eagle_dir]
+
+
+def test_bench_auto_trees(tiny_dir, tiny_heads, questions_file, cost_cache, tmp_path, capsys):
+    """--tree auto (the default): the drafting methods size their trees from one cost model; answers stay
+    vanilla's; the report holds the chosen trees, expected and achieved tau, and the cost curve once."""
+    out = tmp_path / "auto.json"
+    res = _run(_common(tiny_dir, questions_file) + _heads(tiny_heads) + [
+        "--methods", "vanilla,dart,eagle3,prompt_lookup", "--limit", "2", "--max-new-tokens", "24",
+        "--eagle3-top-k", "2", "--json", out], capsys)
+    report = json.loads(out.read_text())
+    assert report["settings"]["tree"] == "auto" and report["tree"]["mode"] == "auto"
+    cm = report["tree"]["cost_model"]
+    assert cm["verify_ms"] and all(ms > 0 for ms in cm["verify_ms"].values()) and cm["commit_ms"] >= 0
+    assert set(report["tree"]["verify_ms_after"]) == set(cm["verify_ms"])
+    assert "automatic trees: cost model" in res.err and res.err.count("automatic trees: cost model") == 1
+    assert len(list(cost_cache.glob("costs/*.json"))) == 1   # measured once, for every method
+
+    methods = report["methods"]
+    assert methods["vanilla"]["auto_tree"] is None and methods["vanilla"]["tree"] is None
+    drafted = 0
+    for name in ("dart", "eagle3", "prompt_lookup"):
+        r = methods[name]
+        assert r["identical_to_vanilla"] is True, (name, r["divergences"])
+        assert r["tree"]["mode"] == "auto"
+        a = r["auto_tree"]
+        # every verify step of the timed answers is one chosen setting (the warm-up is not counted)
+        assert a["chosen"] and sum(a["chosen"].values()) == a["steps"] == r["steps"]
+        assert sum(r["tree_nodes_hist"].values()) == r["steps"]
+        assert 0 <= a["drafting_steps"] <= r["steps"]
+        if a["drafting_steps"]:
+            assert a["expected_tau"] >= 1.0 and a["achieved_tau"] >= 1.0
+        drafted += a["drafting_steps"]
+    assert drafted > 0
+    # a size flag given is held: every EAGLE-3 tree chosen has top_k 2
+    assert methods["eagle3"]["tree"]["held"] == {"top_k": 2}
+    assert all(label == "plain step" or label.endswith("top_k 2") for label in methods["eagle3"]["auto_tree"]["chosen"])
+    assert methods["dart"]["tree"]["held"] == {} and methods["prompt_lookup"]["tree"]["held"] == {}
+    # the Markdown: the cost curve once, a row per auto method
+    assert "Automatic trees" in res.out and res.out.count("verify ms by nodes verified") == 1
+    assert "| method | expected tau | achieved tau | drafting steps | trees chosen (share of steps) |" in res.out
+    for name in ("dart", "eagle3", "prompt_lookup"):
+        assert sum(line.startswith(f"| {name} |") for line in res.out.splitlines()) == 2   # main table + this one
+    page_dir = tmp_path / "page"
+    from dart_core.bench.report import write_report
+    write_report(report, res.out, page_dir)
+    assert "Automatic trees" in (page_dir / "report.html").read_text()
+
+
+def test_bench_fixed_trees_run_as_given(tiny_dir, tiny_heads, questions_file, cost_cache, tmp_path, capsys):
+    out = tmp_path / "fixed.json"
+    res = _run(_common(tiny_dir, questions_file) + _heads(tiny_heads) + [
+        "--methods", "vanilla,dart", "--tree", "fixed", "--budget", "3", "--limit", "2", "--max-new-tokens", "20",
+        "--json", out], capsys)
+    report = json.loads(out.read_text())
+    assert report["tree"] == {"mode": "fixed", "cost_model": None, "verify_ms_after": None}
+    assert not cost_cache.exists() and "Automatic trees" not in res.out   # nothing measured, nothing chosen
+    dart = report["methods"]["dart"]
+    assert dart["identical_to_vanilla"] is True and dart["auto_tree"] is None
+    assert dart["tree"]["mode"] == "fixed" and dart["tree"]["settings"]["budget"] == 3
+    # budget 3 every step: 4 nodes (root included), fewer only where a tree is cut at an answer's last tokens
+    hist = {int(k): v for k, v in dart["tree_nodes_hist"].items()}
+    assert sum(hist.values()) == dart["steps"] and max(hist) == 4
+    assert hist[4] >= dart["steps"] - 3 * dart["answers"]
+
+
+def test_bad_tree_mode_fails_at_parse_time(questions_file, capsys):
+    _fails(["--questions", questions_file, "--tree", "big", "--bandwidth-mib", "0", "--max-busy", "1"], capsys,
+           "--tree", "'big'", "auto", "fixed")
+
+
+def test_tune_tree_auto_arm(tiny_dir, tiny_heads, questions_file, cost_cache, tmp_path, capsys):
+    """tune_tree: an auto arm per method beside its fixed sweep arms, compared with the best fixed arm."""
+    out = tmp_path / "tune.json"
+    dart_dir, eagle_dir = tiny_heads
+    assert _tune_tree().main([
+        "--methods", "dart,eagle3", "--questions", str(questions_file), "--limit", "1", "--max-new-tokens", "10",
+        "--budget", "1", "2", "--eagle3-trees", "2/1/1", "--base-model-name-or-path", str(tiny_dir),
+        "--dart-model-name-or-path", str(dart_dir), "--eagle3-model-name-or-path", str(eagle_dir),
+        "--dtype", "float32", "--threads", "1", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [r["arm"] for r in report["sweep"]] == ["dart@1", "dart@2", "eagle3@2/1/1"]
+    assert [r["arm"] for r in report["auto"]] == ["dart@auto", "eagle3@auto"]
+    for r in report["auto"]:
+        assert r["auto"] is True and r["identical_to_vanilla"] is True
+        assert r["chosen"] and sum(r["chosen"].values()) == r["steps"] and r["speedup"] > 0
+        cmp = report["auto_vs_best_fixed"][r["arm"]]
+        assert cmp["best_fixed_arm"] == report["best"][r["method"]]
+        assert cmp["auto_over_best_fixed"] == pytest.approx(cmp["auto_speedup"] / cmp["best_fixed_speedup"])
+    assert report["cost_model"]["verify_ms"]
+    printed = capsys.readouterr().out
+    assert "dart@auto:" in printed and "auto / best fixed" in printed
+    from dart_core.bench.report import load_sweep, sweep_figures
+    assert len(sweep_figures(load_sweep(out))) == 2   # the report's sweep charts take the auto arms too
 
 
 # ------------------------------------------------------------------------------------------- named question sets

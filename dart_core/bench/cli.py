@@ -3,6 +3,12 @@
     python -m dart_core.bench --questions mt_bench.jsonl --methods hf_generate,vanilla,prompt_lookup \\
         --limit 10 --turns first --max-new-tokens 128 --dtype bfloat16 --threads 2 --json out.json
     python -m dart_core.bench --questions mt_bench humaneval gsm8k alpaca --data-dir DIR ...   # named sets
+    python -m dart_core.bench ... --methods vanilla,dart,eagle3 --tree fixed --budget 8   # trees as given
+
+``--tree auto`` (the default) sizes the trees of dart, dart_no_ngram, eagle3 and prompt_lookup every few
+steps from one cost model of the target measured at start (its verify-time curve is printed and kept in
+the report) and each drafter's acceptance; size flags given (``--budget``, ``--eagle3-*``) are held.
+``--tree fixed`` runs the tree settings as given (the paper's / published ones unless set).
 
 The pieces: ``questions`` (question files and the named sets), ``runners`` (the method registry and
 the loop that runs every method on the same prompts), ``methods`` (the methods backed by draft heads),
@@ -25,13 +31,31 @@ import torch
 
 from ..config import ConfigError, GenerationConfig
 from ..data_sources import ENV_DATA_DIR
+from ..presets import TREE_MODES
 from .questions import QUESTION_SETS, BenchInputError, load_question_sets, resolve_question_source
-from .runners import METHODS, WARMUP_TOKENS, run_benchmark
+from .runners import METHODS, WARMUP_TOKENS, run_benchmark, tree_costs
 from .summary import render_markdown, summarize
 
 logger = logging.getLogger(__name__)
 
 BENCH_VERSION = 1
+
+
+def parse_tree_mode(text: str) -> str:
+    """argparse type of ``--tree``: one of presets.TREE_MODES, else a message saying what each means."""
+    if text not in TREE_MODES:
+        raise argparse.ArgumentTypeError(
+            f"--tree must be one of {', '.join(TREE_MODES)}, got {text!r} (auto: each drafter's tree is sized "
+            "from this machine's measured costs; fixed: the tree settings as given)")
+    return text
+
+
+def cost_model_summary(costs) -> dict:
+    """What the report keeps of the run's cost model: its source, its one-line description, the verify ms at
+    each measured tree size (nodes, root included) and the commit ms."""
+    return {"source": costs.source, "describe": costs.describe(),
+            "verify_ms": {str(n): round(1e3 * costs.verify_s(n), 4) for n in costs.verify.sizes},
+            "commit_ms": round(1e3 * costs.commit_s, 4), "key": dict(costs.key)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
                         f"alpaca.jsonl); default: ${ENV_DATA_DIR}")
     p.add_argument("--methods", default="hf_generate,vanilla,prompt_lookup",
                    help=f"comma-separated methods, run in this order; known: {', '.join(METHODS)}")
+    p.add_argument("--tree", type=parse_tree_mode, default="auto", metavar="|".join(TREE_MODES),
+                   help="auto (default): dart, dart_no_ngram, eagle3 and prompt_lookup size their trees every few "
+                        "steps from one cost model of the target measured at start and their acceptance, holding "
+                        "the size flags given (--budget, --eagle3-total-token/--eagle3-depth/--eagle3-top-k); "
+                        "fixed: the tree settings as given (the paper's / published ones unless set)")
     p.add_argument("--limit", type=int, default=None, metavar="K", help="only the first K questions")
     p.add_argument("--turns", choices=("first", "all"), default="first",
                    help="first turn only, or every turn (later turns follow each method's own answers)")
@@ -163,6 +192,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                              template_name=args.template_name)
     except ModelLoadError as exc:
         parser.error(str(exc))
+    cost_model = None
+    if args.tree == "auto" and any(METHODS[name].auto_tree for name in methods):
+        costs = tree_costs(target, args)      # one cost model for every method, measured (or read) once
+        cost_model = cost_model_summary(costs)
+        sys.stderr.write(f"automatic trees: {cost_model['describe']}\n")
+        sys.stderr.flush()
     runners = {name: METHODS[name].factory(target, args) for name in methods}
 
     t0 = time.perf_counter()
@@ -182,8 +217,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "n_questions": len(questions), "turns": args.turns,
             "methods": methods, "max_new_tokens": config.max_new_tokens, "max_length": config.max_length,
             "temperature": config.temperature, "top_p": config.top_p, "top_k": config.top_k, "seed": config.seed,
-            "greedy": config.greedy, "warmup_tokens": WARMUP_TOKENS, "elapsed_s": elapsed,
+            "greedy": config.greedy, "warmup_tokens": WARMUP_TOKENS, "elapsed_s": elapsed, "tree": args.tree,
         },
+        # the cost model as measured at start (the trees' prices), and its verify curve after the run's refreshes
+        "tree": {"mode": args.tree, "cost_model": cost_model,
+                 "verify_ms_after": ({str(n): round(1e3 * args.tree_costs.verify_s(n), 4)
+                                      for n in args.tree_costs.verify.sizes} if cost_model else None)},
         "machine": machine,
         "target": {"name": target.name, "template": target.template_name, "dtype": str(target.dtype).replace(
             "torch.", ""), "device": str(target.device), "num_layers": target.num_layers,

@@ -8,8 +8,12 @@
         [--dart-model-name-or-path DIR|HUB_ID] [--ngram-model-name-or-path FILE|DIR|HUB_ID|none] [--small-ngram] [--budget N]
         [--eagle3-model-name-or-path DIR|HUB_ID] [--eagle3-total-token 60 --eagle3-depth 7 --eagle3-top-k 10]
 
-Defaults: the bundled heads and N-gram table of the bundled target, and each method's tree settings
-measured for that target (``default_pruning``, ``default_eagle3_tree``).
+Defaults: the bundled heads and N-gram table of the bundled target; the paper's pruning (``PruningConfig()``:
+budget 60, beam 20, top-k 25) and the published EAGLE-3 tree (``Eagle3TreeConfig()``: 60/7/10) as the base
+tree settings. With ``--tree auto`` (the default) each drafter runs under an AutoTree
+(:mod:`dart_core.sizing`) that chooses its tree size every few steps from the run's shared cost model,
+holding any size flag the user gave (``--budget``; ``--eagle3-total-token/--eagle3-depth/--eagle3-top-k``);
+with ``--tree fixed`` the settings run as given.
 """
 from __future__ import annotations
 
@@ -30,14 +34,15 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ngram-model-name-or-path", default=None, metavar="TABLE",
                    help="N-gram table for dart: .dngram file, directory, Hub repo, or 'none'; default: the bundled one")
     g.add_argument("--small-ngram", action="store_true", help="prefer small.* over full.* tables in a directory/repo")
-    # Pruner knobs: unset flags take the target's default (dart_core.drafters.pruning.default_pruning).
+    # Pruner knobs: unset flags take the paper's PruningConfig(); with --tree auto an unset --budget is chosen.
     g.add_argument("--budget", type=_limit("budget", "--budget"), default=None, metavar="N",
-                   help="drafted nodes kept per step, root excluded; 0 = no draft, a plain target step (default: the "
-                        "target's tuned value, else 60)")
+                   help="drafted nodes kept per step, root excluded; 0 = no draft, a plain target step (default: "
+                        "chosen every few steps with --tree auto, 60 with --tree fixed; a value given is held "
+                        "fixed under --tree auto too)")
     g.add_argument("--beam-width", type=_limit("beam_width", "--beam-width"), default=None, metavar="N",
-                   help="candidates expanded per tree level (default: the target's tuned value, else 20)")
+                   help="candidates expanded per tree level (default 20)")
     g.add_argument("--level-top-k", type=_limit("level_top_k", "--level-top-k"), default=None, metavar="K",
-                   help="tokens taken from each head row (default: the target's tuned value, else 25)")
+                   help="tokens taken from each head row (default 25)")
     g.add_argument("--ngram-weight", type=_limit("ngram_weight", "--ngram-weight"), default=None, metavar="W",
                    help="weight of the N-gram term (default 0.5; dart_no_ngram has no N-gram term)")
 
@@ -56,30 +61,39 @@ def _flags_over(base, args, flags: dict[str, str], what: str):
 
 
 def _pruning(target, args):
-    from ..drafters.pruning import default_pruning
-    return _flags_over(default_pruning(target.name), args, {"budget": "budget", "beam_width": "beam_width",
+    from ..drafters.pruning import PruningConfig
+    return _flags_over(PruningConfig(), args, {"budget": "budget", "beam_width": "beam_width",
                        "level_top_k": "level_top_k", "ngram_weight": "ngram_weight"}, "DART pruning")
 
 
 def _add_eagle3_arguments(p: argparse.ArgumentParser) -> None:
-    # Unset flags take the target's default (dart_core.drafters.eagle3.default_eagle3_tree).
+    # Unset flags take the published Eagle3TreeConfig(); with --tree auto the unset size flags are chosen.
     g = p.add_argument_group("eagle3")
     g.add_argument("--eagle3-model-name-or-path", default=None, metavar="HEAD",
                    help="EAGLE-3 head: directory (config.json + model.safetensors or pytorch_model.bin) or Hub id; "
                         "default: the bundled head (assets/eagle3/)")
     g.add_argument("--eagle3-total-token", type=_limit("eagle3_total_token", "--eagle3-total-token"), default=None,
                    metavar="N",
-                   help="nodes verified per step, root included (default: the target's tuned value, else 60)")
+                   help="nodes verified per step, root included (default: chosen with --tree auto, 60 with "
+                        "--tree fixed; a value given is held fixed under --tree auto too)")
     g.add_argument("--eagle3-depth", type=_limit("eagle3_depth", "--eagle3-depth"), default=None, metavar="N",
-                   help="tree forwards per step, drafted depth <= N + 1 (default: the target's tuned value, else 7)")
+                   help="tree forwards per step, drafted depth <= N + 1 (default: chosen with --tree auto, 7 with "
+                        "--tree fixed)")
     g.add_argument("--eagle3-top-k", type=_limit("eagle3_top_k", "--eagle3-top-k"), default=None, metavar="K",
-                   help="children per expanded node (default: the target's tuned value, else 10)")
+                   help="children per expanded node (default: chosen with --tree auto, 10 with --tree fixed)")
 
 
 def _eagle3_tree(target, args):
-    from ..drafters.eagle3 import default_eagle3_tree
-    return _flags_over(default_eagle3_tree(target.name), args, {"total_token": "eagle3_total_token",
+    from ..drafters.eagle3 import Eagle3TreeConfig
+    return _flags_over(Eagle3TreeConfig(), args, {"total_token": "eagle3_total_token",
                        "depth": "eagle3_depth", "top_k": "eagle3_top_k"}, "EAGLE-3 tree")
+
+
+def _held_sizes(engine: str, args) -> dict[str, int]:
+    """The size knobs of ``engine`` the user set ({config field: value}): automatic trees hold them fixed."""
+    from ..presets import SIZE_FIELDS
+    return {field: int(getattr(args, knob)) for field, knob in SIZE_FIELDS[engine].items()
+            if getattr(args, knob, None) is not None}
 
 
 def _load_eagle3(target, args):
@@ -90,6 +104,10 @@ def _load_eagle3(target, args):
     head = load_eagle3_for_target(target, getattr(args, "base_model_name_or_path", None),
                                   getattr(args, "eagle3_model_name_or_path", None))
     return Eagle3Drafter(head, tree)
+
+
+def _eagle3_runner(target, args, EngineRunner, sized):
+    return EngineRunner("eagle3", target, sized(_load_eagle3(target, args), target, args, _held_sizes("eagle3", args)))
 
 
 def _load(target, args, with_ngram: bool):
@@ -104,18 +122,30 @@ def _load(target, args, with_ngram: bool):
                        name="dart" if with_ngram else "dart_no_ngram")
 
 
-def register_all(register_method, MethodSpec, EngineRunner, METHODS) -> None:
-    """Register ``dart``, ``dart_no_ngram`` and ``eagle3`` into a bench module's registry (idempotent)."""
+def _dart_runner(target, args, with_ngram: bool, EngineRunner, sized):
+    name = "dart" if with_ngram else "dart_no_ngram"
+    return EngineRunner(name, target, sized(_load(target, args, with_ngram), target, args, _held_sizes("dart", args)))
+
+
+def _no_sizing(drafter, target, args, fixed):
+    return drafter
+
+
+def register_all(register_method, MethodSpec, EngineRunner, METHODS, sized=None) -> None:
+    """Register ``dart``, ``dart_no_ngram`` and ``eagle3`` into a bench module's registry (idempotent).
+    ``sized(drafter, target, args, fixed)`` puts a drafter under automatic trees when the run asks for them
+    (``runners.sized``); without it every drafter runs its tree settings as given."""
     if "dart" in METHODS:
         return
+    sized = sized or _no_sizing
     register_method(MethodSpec(
-        "dart", lambda target, args: EngineRunner("dart", target, _load(target, args, True)),
+        "dart", lambda target, args: _dart_runner(target, args, True, EngineRunner, sized),
         "DART: head forward + N-gram-guided tree pruning (--dart-model-name-or-path, --ngram-model-name-or-path)",
-        add_arguments=_add_arguments))
+        add_arguments=_add_arguments, auto_tree=True))
     register_method(MethodSpec(
-        "dart_no_ngram", lambda target, args: EngineRunner("dart_no_ngram", target, _load(target, args, False)),
-        "DART without the N-gram term (ablation): pruning by the head's logits only"))
+        "dart_no_ngram", lambda target, args: _dart_runner(target, args, False, EngineRunner, sized),
+        "DART without the N-gram term (ablation): pruning by the head's logits only", auto_tree=True))
     register_method(MethodSpec(
-        "eagle3", lambda target, args: EngineRunner("eagle3", target, _load_eagle3(target, args)),
+        "eagle3", lambda target, args: _eagle3_runner(target, args, EngineRunner, sized),
         "EAGLE-3 baseline: autoregressive head + EAGLE-2 dynamic tree (--eagle3-model-name-or-path)",
-        add_arguments=_add_eagle3_arguments))
+        add_arguments=_add_eagle3_arguments, auto_tree=True))

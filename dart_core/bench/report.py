@@ -10,7 +10,10 @@ Charts, all from the bench report dict (and optionally a ``benchmarks/tune_tree.
   time per verify step split into stages (draft_forward, tree_build, verify, commit), next to
   vanilla's time per token;
   acceptance-length histograms (share of verify steps committing n tokens, bonus included);
-  tau and speedup against tree size (nodes verified per step), from the sweep.
+  tau and speedup against tree size (nodes verified per step), from the sweep, with each automatic-tree
+  arm of the sweep as a level line.
+With automatic trees (``--tree auto``) the page also lists the run's cost curve and, per method, the trees
+chosen and expected against achieved tau.
 The page embeds plotly.js, so it opens offline and sends no request anywhere.
 """
 from __future__ import annotations
@@ -63,6 +66,16 @@ def load_sweep(path: str | Path) -> dict:
         if not isinstance(row, dict) or any(k not in row for k in ("tau", "speedup")):
             raise ReportInputError(f"sweep file {path}: every row needs tau and speedup, got {row!r}")
     return sweep
+
+
+def chosen_text(chosen: dict[str, int], most: int = 4) -> str:
+    """``budget 3 62%, budget 4 30%, +2 more``: the commonest settings with their share of the steps."""
+    total = sum(chosen.values())
+    if not total:
+        return "–"
+    items = list(chosen.items())
+    text = ", ".join(f"{label} {100 * steps / total:.0f}%" for label, steps in items[:most])
+    return text + (f", +{len(items) - most} more" if len(items) > most else "")
 
 
 def _colour(name: str) -> str:
@@ -156,6 +169,10 @@ def sweep_figures(sweep: dict) -> list[go.Figure]:
                             y=[r[metric] for r in rows], mode="lines+markers",
                             line_color=_colour(label.split(" ")[0]),
                             line_dash="solid" if label == "dart" else "dash")
+        for r in sweep.get("auto") or []:   # automatic trees have no one size: a level line per auto arm
+            if r.get(metric) is not None:
+                fig.add_hline(y=r[metric], line_dash="dashdot", line_color=_colour(r.get("method", "dart")),
+                              annotation_text=f"{r.get('arm', 'auto')} (automatic trees)")
         if metric == "speedup":
             fig.add_hline(y=1.0, line_dash="dot", line_color=OKABE_ITO["grey"], annotation_text="vanilla")
         figs.append(_layout(fig, f"{title} ({sweep.get('limit')} dev questions x {sweep.get('max_new_tokens')} "
@@ -179,6 +196,30 @@ def _summary_rows(report: dict) -> Iterable[str]:
                  f"{r['stage_ms_per_step']['draft_forward']:.2f}" if r.get("ms_per_step") is not None else "–",
                  f"{r['ms_per_step']:.1f}" if r.get("ms_per_step") is not None else "–"]
         yield "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
+
+
+def _auto_tree_html(report: dict) -> str:
+    """The run's cost curve and, per method, the trees chosen and expected vs achieved tau (``--tree auto``)."""
+    tree = report.get("tree") or {}
+    if tree.get("mode") != "auto":
+        return ""
+    out = ["<h2>Automatic trees</h2>"]
+    cm = tree.get("cost_model")
+    if cm:
+        curve = ", ".join(f"{n}: {ms:.2f}" for n, ms in cm["verify_ms"].items())
+        out.append(f"<p>Cost model ({html.escape(str(cm['source']))}): verify ms by nodes verified {{{curve}}}, "
+                   f"commit {cm['commit_ms']:.2f} ms.</p>")
+    rows = [(n, r["auto_tree"]) for n, r in report["methods"].items() if r.get("auto_tree")]
+    if rows:
+        out.append("<table><tr><th>method</th><th>expected τ</th><th>achieved τ</th><th>drafting steps</th>"
+                   "<th>trees chosen (share of steps)</th></tr>")
+        for name, a in rows:
+            cells = [name, "–" if a["expected_tau"] is None else f"{a['expected_tau']:.2f}",
+                     "–" if a["achieved_tau"] is None else f"{a['achieved_tau']:.2f}", str(a["drafting_steps"]),
+                     chosen_text(a["chosen"])]
+            out.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+        out.append("</table>")
+    return "\n".join(out)
 
 
 def render_html(report: dict, sweep: dict | None = None) -> str:
@@ -212,6 +253,7 @@ td:first-child,th:first-child{{text-align:left}}code{{background:#f4f4f4;padding
 <table><tr>{head}</tr>{''.join(_summary_rows(report))}</table>
 <p>Speedups are ratios of tokens/s within this one run (every method answers the same prompts in turn).
 τ counts the bonus token. Stage times are per verify step.</p>
+{_auto_tree_html(report)}
 {''.join(f'<div class="chart">{c}</div>' for c in charts)}
 </body></html>
 """

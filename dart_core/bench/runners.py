@@ -11,6 +11,12 @@ Methods come from ``METHODS``: a name -> factory(target, args) registry. A new m
 its own KV cache); question by question the methods take turns, so slow drifts of a shared machine's
 load hit them alike. Each method gets a short warm-up generation before anything is timed. With
 ``turns="all"`` each later turn follows the method's *own* earlier answers, as Spec-Bench does.
+
+Trees: with ``--tree auto`` (``args.tree``; the CLI's default) the drafting methods (``MethodSpec.auto_tree``)
+run their drafter under an AutoTree (:func:`sized`), every one of them pricing trees with the one cost model
+of the target that :func:`tree_costs` measures (or reads from the cache) once per run; with ``fixed`` (or
+args without ``tree``, e.g. a parser without the bench's flags) the drafters run their settings as given.
+Every answer records the tree sizes its steps verified and, under automatic trees, the settings chosen.
 """
 from __future__ import annotations
 
@@ -18,7 +24,8 @@ import argparse
 import logging
 import sys
 import time
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Protocol, Sequence
 
 import torch
@@ -41,6 +48,61 @@ class RunOutput:
     stats: GenerationStats            # engine stats; for methods without verify steps only new_tokens/stop_reason
     target_forwards: int              # target forwards this answer took (prefill included)
     accept_lengths: list[int] = field(default_factory=list)   # tokens committed by each verify step (bonus incl.)
+    tree_nodes: dict[str, int] = field(default_factory=dict)  # verify steps per tree size (nodes, root incl.)
+    auto_tree: dict | None = None     # automatic trees: this answer's chosen settings and expected/achieved tau
+
+
+def tree_mode(args) -> str:
+    """``auto`` or ``fixed``: the run's ``--tree`` (``fixed`` for args without one)."""
+    return getattr(args, "tree", None) or "fixed"
+
+
+def tree_costs(target, args):
+    """The target's cost model on this machine, shared by every method of the run: measured (or read from the
+    user cache) at the first call, kept on ``args.tree_costs`` for the rest."""
+    costs = getattr(args, "tree_costs", None)
+    if costs is None:
+        from ..sizing.costs import CostModel
+        costs = CostModel.load_or_measure(target)
+        args.tree_costs = costs
+    return costs
+
+
+def sized(drafter, target, args, fixed: dict[str, int] | None = None):
+    """``drafter`` under automatic trees (``make_auto``, the knobs in ``fixed`` held) when the run's tree mode is
+    ``auto``; else ``drafter`` as given."""
+    if tree_mode(args) != "auto":
+        return drafter
+    from ..sizing.auto import make_auto
+    return make_auto(drafter, tree_costs(target, args), fixed)
+
+
+def is_auto(drafter) -> bool:
+    from ..sizing.auto import AutoTree
+    return isinstance(drafter, AutoTree)
+
+
+def tree_settings(drafter) -> dict | None:
+    """The tree settings a drafter runs (None: no drafter): {"mode": "fixed", "settings": DART's pruning, EAGLE-3's
+    tree or prompt lookup's draft length}; for an AutoTree {"mode": "auto", "chosen_knobs": the size knobs it
+    chooses, "held": the size knobs held fixed, "settings": its other settings, "choices": settings weighed}."""
+    if drafter is None:
+        return None
+    if is_auto(drafter):
+        knobs = sorted({k for c in drafter.space for k, _ in c.params} - set(drafter.fixed))
+        inner = (tree_settings(drafter.inner) or {}).get("settings") or {}
+        return {"mode": "auto", "chosen_knobs": knobs, "held": dict(drafter.fixed),
+                "settings": {k: v for k, v in inner.items() if k not in knobs and k not in drafter.fixed},
+                "choices": len(drafter.space)}
+    if hasattr(drafter, "pruning"):
+        settings = dict(drafter.pruning.to_dict())
+    elif hasattr(drafter, "tree_config"):
+        settings = asdict(drafter.tree_config)
+    elif hasattr(drafter, "num_pred_tokens"):
+        settings = {"num_pred_tokens": int(drafter.num_pred_tokens)}
+    else:
+        return None
+    return {"mode": "fixed", "settings": settings}
 
 
 class MethodRunner(Protocol):
@@ -59,10 +121,28 @@ class EngineRunner:
         self.name = name
         self.engine = SpeculativeEngine(target, drafter, name=name)
 
+    @property
+    def tree(self) -> dict | None:
+        """The tree settings this method runs (see :func:`tree_settings`)."""
+        return tree_settings(self.engine.drafter)
+
     def run(self, prompt_ids: list[int], config: GenerationConfig) -> RunOutput:
+        drafter = self.engine.drafter
+        auto = drafter if drafter is not None and is_auto(drafter) else None
+        if auto is not None:   # the AutoTree counts over its life (warm-up included): keep this answer's share
+            chosen0, n0 = Counter(auto.chosen), len(auto.expected_tau)
         result = self.engine.generate(prompt_ids, config)
-        return RunOutput(result.tokens, result.text, result.stats, target_forwards=result.stats.steps + 1,
-                         accept_lengths=[len(t.emitted_tokens) for t in result.traces])
+        nodes = Counter(len(t.tree) for t in result.traces)
+        out = RunOutput(result.tokens, result.text, result.stats, target_forwards=result.stats.steps + 1,
+                        accept_lengths=[len(t.emitted_tokens) for t in result.traces],
+                        tree_nodes={str(n): c for n, c in sorted(nodes.items())})
+        if auto is not None:
+            chosen = auto.chosen - chosen0
+            out.auto_tree = {"chosen": dict(chosen.most_common()),
+                             "expected_tau_sum": float(sum(auto.expected_tau[n0:])),
+                             "achieved_tau_sum": float(sum(auto.achieved_tau[n0:])),
+                             "drafting_steps": len(auto.expected_tau) - n0}
+        return out
 
 
 class HFGenerateRunner:
@@ -117,11 +197,13 @@ class MethodSpec:
 
     factory(target, args) -> MethodRunner, called once per run after the target is loaded.
     add_arguments(parser) adds the method's own flags (e.g. a draft-head path), or None.
+    auto_tree: its drafter is sized by automatic trees under ``--tree auto`` (the factory calls :func:`sized`).
     """
     name: str
     factory: Callable[..., MethodRunner]
     help: str = ""
     add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
+    auto_tree: bool = False
 
 
 METHODS: dict[str, MethodSpec] = {}
@@ -139,8 +221,9 @@ register_method(MethodSpec("hf_generate", lambda target, args: HFGenerateRunner(
 register_method(MethodSpec("vanilla", lambda target, args: EngineRunner("vanilla", target, None),
                            "our loop without a drafter: one token per target forward"))
 register_method(MethodSpec("prompt_lookup",
-                           lambda target, args: EngineRunner("prompt_lookup", target, PromptLookupDrafter()),
-                           "our loop with prompt-lookup drafting (n-gram matches in the context)"))
+                           lambda target, args: EngineRunner("prompt_lookup", target,
+                                                             sized(PromptLookupDrafter(), target, args, {})),
+                           "our loop with prompt-lookup drafting (n-gram matches in the context)", auto_tree=True))
 
 
 # ---------------------------------------------------------------------------------------------- running
@@ -160,6 +243,8 @@ class AnswerRecord:
     tokens: list[int] = field(default_factory=list)
     question_set: str = ""
     accept_lengths: list[int] = field(default_factory=list)   # per verify step
+    tree_nodes: dict[str, int] = field(default_factory=dict)  # verify steps per tree size (nodes, root incl.)
+    auto_tree: dict | None = None      # automatic trees: chosen settings (steps each), expected/achieved tau sums
 
 
 def _sync(device: torch.device) -> None:
@@ -218,7 +303,9 @@ def run_benchmark(target, runners: dict[str, MethodRunner], questions: Sequence[
                         new_tokens=len(out.tokens), wall_s=wall, steps=out.stats.steps,
                         target_forwards=out.target_forwards, stage_s=dict(out.stats.stage_s),
                         stop_reason=out.stats.stop_reason, text=out.text, tokens=list(out.tokens),
-                        question_set=q.question_set, accept_lengths=list(out.accept_lengths)))
+                        question_set=q.question_set, accept_lengths=list(out.accept_lengths),
+                        tree_nodes=dict(getattr(out, "tree_nodes", None) or {}),
+                        auto_tree=getattr(out, "auto_tree", None)))
                     messages.append({"role": "assistant", "content": out.text})
                 bar.update(1)
     finally:
@@ -229,7 +316,7 @@ def run_benchmark(target, runners: dict[str, MethodRunner], questions: Sequence[
 def _register_optional_methods() -> None:
     """Methods backed by draft heads (DART, EAGLE-3) register themselves from dart_core.bench.methods."""
     from .methods import register_all
-    register_all(register_method, MethodSpec, EngineRunner, METHODS)
+    register_all(register_method, MethodSpec, EngineRunner, METHODS, sized=sized)
 
 
 _register_optional_methods()

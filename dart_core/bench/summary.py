@@ -8,6 +8,12 @@ Figures per method (definitions as in ``GenerationStats``):
   identical_to_vanilla greedy only: every answer token-for-token equal to vanilla's
   bandwidth_gbs       weight bytes x target forwards / s ("bandwidth achieved", as gpt-fast reports),
                       next to the machine's measured memory bandwidth
+  tree                the tree settings the method ran: {"mode": "fixed", "settings"} or {"mode": "auto", "held", ...}
+  tree_nodes_hist     verify steps per tree size (nodes verified, root included)
+  auto_tree           automatic trees only: ``chosen`` (verify steps per setting, summed over the answers; the
+                      warm-up not counted), ``expected_tau`` (what the acceptance model expected of the chosen
+                      trees) against ``achieved_tau`` (what they got), both over the drafting steps whose tree
+                      was not cut short at an answer's end (``drafting_steps``)
 """
 from __future__ import annotations
 
@@ -95,8 +101,36 @@ def summarize(records: dict[str, list[AnswerRecord]], runners: dict[str, MethodR
         lengths = [n for r in recs for n in r.accept_lengths]
         summary["accept_length_hist"] = ({str(n): lengths.count(n) for n in range(1, max(lengths) + 1)}
                                          if spec and lengths else None)
+        summary["tree"] = getattr(runners[name], "tree", None)
+        summary["tree_nodes_hist"] = _tree_nodes_hist(recs) if spec else None
+        summary["auto_tree"] = auto_tree_summary(recs)
         out[name] = summary
     return out
+
+
+def _tree_nodes_hist(recs: Sequence[AnswerRecord]) -> dict[str, int] | None:
+    total: dict[int, int] = {}
+    for r in recs:
+        for n, c in (getattr(r, "tree_nodes", None) or {}).items():
+            total[int(n)] = total.get(int(n), 0) + int(c)
+    return {str(n): total[n] for n in sorted(total)} or None
+
+
+def auto_tree_summary(recs: Sequence[AnswerRecord]) -> dict | None:
+    """The answers' automatic-tree records summed: steps per chosen setting, expected and achieved tau."""
+    autos = [r.auto_tree for r in recs if getattr(r, "auto_tree", None)]
+    if not autos:
+        return None
+    chosen: dict[str, int] = {}
+    for a in autos:
+        for label, steps in a["chosen"].items():
+            chosen[label] = chosen.get(label, 0) + int(steps)
+    n = sum(int(a["drafting_steps"]) for a in autos)
+    exp = sum(float(a["expected_tau_sum"]) for a in autos)
+    ach = sum(float(a["achieved_tau_sum"]) for a in autos)
+    return {"chosen": dict(sorted(chosen.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "steps": sum(chosen.values()), "drafting_steps": n,
+            "expected_tau": exp / n if n else None, "achieved_tau": ach / n if n else None}
 
 
 def _grouped(recs: Sequence[AnswerRecord], base: Sequence[AnswerRecord] | None, speculative: bool,
@@ -157,11 +191,37 @@ def render_markdown(report: dict) -> str:
         row += [_f(r["stage_ms_per_step"][st], "{:.2f}") for st in STAGES]
         row += [bw_cell, ident]
         lines.append("| " + " | ".join(row) + " |")
+    lines += _tree_section(report)
     lines += _group_table(report, "per_set", "Per question set")
     lines += _group_table(report, "per_category", "Per category")
     if report.get("busy_warning"):
         lines += ["", f"**Warning: {report['busy_warning']}**"]
     return "\n".join(lines) + "\n"
+
+
+def _tree_section(report: dict) -> list[str]:
+    """Automatic trees: the run's cost curve once, then per method the trees chosen and expected vs achieved tau."""
+    from .report import chosen_text
+
+    tree = report.get("tree") or {}
+    if tree.get("mode") != "auto":
+        return []
+    lines = ["", "Automatic trees (`--tree auto`): every few steps each drafter takes the tree setting with the most "
+             "expected tokens/s under the run's cost model.", ""]
+    cm = tree.get("cost_model")
+    if cm:
+        curve = ", ".join(f"{n}: {ms:.2f}" for n, ms in cm["verify_ms"].items())
+        lines += [f"Cost model ({cm['source']}): verify ms by nodes verified {{{curve}}}, "
+                  f"commit {cm['commit_ms']:.2f} ms.", ""]
+    rows = [(name, r) for name, r in report["methods"].items() if r.get("auto_tree")]
+    if rows:
+        lines += ["| method | expected tau | achieved tau | drafting steps | trees chosen (share of steps) |",
+                  "|---|---:|---:|---:|---|"]
+        for name, r in rows:
+            a = r["auto_tree"]
+            lines.append(f"| {name} | {_f(a['expected_tau'])} | {_f(a['achieved_tau'])} | {a['drafting_steps']} | "
+                         f"{chosen_text(a['chosen'])} |")
+    return lines
 
 
 def _group_table(report: dict, key: str, title: str) -> list[str]:
