@@ -7,6 +7,7 @@ figures. This file builds engines from flags and renders RunRecords (live or rep
 
     python app.py                                   # bundled SmolLM2-135M + DART head, http://127.0.0.1:7860
     python app.py --compare-eagle3                  # also EAGLE-3 (the bundled head, or --eagle3-model-name-or-path)
+    python app.py --tree fixed                      # trees as the sliders set them (default: sized by measurement)
     python app.py --help
 """
 from __future__ import annotations
@@ -44,7 +45,7 @@ from dart_core.ui.narration import narrate_step  # noqa: E402
 from dart_core.ui.record import RunRecord, label_of, save_export  # noqa: E402
 from dart_core.ui.session import Comparison, RunSettings, StepSession, check_prompt_length  # noqa: E402
 from dart_core.config import ConfigError, dtype_name  # noqa: E402
-from dart_core.presets import KNOBS  # noqa: E402
+from dart_core.presets import KNOBS, TREE_MODES  # noqa: E402
 from dart_core.ui.serving import ServingLimits, serving_limits  # noqa: E402
 from dart_core.models.templates import encode_chat, get_template  # noqa: E402
 
@@ -103,6 +104,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: CUDA if present, else CPU)")
     p.add_argument("--dtype", default="auto",
                    help="auto (bf16 where the hardware has it), bfloat16, float16, float32 (exact lossless check)")
+    p.add_argument("--tree", choices=TREE_MODES, default="auto",
+                   help="the page's default tree size: auto (chosen every few steps from this machine's measured "
+                        "verify cost and the head's expected acceptance; the size sliders are not applied) or fixed "
+                        "(the sliders, the paper's trees by default); the page can switch (default: auto)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="answer tokens at most per request (slider max)")
     p.add_argument("--max-length", type=int, default=2048, help="prompt + answer tokens at most (sizes the KV cache)")
     p.add_argument("--server-port", type=int, default=7860, help="port to serve on")
@@ -195,13 +200,19 @@ class Controls:
     eagle3_total_token: gr.Slider
     eagle3_depth: gr.Slider
     eagle3_top_k: gr.Slider
+    tree: gr.Radio
 
     def inputs(self) -> list[gr.components.Component]:
         return [getattr(self, f) for f in self.__dataclass_fields__]
 
 
-#: the settings controls in page order: RunSettings' field names, which are the knobs' names (dart_core.presets)
-SETTING_NAMES = ("max_new_tokens",) + tuple(KNOBS)
+#: the settings controls in page order: RunSettings' field names, which are the knobs' names (dart_core.presets),
+#: and last the tree mode (last, so an API call without it still fits and gets the page's default)
+SETTING_NAMES = ("max_new_tokens",) + tuple(KNOBS) + ("tree",)
+#: the tree-size knobs: with automatic trees the chooser sets them and their sliders are not applied
+SIZE_KNOBS = tuple(name for name, knob in KNOBS.items() if knob.sizes_tree)
+#: the tree-mode control's choices: (shown, value)
+TREE_CHOICES = [("auto (measured on this machine)", "auto"), ("fixed (sliders)", "fixed")]
 
 
 def _fmt_metrics(m, name: str, run, baseline: str) -> str:
@@ -219,7 +230,7 @@ def _fmt_metrics(m, name: str, run, baseline: str) -> str:
             f"{icon} lossless check: {m.lossless_text}")
 
 
-def _slider(name: str, tree_config: Any = None) -> gr.Slider:
+def _slider(name: str, tree_config: Any = None, *, interactive: bool | None = None) -> gr.Slider:
     """The settings slider of KNOBS[name] (dart_core.presets: its label, step, slider span and default; a tree
     knob's default is the target's own ``tree_config``). A default past the span widens it, up to the limit's
     high end (a default beyond the limit is shown at the limit, the most a request may ask for)."""
@@ -230,7 +241,7 @@ def _slider(name: str, tree_config: Any = None) -> gr.Slider:
     if limit.high is not None:
         value = min(value, limit.high)
     return gr.Slider(lo, max(hi, value), value=max(value, lo), step=knob.step,
-                     label=knob.slider_label or knob.label)
+                     label=knob.slider_label or knob.label, interactive=interactive)
 
 
 def _fmt_bytes(n: float) -> str:
@@ -275,6 +286,12 @@ class Visualiser:
         self.available = self.factory.names
         self.shown = [s for s in SLOTS if s in self.available or s in self.factory.unavailable]
         self.view_slots = [s for s in SPEC_SLOTS if s in self.available]   # engines with trees to draw
+        self.default_tree = getattr(args, "tree", None) or "auto"   # --tree: the page's default tree mode
+        # the automatic-tree drafters (dart_core.sizing.AutoTree) the *Cost of a tree* view reads, by engine: the
+        # latest run's (they learn from every step), else ones of its own; and that view, as last drawn
+        self._autos: dict[str, Any] = {}
+        self._cost_view: dict | None = None
+        self._cost_lock = threading.Lock()
         self._tabs: dict[str, TabState] = {}     # session hash -> tab, so an unload can release it at once
         self._held: dict[int, TabState] = {}     # tabs that may hold memory, least recently used first
         self._tabs_lock = threading.Lock()
@@ -355,7 +372,91 @@ class Visualiser:
         return time.monotonic()
 
     def _settings(self, values: tuple) -> RunSettings:
-        return RunSettings.from_values(**dict(zip(SETTING_NAMES, values)))
+        """RunSettings from the page's values (SETTING_NAMES order; without the tree mode: the page's default).
+        With automatic trees the size sliders are checked but not applied: the chooser sets those knobs."""
+        named = dict(zip(SETTING_NAMES, values))
+        if named.get("tree") in (None, ""):
+            named["tree"] = self.default_tree
+        settings = RunSettings.from_values(**named)
+        if settings.tree == "auto":
+            for name in SIZE_KNOBS:
+                setattr(settings, name, None)
+        return settings
+
+    # ------------------------------------------------------------------ cost of a tree
+    def note_engines(self, engines: dict[str, Any]) -> None:
+        """Remember the automatic-tree drafters of ``engines`` (a run's, or the warmed-up pool's) for the
+        *Cost of a tree* view."""
+        for name, engine in engines.items():
+            drafter = getattr(engine, "drafter", None)
+            if name in SPEC_SLOTS and callable(getattr(drafter, "rates", None)):
+                self._autos[name] = drafter
+
+    def _view_autos(self) -> dict[str, Any]:
+        """An AutoTree per speculative engine: the latest run's, else fresh ones (built once, not pooled)."""
+        missing = [s for s in self.view_slots if s not in self._autos]
+        if missing:
+            fresh = self.factory.build(RunSettings(tree="auto"), fresh=True)
+            for s in missing:
+                drafter = getattr(fresh.get(s), "drafter", None)
+                if callable(getattr(drafter, "rates", None)):
+                    self._autos[s] = drafter
+        return self._autos
+
+    def render_costs(self) -> dict:
+        """The *Cost of a tree* view from the target's cost model and the engines' AutoTrees: verify ms by tree
+        size, DART's expected tokens/s by budget, and why this machine picks what it picks. Drawn again after
+        each run (the models learn from every step); a page load shows the last drawing."""
+        with self._cost_lock:
+            try:
+                costs = self.factory.costs
+                autos = self._view_autos()
+                rates = autos["dart"].rates() if "dart" in autos else None
+                others = {label_of(s): autos[s].rates()[0]["label"] for s in self.view_slots
+                          if s != "dart" and s in autos}
+                out = {self.cost_text: viz.tree_cost_text(costs, rates, others=others),
+                       self.cost_verify_plot: viz.verify_cost_figure(costs),
+                       self.cost_rate_plot: (viz.budget_rate_figure(rates) if rates
+                                             else _empty_fig("DART is not loaded: no budget to weigh"))}
+            except Exception as exc:  # noqa: BLE001 - the rest of the page works without this view
+                logger.exception("the cost-of-a-tree view failed")
+                why = f"{type(exc).__name__}: {exc}"
+                out = {self.cost_text: f"⚠ The cost view could not be drawn ({why}; details in the server log).",
+                       self.cost_verify_plot: _empty_fig("no cost model"),
+                       self.cost_rate_plot: _empty_fig("no cost model")}
+            self._cost_view = out
+        return out
+
+    def cost_view(self) -> dict:
+        """The last drawing of the *Cost of a tree* view (drawn now if there is none yet): for page loads. On
+        ZeroGPU a GPU is attached only while a request runs, so there the first run draws it."""
+        view = self._cost_view
+        if view is None and space.on_zerogpu():
+            return {self.cost_text: "The cost of a tree on this machine is measured at the first run.",
+                    self.cost_verify_plot: _empty_fig("run a prompt to measure the cost of a tree"),
+                    self.cost_rate_plot: _empty_fig("run a prompt to measure the cost of a tree")}
+        return view if view is not None else self.render_costs()
+
+    def _tree_note(self, mode: str) -> str:
+        e = self.factory.eagle3_tree_base
+        engines = ["DART's budget" if "dart" in self.available else None,
+                   "EAGLE-3's total tokens, depth and top-k" if "eagle3" in self.available else None]
+        sizes = " and ".join(x for x in engines if x) or "the tree sizes"
+        if mode == "auto":
+            return (f"**Tree size: auto.** {sizes[0].upper() + sizes[1:]} are chosen every few steps from this "
+                    "machine's measured verify cost and the head's expected acceptance (see *Cost of a tree* "
+                    "below), so **the size sliders are not applied** (greyed out); the other tree settings are.")
+        return (f"**Tree size: fixed.** The sliders apply as set (by default the paper's trees: DART budget "
+                f"{self.factory.dart_pruning.budget}, EAGLE-3 {e.total_token} total tokens, depth {e.depth}, "
+                f"top-k {e.top_k}).")
+
+    def tree_mode_changed(self, mode: str) -> dict:
+        """The tree-mode control moved: say what applies, and grey out the size sliders in auto mode."""
+        mode = mode if mode in TREE_MODES else self.default_tree
+        out: dict = {self.tree_note: self._tree_note(mode)}
+        for name in SIZE_KNOBS:
+            out[getattr(self.controls, name)] = gr.Slider(interactive=mode != "auto")
+        return out
 
     def _encode(self, prompt: str, settings: RunSettings) -> tuple[list[int], str | None]:
         if not isinstance(prompt, str) or not prompt.strip():
@@ -415,13 +516,20 @@ class Visualiser:
                 out[self.step_text[s]] = msg
                 continue
             st = run.traces[k]
+            chosen = run.tree_label(k)   # the automatic tree's setting for this step (None: a fixed tree)
+            auto = f" (auto: {chosen})" if chosen else ""
             score_label = "combined score" if s == "dart" else ("cumulative log-prob" if s == "eagle3" else None)
             out[self.tree_plot[s]] = viz.tree_figure(st, record.decode, score_label=score_label,
                                                      title=f"{run.label} step {st.step}: {st.accepted_drafts} of "
-                                                           f"{st.tree.num_drafted} drafts accepted + 1 target token")
+                                                           f"{st.tree.num_drafted} drafts accepted + 1 target "
+                                                           f"token{auto}")
             out[self.scatter_plot[s]] = viz.score_scatter(st, record.decode, score_label=score_label,
                                                           title=f"{run.label} step {st.step}: every scored candidate")
-            out[self.step_text[s]] = narrate_step(st, record.decode, s).text
+            text = narrate_step(st, record.decode, s).text
+            if chosen:
+                text = (f"*Tree size (auto): **{chosen}**, the setting with the most expected tokens per second "
+                        f"by this machine's costs and the head's acceptance so far.*\n\n{text}")
+            out[self.step_text[s]] = text
         return out
 
     def render_summary(self, record: RunRecord | None, position: int | None = None) -> dict:
@@ -560,7 +668,10 @@ class Visualiser:
         if errors:
             status += " ⚠ " + "; ".join(errors)
         status += " Move the **answer token position** slider to inspect the step that produced each token."
-        yield {self.tab: tab, self.status: status, **self.render_all(cmp.record)}
+        if settings.tree == "auto" and self.view_slots:
+            status += " Tree sizes were chosen automatically (see *Cost of a tree*)."
+        self.note_engines(cmp.engines)   # their AutoTrees learned from this run: the cost view shows them
+        yield {self.tab: tab, self.status: status, **self.render_all(cmp.record), **self.render_costs()}
 
     def step_once(self, tab: TabState | None, prompt: str, *values, request: gr.Request | None = None) -> dict:
         """Advance every engine by one speculative round and narrate it; starts a new session when the
@@ -601,7 +712,8 @@ class Visualiser:
                   f"(the first round includes the prefill).{done} The narration under each tree explains it.")
         if warn:
             status += f" ({warn})"
-        out = {self.tab: tab, self.status: status, **self.render_all(sess.comparison.record, latest=True)}
+        out = {self.tab: tab, self.status: status, **self.render_all(sess.comparison.record, latest=True),
+               **self.render_costs()}
         latest = [sess.comparison.record.runs[s].traces[-1].position for s in self.view_slots
                   if s in sess.comparison.record.runs and sess.comparison.record.runs[s].traces]
         if latest:
@@ -744,17 +856,22 @@ class Visualiser:
                     temperature = _slider("temperature")
                     top_p = _slider("top_p")
                     top_k = _slider("top_k")
+                auto = self.default_tree == "auto"
+                with gr.Row(visible=bool(self.view_slots)):
+                    tree_mode = gr.Radio(TREE_CHOICES, value=self.default_tree, label="Tree size",
+                                         elem_id="tree-mode", scale=1, min_width=240)
+                    self.tree_note = gr.Markdown(self._tree_note(self.default_tree), elem_id="tree-note")
                 with gr.Row(visible="dart" in self.available):
-                    budget = _slider("budget", base_p)
+                    budget = _slider("budget", base_p, interactive=not auto)
                     beam = _slider("beam_width", base_p)
                     level_k = _slider("level_top_k", base_p)
                     ngram_w = _slider("ngram_weight", base_p)
                 with gr.Row(visible="eagle3" in self.available):
-                    e_total = _slider("eagle3_total_token", base_e)
-                    e_depth = _slider("eagle3_depth", base_e)
-                    e_topk = _slider("eagle3_top_k", base_e)
+                    e_total = _slider("eagle3_total_token", base_e, interactive=not auto)
+                    e_depth = _slider("eagle3_depth", base_e, interactive=not auto)
+                    e_topk = _slider("eagle3_top_k", base_e, interactive=not auto)
             self.controls = Controls(self.prompt, max_new, temperature, top_p, top_k, budget, beam, level_k, ngram_w,
-                                     e_total, e_depth, e_topk)
+                                     e_total, e_depth, e_topk, tree_mode)
             self.status = gr.Markdown("Pick an example or type a prompt, then **Run** (or **Step once**).",
                                       elem_id="status")
             gr.Markdown(LEGEND)
@@ -786,6 +903,14 @@ class Visualiser:
             gr.Markdown("### Stage timings\nEngine work only (draft forward, tree build, verify, commit). "
                         "Acceptance is not speedup: compare tokens per step with the cost of each step.")
             self.timing_plot = gr.Plot(label="Stage timings", elem_id="timing-plot")
+            gr.Markdown("### Cost of a tree\nWhat verifying a tree costs on this machine (measured at start, refined "
+                        "by every step) and what the automatic chooser expects each DART budget to earn: the "
+                        "reason *auto* picks the tree sizes it picks. Drawn again after each run.")
+            self.cost_text = gr.Markdown(elem_id="cost-text")
+            with gr.Row(equal_height=False):
+                self.cost_verify_plot = gr.Plot(label="Verify time by tree size", elem_id="cost-verify")
+                self.cost_rate_plot = gr.Plot(label="DART: expected tokens/s by budget", elem_id="cost-rate",
+                                              visible="dart" in self.available)
             gr.Markdown("### Acceptance")
             self.acc_plots: dict[str, list[gr.Plot]] = {}
             for s in self.view_slots:
@@ -804,7 +929,8 @@ class Visualiser:
             run_outputs = ([self.tab, self.status, self.slider, self.timing_plot]
                            + list(self.answer.values()) + list(self.metrics.values())
                            + list(self.tree_plot.values()) + list(self.scatter_plot.values())
-                           + list(self.step_text.values()) + [p for ps in self.acc_plots.values() for p in ps])
+                           + list(self.step_text.values()) + [p for ps in self.acc_plots.values() for p in ps]
+                           + [self.cost_text, self.cost_verify_plot, self.cost_rate_plot])
             view_outputs = list(self.tree_plot.values()) + list(self.scatter_plot.values()) + list(
                 self.step_text.values())
             # Runs and step-once share one queue slot: the engines share the target (each run leases its own
@@ -827,6 +953,11 @@ class Visualiser:
                                 trigger_mode="always_last", show_progress="hidden")
             export_btn.click(self.export, [self.tab], [self.export_file, self.status], api_name="export")
             replay_file.upload(self._replay_ui, [self.tab, replay_file], run_outputs, api_name="replay")
+            tree_mode.change(self.tree_mode_changed, [tree_mode],
+                             [self.tree_note] + [getattr(self.controls, n) for n in SIZE_KNOBS], api_name=False,
+                             queue=False, show_progress="hidden")
+            demo.load(self.cost_view, None, [self.cost_text, self.cost_verify_plot, self.cost_rate_plot],
+                      api_name=False, show_progress="hidden")
             demo.unload(self._on_unload)
             self.run_event = run_evt
         return demo
@@ -900,7 +1031,7 @@ def serve(demo: gr.Blocks, args: argparse.Namespace, page_wait_s: float = PAGE_W
 def main(argv: list[str] | None = None) -> None:
     from dart_core.models.heads.dart import DartHeadError
     from dart_core.models.loader import load_target
-    from dart_core.ui.startup import startup_summary, warm_up
+    from dart_core.ui.startup import cost_summary, startup_summary, warm_up
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     banner = None
@@ -924,10 +1055,17 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {exc}") from None
     logger.info("%s", startup_summary(target, vis.factory))
     if space.on_zerogpu():
-        logger.info("ZeroGPU: no warm-up (a GPU is attached only while a request runs)")
+        logger.info("ZeroGPU: no warm-up and no cost model yet (a GPU is attached only while a request runs): "
+                    "the first request measures it")
     else:
+        try:   # the cost model that sizes the trees (measured now, or read from the user cache)
+            logger.info("%s", cost_summary(vis.factory, args.tree))
+        except Exception:  # noqa: BLE001 - fixed trees still run; auto ones report the error per request
+            logger.exception("measuring the cost model failed; the first request will show the error")
         try:
-            warm_up(vis.factory, vis.template, max_length=args.max_length)
+            warm_up(vis.factory, vis.template, max_length=args.max_length, tree=args.tree)
+            if args.tree == "auto":   # the warmed-up (pooled) engines' AutoTrees: the cost view's first drawing
+                vis.note_engines(vis.factory.build(RunSettings(tree="auto")))
         except Exception:  # noqa: BLE001 - the page still serves and reports each engine's error per request
             logger.exception("warm-up failed; the first request will show the error")
     serve(vis.queued(), args)

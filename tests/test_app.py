@@ -89,8 +89,96 @@ def test_help_documents_every_flag(capsys):
     text = capsys.readouterr().out
     for flag in ("--base-model-name-or-path", "--dart-model-name-or-path", "--ngram-model-name-or-path",
                  "--small-ngram", "--use-small-ngram", "--eagle3-model-name-or-path", "--compare-eagle3", "--template-name",
-                 "--device", "--dtype", "--max-new-tokens", "--max-length", "--server-port", "--listen", "--share"):
+                 "--device", "--dtype", "--tree", "--max-new-tokens", "--max-length", "--server-port", "--listen",
+                 "--share"):
         assert flag in text, flag
+
+
+def test_tree_flag(capsys):
+    assert app.parse_args([]).tree == "auto" and app.parse_args(["--tree", "fixed"]).tree == "fixed"
+    with pytest.raises(SystemExit):
+        app.parse_args(["--tree", "big"])
+    assert "invalid choice" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- tree size
+def test_tree_control_reaches_run_settings(vis):
+    """The last page value is the tree mode: fixed applies the size sliders, auto sends None for them (the
+    chooser picks) and keeps every other knob; without it (an older API call) the page's default applies."""
+    assert app.SETTING_NAMES[-1] == "tree" and vis.controls.inputs()[-1] is vis.controls.tree
+    assert vis.default_tree == "auto" and vis.controls.tree.value == "auto"
+    fixed = vis._settings(VALUES + ("fixed",))
+    assert fixed.tree == "fixed" and (fixed.budget, fixed.eagle3_total_token, fixed.eagle3_depth,
+                                      fixed.eagle3_top_k) == (16, 16, 3, 4)
+    assert fixed.fixed_sizes("dart") is None
+    for auto in (vis._settings(VALUES + ("auto",)), vis._settings(VALUES)):
+        assert auto.tree == "auto"
+        assert [getattr(auto, n) for n in app.SIZE_KNOBS] == [None] * 4, auto
+        assert (auto.beam_width, auto.level_top_k, auto.ngram_weight) == (6, 6, 0.5)
+        assert auto.fixed_sizes("dart") == {} and auto.fixed_sizes("eagle3") == {}
+    with pytest.raises(ConfigError, match="EAGLE-3 depth"):   # auto still checks the sliders it does not apply
+        vis._settings(VALUES[:9] + (2.5, 4, "auto"))
+    # the control greys the size sliders out in auto mode and says why
+    out = vis.tree_mode_changed("fixed")
+    assert "sliders apply" in out[vis.tree_note] and out[vis.controls.budget].interactive is True
+    out = vis.tree_mode_changed("auto")
+    assert "not applied" in out[vis.tree_note] and out[vis.controls.eagle3_depth].interactive is False
+
+
+def test_auto_run_names_each_steps_tree_and_draws_the_cost_view(vis):
+    final = list(vis.run(None, PROMPT, *VALUES, "auto"))[-1]
+    assert final[vis.status].startswith("✓ **Done") and "chosen automatically" in final[vis.status]
+    run = final[vis.tab].record.runs["dart"]
+    assert len(run.tree_labels) == len(run.traces) and all(run.tree_labels)
+    first = vis.show_step(final[vis.tab], 1)          # token 1: DART's first step
+    assert f"Tree size (auto): **{run.tree_labels[0]}**," in first[vis.step_text["dart"]]
+    assert f"(auto: {run.tree_labels[0]})" in first[vis.tree_plot["dart"]].layout.title.text
+    assert "identical to the baseline" in final[vis.metrics["dart"]]
+    # the cost view: verify ms by nodes, DART's tokens/s by budget, and the sentence, from this run's AutoTrees
+    assert vis._autos["dart"].name == "dart" and final[vis.cost_verify_plot].data
+    assert any(t.name == "expected tokens/s" for t in final[vis.cost_rate_plot].data)
+    text = final[vis.cost_text]
+    assert "verify of a 33-node tree" in text and "DART's chooser" in text and "EAGLE-3's chooser" in text
+    assert vis.cost_view() is vis._cost_view          # a page load shows the last drawing
+    views = vis.show_step(final[vis.tab], 3)
+    assert "Tree size (auto)" in views[vis.step_text["eagle3"]]
+
+
+def test_each_step_is_labelled_with_the_setting_it_used():
+    from types import SimpleNamespace
+    from dart_core.sizing.acceptance import AcceptanceModel
+    from dart_core.sizing.auto import AutoTree
+    from dart_core.sizing.costs import CostModel, VerifyCurve
+    from dart_core.sizing.spaces import PLAIN
+    from dart_core.ui.session import auto_tree_label
+
+    drafter = SimpleNamespace(name="dart", needs_aux=True, pruning=PruningConfig(),
+                              head=SimpleNamespace(config=SimpleNamespace(draft_length=4)))
+    auto = AutoTree(drafter, CostModel(VerifyCurve([1, 2], [1e-3, 1e-3]), 0.0), AcceptanceModel.generic())
+    engine = SimpleNamespace(drafter=auto)
+    tree = next(c for c in auto.space if not c.plain)
+    auto.choice = auto._last = tree
+    assert auto_tree_label(engine) == tree.label == "budget 1"
+    auto.choice = auto._last = PLAIN
+    assert auto_tree_label(engine) == "plain step"
+    auto._last = tree                                  # plain steps chosen, but this one probes a tree
+    assert auto_tree_label(engine).startswith("budget 1 (a probe")
+    assert auto_tree_label(SimpleNamespace(drafter=drafter)) is None and auto_tree_label(object()) is None
+
+
+def test_fixed_mode_runs_the_sliders(tiny):
+    args = app.parse_args(tiny_app_argv(*tiny[1:], max_new_tokens=32) + ["--tree", "fixed"])
+    v = app.Visualiser(tiny[0], args)
+    assert v.default_tree == "fixed" and v.controls.tree.value == "fixed" and v.controls.budget.interactive is not False
+    assert "sliders apply" in v.tree_note.value
+    settings = v._settings(VALUES)                    # no tree value: the page's default, fixed
+    assert settings.tree == "fixed" and settings.budget == 16
+    final = list(v.run(None, PROMPT, *VALUES))[-1]
+    assert final[v.status].startswith("✓ **Done") and "automatically" not in final[v.status]
+    run = final[v.tab].record.runs["dart"]
+    assert run.tree_labels == [None] * len(run.traces) and "Tree size (auto)" not in final[v.step_text["dart"]]
+    assert max(len(st.tree) for st in run.traces) <= 17     # budget 16 + the root
+    assert "verify of a 33-node tree" in final[v.cost_text]   # the cost view shows what auto would pick
 
 
 # ---------------------------------------------------------------------------------------------- handlers

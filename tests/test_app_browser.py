@@ -1,6 +1,6 @@
 """The page in a real browser: Debian's chromium driven by Playwright (installed by .ci/run).
 
-Loads the page, runs a prompt, waits for the draft tree and timing plots to render, moves the
+Loads the page, runs a prompt, waits for the draft tree, timing and cost-of-a-tree plots to render, moves the
 answer-token slider, checks that no request went anywhere but the local server, and saves a
 screenshot to docs/screenshot.png (the README's picture). Under CI=true a missing browser fails
 the run; elsewhere the test is skipped.
@@ -101,6 +101,11 @@ def test_page_in_a_real_browser(served_app):
             assert page.locator("#tree-dart .js-plotly-plot .scatterlayer .point").count() > 2
             assert "tok/s" in page.locator("#metrics-dart").inner_text()
             assert "identical to the baseline" in page.locator("#metrics-dart").inner_text()
+            # the cost of a tree on this machine: measured verify points, DART's tokens/s by budget, and why
+            page.wait_for_selector("#cost-verify .js-plotly-plot .scatterlayer .point", timeout=60_000)
+            page.wait_for_selector("#cost-rate .js-plotly-plot .scatterlayer .point", timeout=60_000)
+            cost_text = page.locator("#cost-text").inner_text()
+            assert "verify of a 33-node tree" in cost_text and "DART's chooser picks" in cost_text, cost_text
             before = page.locator("#narration-dart").inner_text()
             assert "step" in before
             # move the answer-token slider to token 0 (keyboard on the range input, as a user would)
@@ -126,6 +131,11 @@ def test_page_in_a_real_browser(served_app):
             height = min(page.evaluate("document.documentElement.scrollHeight"), 2300)
             page.screenshot(path=str(SCREENSHOT), full_page=True, clip={"x": 0, "y": 0, "width": 1500,
                                                                         "height": height})
+            # the tree-size control, in the Settings accordion: auto by default, and the page says what applies
+            page.get_by_text("Settings", exact=True).first.click()
+            page.wait_for_selector("#tree-mode", timeout=30_000)
+            assert "auto (measured on this machine)" in page.locator("#tree-mode").inner_text()
+            assert "not applied" in page.locator("#tree-note").inner_text()
         finally:
             browser.close()
     outside = sorted({u for u in requests if urlparse(u).scheme in ("http", "https", "ws", "wss")

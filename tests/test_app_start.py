@@ -70,6 +70,21 @@ def test_page_config_is_plain_data_and_cheap_to_copy(tmp_path):
     assert not copied, f"copying the page config copied {sorted(set(copied))}"
 
 
+def test_startup_names_the_cost_model():
+    """The start-up log line that names the cost model sizing the trees (dart_core.ui.startup.cost_summary)."""
+    from types import SimpleNamespace
+    from dart_core.sizing.costs import CostModel, VerifyCurve
+    from dart_core.ui.startup import cost_summary
+
+    costs = CostModel(VerifyCurve([1, 9, 33], [0.002, 0.003, 0.006]), 1e-4, source="measured in 1.3 s")
+    factory = SimpleNamespace(costs=costs)
+    assert cost_summary(factory, "auto") == ("trees sized automatically: cost model measured in 1.3 s: verify ms by "
+                                             "nodes {1: 2.0, 9: 3.0, 33: 6.0}, commit 0.10 ms")
+    assert cost_summary(factory, "fixed").startswith("trees fixed (--tree fixed; the page can switch to auto): ")
+    costs.source = "cached /somewhere/abc.json"
+    assert "cost model cached /somewhere/abc.json, read in " in cost_summary(factory)
+
+
 # ---------------------------------------------------------------------------------------------- app.wait_for_page
 class _Handler(http.server.BaseHTTPRequestHandler):
     delay_first_s = 0.0      # the first request waits this long before it answers
@@ -239,6 +254,7 @@ def test_readme_command_starts_on_busy_cores_and_serves_a_run(tmp_path):
         assert proc.poll() is None, log.read_text()[-4000:]
         text = log.read_text()
         assert "localhost is not accessible" not in text and "terminate called" not in text, text[-4000:]
+        assert "trees sized automatically: cost model " in text, text[-4000:]   # measured, or read from the cache
     finally:
         for b in busy:
             _stop(b)

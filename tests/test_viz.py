@@ -468,3 +468,73 @@ def test_empty_and_root_only_inputs_render():
     check_chart(viz.score_scatter(st))
     check_chart(viz.timing_figure({"vanilla": [st, st.to_dict()]}))
     assert token_spans([st], decode_fn) == [("<10>", trace_stats.PREFILL_LABEL), ("<11>", trace_stats.BONUS_LABEL)]
+
+
+# ---------------------------------------------------------------------------------------------- cost of a tree
+def _costs(ms_by_nodes: dict[int, float]):
+    """A CostModel measured nowhere: verify ms at a few tree sizes, commit 0.1 ms."""
+    from dart_core.sizing.costs import CostModel, VerifyCurve
+    sizes = sorted(ms_by_nodes)
+    return CostModel(VerifyCurve(sizes, [ms_by_nodes[n] / 1e3 for n in sizes]), 1e-4, source="synthetic")
+
+
+def _dart_auto(costs):
+    """An AutoTree over a stand-in DART drafter (its tree knobs only) with the generic acceptance prior."""
+    from types import SimpleNamespace
+    from dart_core.sizing.acceptance import AcceptanceModel
+    from dart_core.sizing.auto import AutoTree
+    drafter = SimpleNamespace(name="dart", needs_aux=True, pruning=PruningConfig(),
+                              head=SimpleNamespace(config=SimpleNamespace(draft_length=4)))
+    return AutoTree(drafter, costs, AcceptanceModel.generic())
+
+
+FLAT = {1: 10.0, 3: 10.1, 9: 10.2, 17: 10.4, 33: 10.8, 64: 11.5}      # a GPU: big trees almost free
+STEEP = {1: 5.0, 3: 7.0, 9: 13.0, 17: 21.0, 33: 37.0, 64: 68.0}       # a few CPU cores: every node costs
+
+
+@pytest.mark.parametrize("curve, words, small", [(FLAT, "memory-bound", False), (STEEP, "compute-bound", True)])
+def test_tree_cost_sentence_follows_the_measured_curve(curve, words, small):
+    costs = _costs(curve)
+    auto = _dart_auto(costs)
+    rates = auto.rates()
+    text = viz.tree_cost_text(costs, rates, others={"EAGLE-3": "total_token 8, depth 2, top_k 3"})
+    assert words in text and ("small trees win" in text) == small and ("big trees win" in text) == (not small)
+    assert f"{costs.verify_s(33) * 1e3:.1f} ms" in text and "DART's chooser picks" in text
+    assert f"**{rates[0]['label']}**" in text and "EAGLE-3's chooser picks **total_token 8" in text
+    best = rates[0]["choice"].settings.get("budget", 0)
+    assert (best <= 8) if small else (best >= 20), rates[0]
+    # the sentence alone (no AutoTree yet) still explains the machine
+    assert words in viz.tree_cost_text(costs) and "chooser" not in viz.tree_cost_text(costs)
+
+
+def test_verify_cost_figure_shows_measured_points_and_the_curve():
+    costs = _costs(STEEP)
+    fig = viz.verify_cost_figure(costs)
+    by_name = {t.name: t for t in fig.data}
+    assert list(by_name["measured"].x) == sorted(STEEP) and by_name["measured"].y[-1] == pytest.approx(68.0)
+    curve = by_name["interpolated"]
+    assert list(curve.x) == list(range(1, 65)) and curve.y[1] == pytest.approx(6.0)   # 2 nodes: between 1 and 3
+    assert fig.layout.xaxis.title.text and fig.layout.yaxis.title.text and "7.4" in fig.layout.title.text
+
+
+def test_budget_rate_figure_marks_the_choice_the_plain_step_and_the_papers_budget():
+    costs = _costs(STEEP)
+    rates = _dart_auto(costs).rates()
+    fig = viz.budget_rate_figure(rates)
+    names = [t.name for t in fig.data]
+    curve = fig.data[0]
+    assert curve.name == "expected tokens/s" and list(curve.x) == sorted(curve.x) and 60 in list(curve.x)
+    plain = next(r for r in rates if r["choice"].plain)
+    ref = next(t for t in fig.data if t.name.startswith("plain target step"))
+    assert list(ref.y) == [pytest.approx(plain["tokens_per_s"])] * 2
+    chosen = next(t for t in fig.data if t.name.startswith("chosen"))
+    assert chosen.y[0] == pytest.approx(rates[0]["tokens_per_s"]) and chosen.y[0] == max(curve.y + ref.y)
+    assert "the paper's budget 60" in names and any(s.x0 == 60 for s in fig.layout.shapes)
+    # a machine where no tree pays: the plain step is the choice
+    slow_draft = _costs(STEEP)
+    slow_draft.draft_cost("dart").add((1, 1, 1), 1.0)          # a 1 s head forward
+    rates = _dart_auto(slow_draft).rates()
+    assert rates[0]["choice"].plain
+    fig = viz.budget_rate_figure(rates)
+    assert any(t.name.startswith("chosen: plain steps") for t in fig.data)
+    assert "plain steps" in viz.tree_cost_text(slow_draft, rates)

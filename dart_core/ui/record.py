@@ -54,6 +54,8 @@ class EngineRun:
     tokens   answer tokens (the first comes from the prefill; EOS included when reached)
     busy_s   seconds spent inside this engine's own work (prefill + steps), never UI or other engines
     spans    recorded (text, label) spans; None = computed from the traces with the decoder
+    tree_labels  per step (live runs only, not exported): the tree setting an automatic-tree drafter chose
+                 for it (dart_core.sizing.AutoTree, e.g. "budget 3"), None for a fixed tree
     """
     name: str
     tokens: list[int] = field(default_factory=list)
@@ -63,6 +65,7 @@ class EngineRun:
     stop_reason: str | None = None
     error: str | None = None
     spans: list[tuple[str, str]] | None = None
+    tree_labels: list[str | None] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -71,6 +74,10 @@ class EngineRun:
     @property
     def steps(self) -> int:
         return len(self.traces)
+
+    def tree_label(self, k: int) -> str | None:
+        """The automatic tree setting of step index ``k`` (None: a fixed tree, or a replayed run)."""
+        return self.tree_labels[k] if 0 <= k < len(self.tree_labels) else None
 
     @property
     def tau(self) -> float | None:
@@ -81,10 +88,11 @@ class EngineRun:
     def tokens_per_s(self) -> float | None:
         return len(self.tokens) / self.busy_s if self.busy_s > 0 and self.tokens else None
 
-    def add_step(self, trace: StepTrace) -> None:
+    def add_step(self, trace: StepTrace, tree_label: str | None = None) -> None:
         if not self.traces:
             self.tokens.append(int(trace.tree.tokens[0]))  # the prefill's token is step 1's root
         self.traces.append(trace)
+        self.tree_labels.append(tree_label)
         self.tokens.extend(int(t) for t in trace.emitted_tokens)
 
 

@@ -29,7 +29,8 @@ from ..drafters.pruning import PruningConfig
 from ..engine.decoding import GenerationResult, SpeculativeEngine
 from ..engine.trace import StepTrace
 from ..loading import BASELINE, EngineFactory, EngineLease
-from ..presets import EAGLE3_FIELDS, KNOBS, PRUNING_FIELDS, Limit
+from ..presets import EAGLE3_FIELDS, KNOBS, PRUNING_FIELDS, SIZE_FIELDS, TREE_MODES, Limit
+from ..sizing.auto import AutoTree
 from .record import EngineRun, RunRecord
 
 logger = logging.getLogger(__name__)
@@ -44,8 +45,9 @@ class RunSettings:
     """Every knob the page exposes: the fields are the knobs' names in dart_core.presets.KNOBS (plus
     max_new_tokens and seed); error messages use the knobs' labels.
 
-    None for a tree knob = the target's own default (DART: ``default_pruning(target)``; EAGLE-3:
-    ``default_eagle3_tree(target)``: the bundled model's tuned trees, else the paper's / published ones).
+    ``tree``: "auto" (the default) lets the measured cost and acceptance models choose every tree-size knob
+    left None (dart_core.sizing; a size knob that is set stays fixed); "fixed" runs the tree settings as
+    given, None for a tree knob meaning the engine's base tree config (the paper's / published one).
     """
     max_new_tokens: int = 128
     temperature: float = 0.0
@@ -59,6 +61,7 @@ class RunSettings:
     eagle3_total_token: int | None = None
     eagle3_depth: int | None = None
     eagle3_top_k: int | None = None
+    tree: str = "auto"
 
     # (field, limit): the fields are the knobs of dart_core.presets (one name from slider to flag), whose ranges
     # the sliders, the tree configs and the CLI flags share
@@ -79,10 +82,15 @@ class RunSettings:
             setattr(s, name, int(float(v)) if limit.integer else float(v))
         if "seed" in values and values["seed"] not in (None, ""):
             s.seed = int(values["seed"])
+        if values.get("tree") is not None:
+            s.tree = values["tree"]
         s.validate()
         return s
 
     def validate(self) -> None:
+        if self.tree not in TREE_MODES:
+            raise ConfigError(f"tree must be one of {', '.join(TREE_MODES)}, got {self.tree!r}: 'auto' sizes each "
+                              "tree from this machine's measured costs, 'fixed' uses the tree settings as given")
         for name, limit in self._RULES:
             v = getattr(self, name)
             if v is None:
@@ -127,6 +135,14 @@ class RunSettings:
         except ValueError as exc:
             raise ConfigError(f"EAGLE-3 tree settings: {exc}") from None
 
+    def fixed_sizes(self, engine: str) -> dict[str, int] | None:
+        """With automatic trees, the size knobs of ``engine`` that are set (held fixed; the rest are chosen):
+        {config field: value}. None with fixed trees."""
+        if self.tree != "auto":
+            return None
+        return {field: int(getattr(self, knob)) for field, knob in SIZE_FIELDS[engine].items()
+                if getattr(self, knob) is not None}
+
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
@@ -148,6 +164,19 @@ def check_prompt_length(n_prompt: int, max_length: int, max_new_tokens: int) -> 
 
 
 # ---------------------------------------------------------------------------------------------- comparison
+def auto_tree_label(engine: Any) -> str | None:
+    """The tree setting an engine's automatic-tree drafter (dart_core.sizing.AutoTree) used for the step it just
+    made, e.g. "budget 3" or "plain step" (read between steps: the engine reports each step to the drafter
+    before it yields the trace); None for a drafter with a fixed tree."""
+    drafter = getattr(engine, "drafter", None)
+    if not isinstance(drafter, AutoTree):
+        return None
+    used = getattr(drafter, "_last", None) or drafter.choice   # a probe step differs from the current choice
+    if drafter.choice.plain and not used.plain:
+        return f"{used.label} (a probe: plain steps pay more here, a tree now and then keeps it learning)"
+    return used.label
+
+
 class Comparison:
     """Several engines on one prompt, advanced one step at a time by one generator (fair clock).
 
@@ -205,7 +234,7 @@ class Comparison:
             self._release_if_done()
             return None
         run.busy_s += time.perf_counter() - t0
-        run.add_step(trace)
+        run.add_step(trace, auto_tree_label(self.engines[name]))
         if trace.stop_reason is not None:  # finish now: the generator's epilogue is bookkeeping only
             self.advance(name)
         return trace

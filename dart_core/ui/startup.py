@@ -1,7 +1,9 @@
-"""Serving start-up for app.py (no Gradio here): the one log line naming what was loaded, and a warm-up.
+"""Serving start-up for app.py (no Gradio here): the log lines naming what was loaded and the cost model that
+sizes the trees, and a warm-up.
 
     factory = EngineFactory.from_flags(target, ...)
     logger.info("%s", startup_summary(target, factory))   # target, heads, N-gram table, dtype, device
+    logger.info("%s", cost_summary(factory, "auto"))        # measures (or reads) the target's cost model
     warm_up(factory, template, max_length=2048)            # a few tokens per engine before the first request
 
 The warm-up runs each engine the page will use (same tree settings, same KV-cache size) for a few tokens, so the
@@ -45,12 +47,28 @@ def startup_summary(target: Any, factory: EngineFactory) -> str:
     return "startup: " + "; ".join(parts)
 
 
+def cost_summary(factory: EngineFactory, tree: str = "auto") -> str:
+    """One line naming the target's cost model on this machine (``factory.costs``: measured now, or read from
+    the user cache), which sizes the trees in ``tree`` mode "auto" and draws the page's *Cost of a tree*."""
+    t0 = time.perf_counter()
+    costs = factory.costs
+    spent = time.perf_counter() - t0
+    how = ("trees sized automatically" if tree == "auto"
+           else "trees fixed (--tree fixed; the page can switch to auto)")
+    source = str(getattr(costs, "source", "measured"))
+    if source.startswith("cached"):
+        source += f", read in {spent:.2f} s"
+    v = costs.verify
+    points = ", ".join(f"{int(n)}: {1e3 * float(t):.1f}" for n, t in zip(v.sizes, v.seconds))
+    return (f"{how}: cost model {source}: verify ms by nodes {{{points}}}, commit {1e3 * costs.commit_s:.2f} ms")
+
+
 def warm_up(factory: EngineFactory, template: Any, *, max_length: int, max_new_tokens: int = WARMUP_TOKENS,
-            prompt: str = WARMUP_PROMPT) -> dict[str, float]:
-    """Generate ``max_new_tokens`` tokens (greedy) with every engine at the page's default settings, which
-    builds and caches the very engines (and KV caches of ``max_length``) the first request reuses.
-    Returns seconds per engine."""
-    settings = RunSettings(max_new_tokens=max_new_tokens)
+            prompt: str = WARMUP_PROMPT, tree: str = "auto") -> dict[str, float]:
+    """Generate ``max_new_tokens`` tokens (greedy) with every engine at the page's default settings (``tree``:
+    the page's default tree mode), which builds and caches the very engines (and KV caches of ``max_length``)
+    the first request reuses. Returns seconds per engine."""
+    settings = RunSettings(max_new_tokens=max_new_tokens, tree=tree)
     config = settings.generation_config(max_length)
     ids = encode_chat(factory.target.tokenizer, template, [{"role": "user", "content": prompt}])
     seconds: dict[str, float] = {}
