@@ -30,7 +30,7 @@ from .config import ConfigError, GenerationConfig
 from .engine.decoding import GenerationStats, SpeculativeEngine
 from .drafters.dart import DartDrafter
 from .models.heads.dart import DartHead
-from .drafters.pruning import PruningConfig, default_pruning
+from .drafters.pruning import PruningConfig
 from .loading import bundled_head_dir, load_head_and_ngram, open_ngram
 from .models.detok import IncrementalDetokenizer
 from .models.templates import TEMPLATE_REGISTRY, check_text, encode_chat, get_template
@@ -70,17 +70,29 @@ class DartModel:
     """A target model + DART head + N-gram table, ready to generate (batch size 1)."""
 
     def __init__(self, target, head: DartHead, store=None, pruning: PruningConfig | None = None,
-                 template_name: str | None = None):
+                 template_name: str | None = None, tree: str = "auto"):
+        """tree: "auto" sizes each tree (the budget) from this machine's measured costs and the head's acceptance
+        (dart_core.sizing; the other pruning knobs come from ``pruning``); "fixed" runs ``pruning`` as given.
+        pruning: the pruner's knobs (default: the paper's)."""
+        from .presets import TREE_MODES
+        if tree not in TREE_MODES:
+            raise ConfigError(f"tree={tree!r}: use one of {', '.join(TREE_MODES)}")
         self.target = target
         self.head = head
         self.ngram_model = store
-        self.pruning = pruning or default_pruning(target.name)
+        self.pruning = pruning or PruningConfig()
+        self.tree = tree
         self.template = get_template(template_name or target.template_name)
         self._build_engine()
 
     def _build_engine(self) -> None:
         self.drafter = DartDrafter(self.head, self.ngram_model, self.target.eos_token_ids, self.pruning)
-        self.engine = SpeculativeEngine(self.target, self.drafter, name="dart")
+        drafter = self.drafter
+        if self.tree == "auto":
+            from .sizing.auto import make_auto
+            from .sizing.costs import CostModel
+            drafter = make_auto(self.drafter, CostModel.load_or_measure(self.target))
+        self.engine = SpeculativeEngine(self.target, drafter, name="dart")
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -88,7 +100,7 @@ class DartModel:
                         ngram_model_name_or_path: str | None = None, torch_dtype: str | torch.dtype | None = None,
                         device_map: str | None = None, is_small_ngram: bool = False, *,
                         template_name: str | None = None, pruning: PruningConfig | None = None,
-                        check_fingerprint: bool = True, **kwargs: Any) -> "DartModel":
+                        tree: str = "auto", check_fingerprint: bool = True, **kwargs: Any) -> "DartModel":
         """Load everything; omitted arguments use the bundled defaults.
 
         base_model_name_or_path   target: Hub id, local directory, .gguf file, or None (bundled SmolLM2-135M)
@@ -100,6 +112,7 @@ class DartModel:
         torch_dtype               torch dtype or name ("auto", "bfloat16", "float32", ...); None = auto
         device_map                "auto" / None (GPU if present), "cpu", "cuda", "cuda:1" (one device only)
         is_small_ngram            pick small.* over full.* in a directory or Hub repo
+        tree                      "auto" (trees sized by measurement) or "fixed" (``pruning`` as given)
         Extra keyword arguments of the original (low_cpu_mem_usage, ...) are accepted and ignored.
         """
         from .models.loader import load_target
@@ -112,7 +125,7 @@ class DartModel:
         head, store = load_head_and_ngram(target, base_model_name_or_path, dart_model_name_or_path,
                                           ngram_model_name_or_path, is_small_ngram=is_small_ngram,
                                           check_fingerprint=check_fingerprint)
-        return cls(target, head, store, pruning=pruning, template_name=template_name)
+        return cls(target, head, store, pruning=pruning, template_name=template_name, tree=tree)
 
     # ------------------------------------------------------------------ conveniences of the original
     @property

@@ -155,18 +155,30 @@ class EngineFactory:
     """
 
     def __init__(self, target, *, dart_head=None, ngram=None, dart_pruning: PruningConfig | None = None,
-                 eagle3_head=None, eagle3_tree=None, unavailable: Mapping[str, str] | None = None):
-        from .drafters.eagle3 import default_eagle3_tree
-        from .drafters.pruning import default_pruning
+                 eagle3_head=None, eagle3_tree=None, unavailable: Mapping[str, str] | None = None,
+                 costs=None):
+        """dart_pruning / eagle3_tree: the base tree settings (default: the paper's / published ones), which
+        fixed trees run as given and automatic trees start from. costs: the target's CostModel
+        (dart_core.sizing.costs; default: measured, or read from the cache, when first needed)."""
+        from .drafters.eagle3 import Eagle3TreeConfig
         self.target = target
         self.dart_head = dart_head
         self.ngram = ngram
-        self.dart_pruning = dart_pruning or default_pruning(target.name)
+        self.dart_pruning = dart_pruning or PruningConfig()
         self.eagle3_head = eagle3_head
-        self.eagle3_tree_base = eagle3_tree or default_eagle3_tree(target.name)
+        self.eagle3_tree_base = eagle3_tree or Eagle3TreeConfig()
         self.unavailable: dict[str, str] = dict(unavailable or {})
+        self._costs = costs
         self._pool: dict[str, tuple[Any, SpeculativeEngine]] = {}   # idle engines, at most one per name
         self._pool_lock = threading.Lock()
+
+    @property
+    def costs(self):
+        """This target's cost model on this machine (measured at first use, or read from the user cache)."""
+        if self._costs is None:
+            from .sizing.costs import CostModel
+            self._costs = CostModel.load_or_measure(self.target)
+        return self._costs
 
     @property
     def names(self) -> list[str]:
@@ -214,28 +226,35 @@ class EngineFactory:
         return cls(target, dart_head=dart_head, ngram=store, eagle3_head=eagle3_head, unavailable=unavailable)
 
     def _make(self, name: str, settings: "RunSettings") -> tuple[Any, SpeculativeEngine]:
-        target = self.target
+        target, key = self.target, self.tree_key(name, settings)
         if name == "dart":
             from .drafters.dart import DartDrafter
-            pruning = settings.pruning(self.dart_pruning)
-            key = tuple(sorted(pruning.to_dict().items()))
-            return key, SpeculativeEngine(target, DartDrafter(self.dart_head, self.ngram, target.eos_token_ids,
-                                                              pruning=pruning), name="dart")
-        if name == "eagle3":
+            drafter = DartDrafter(self.dart_head, self.ngram, target.eos_token_ids,
+                                  pruning=settings.pruning(self.dart_pruning))
+        elif name == "eagle3":
             from .drafters.eagle3 import Eagle3Drafter
-            tree = settings.eagle3_tree(self.eagle3_tree_base)
-            key = tuple(sorted(asdict(tree).items()))
-            return key, SpeculativeEngine(target, Eagle3Drafter(self.eagle3_head, tree), name="eagle3")
-        if name == BASELINE:
-            return (), SpeculativeEngine(target, name=BASELINE)
-        raise ConfigError(f"unknown engine {name!r}; this app runs {self.names}")
+            drafter = Eagle3Drafter(self.eagle3_head, settings.eagle3_tree(self.eagle3_tree_base))
+        elif name == BASELINE:
+            return key, SpeculativeEngine(target, name=BASELINE)
+        else:
+            raise ConfigError(f"unknown engine {name!r}; this app runs {self.names}")
+        fixed = settings.fixed_sizes(name)
+        if fixed is not None:
+            from .sizing.auto import make_auto
+            drafter = make_auto(drafter, self.costs, fixed)
+        return key, SpeculativeEngine(target, drafter, name=name)
 
     def tree_key(self, name: str, settings: "RunSettings") -> Any:
+        """What makes two engines of ``name`` interchangeable: their tree settings (and, with automatic trees,
+        which size knobs are held)."""
         if name == "dart":
-            return tuple(sorted(settings.pruning(self.dart_pruning).to_dict().items()))
-        if name == "eagle3":
-            return tuple(sorted(asdict(settings.eagle3_tree(self.eagle3_tree_base)).items()))
-        return ()
+            tree = tuple(sorted(settings.pruning(self.dart_pruning).to_dict().items()))
+        elif name == "eagle3":
+            tree = tuple(sorted(asdict(settings.eagle3_tree(self.eagle3_tree_base)).items()))
+        else:
+            return ()
+        fixed = settings.fixed_sizes(name)
+        return tree if fixed is None else ("auto", tree, tuple(sorted(fixed.items())))
 
     def checkout(self, settings: "RunSettings", *, fresh: bool = False) -> "EngineLease":
         """Engines for one run, owned by it until ``release()``: idle pooled engines of the same tree settings

@@ -14,7 +14,7 @@ candidates they can actually produce, so a huge budget or beam costs no memory b
 
     LIMITS["budget"].check(0, "--budget")     # -> 0 (DART drafts nothing: a plain target step)
     LIMITS["budget"].check(-1, "--budget")    # ValueError: --budget must be between 0 and 1024, got -1
-    KNOBS["budget"].default_for(default_pruning(target.name))   # the page's default for this target
+    KNOBS["budget"].default_for(PruningConfig())   # the page's default: the paper's 60
 
 Edge values mean:
 
@@ -112,11 +112,12 @@ class Knob:
     limit         its range and its label (the name the page's messages use)
     step          the page slider's step
     help          one line for flags and docs
-    default       the page's default; None for a tree knob: the target's own tree config, i.e. the tuned
-                  setting of the bundled model (drafters/pruning.py TUNED_PRUNING, drafters/eagle3.py
-                  TUNED_EAGLE3_TREE) or the paper's / published one (:meth:`default_for`)
+    default       the page's default; None for a tree knob: the value in the engine's tree config, the
+                  paper's / published one unless the app was started with other values (:meth:`default_for`)
     engine        "dart" / "eagle3" for a tree knob (None: a sampling knob every engine shares)
     config_field  its field in that engine's tree config (PruningConfig / Eagle3TreeConfig)
+    sizes_tree    a tree-size knob: with automatic trees (``--tree auto``) the measured cost and acceptance
+                  models choose it each few steps unless it is set (dart_core.sizing)
     slider_label  the slider's label where it says more than ``limit.label`` (e.g. what 0 means)
     """
     name: str
@@ -127,6 +128,7 @@ class Knob:
     engine: str | None = None
     config_field: str | None = None
     slider_label: str | None = None
+    sizes_tree: bool = False
 
     @property
     def label(self) -> str:
@@ -137,12 +139,12 @@ class Knob:
         return "--" + self.name.replace("_", "-")
 
     def default_for(self, tree_config: Any = None) -> float:
-        """The page's default: ``default``, or for a tree knob the value in ``tree_config`` (the target's
-        PruningConfig / Eagle3TreeConfig, e.g. ``default_pruning(target.name)``)."""
+        """The page's default: ``default``, or for a tree knob the value in ``tree_config`` (the engine's
+        PruningConfig / Eagle3TreeConfig)."""
         if self.config_field is None:
             return self.default
         if tree_config is None:
-            raise ValueError(f"{self.name} defaults per target: pass its {self.engine} tree config")
+            raise ValueError(f"{self.name} takes its default from a tree config: pass its {self.engine} tree config")
         return getattr(tree_config, self.config_field)
 
 
@@ -158,7 +160,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     # DART pruning (dart_core.drafters.pruning.PruningConfig: budget, beam_width, level_top_k, ngram_weight)
     Knob("budget", Limit("DART tree budget", 0, 1024, True, slider_high=256), 1,
          "DART tree budget: drafted nodes kept per step, root excluded (0 = no draft)",
-         engine="dart", config_field="budget", slider_label="DART tree budget (nodes; 0 = no draft)"),
+         engine="dart", config_field="budget", slider_label="DART tree budget (nodes; 0 = no draft)",
+         sizes_tree=True),
     Knob("beam_width", Limit("DART beam width", 1, 256, True, slider_high=64), 1,
          "DART beam width: candidates expanded per level", engine="dart", config_field="beam_width"),
     Knob("level_top_k", Limit("DART per-level top-k", 1, 256, True, slider_high=64), 1,
@@ -169,11 +172,13 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     # EAGLE-3 dynamic tree (dart_core.drafters.eagle3.Eagle3TreeConfig: total_token, depth, top_k)
     Knob("eagle3_total_token", Limit("EAGLE-3 total tokens", 1, 1024, True, slider_high=256), 1,
          "EAGLE-3 total tokens: nodes verified per step, root included (1 = no draft)",
-         engine="eagle3", config_field="total_token"),
+         engine="eagle3", config_field="total_token", sizes_tree=True),
     Knob("eagle3_depth", Limit("EAGLE-3 depth", 0, 64, True, slider_high=16), 1,
-         "EAGLE-3 depth: tree forwards after the first one; drafted depth is at most depth + 1", engine="eagle3", config_field="depth"),
+         "EAGLE-3 depth: tree forwards after the first one; drafted depth is at most depth + 1", engine="eagle3",
+         config_field="depth", sizes_tree=True),
     Knob("eagle3_top_k", Limit("EAGLE-3 top-k", 1, 256, True, slider_high=32), 1,
-         "EAGLE-3 top-k: children scored per expanded node, and the frontier width", engine="eagle3", config_field="top_k"),
+         "EAGLE-3 top-k: children scored per expanded node, and the frontier width", engine="eagle3",
+         config_field="top_k", sizes_tree=True),
 )}
 
 #: Each knob's range (keys: RunSettings' fields), for the entries that only check values.
@@ -182,3 +187,9 @@ LIMITS: dict[str, Limit] = {name: k.limit for name, k in KNOBS.items()}
 #: The knobs of each tree config, by config field: PruningConfig / Eagle3TreeConfig field -> knob name.
 PRUNING_FIELDS = {k.config_field: k.name for k in KNOBS.values() if k.engine == "dart"}
 EAGLE3_FIELDS = {k.config_field: k.name for k in KNOBS.values() if k.engine == "eagle3"}
+#: The tree-size knobs of each engine that automatic trees choose unless set: engine -> {config field: knob name}.
+SIZE_FIELDS = {engine: {k.config_field: k.name for k in KNOBS.values() if k.engine == engine and k.sizes_tree}
+               for engine in ("dart", "eagle3")}
+#: ``--tree``: "auto" sizes each tree from this machine's measured costs and the drafter's acceptance (the
+#: default); "fixed" uses the tree settings as given (the paper's / published ones unless set).
+TREE_MODES = ("auto", "fixed")

@@ -29,35 +29,39 @@ def test_run_settings_fields_are_the_knob_names():
     from dart_core.presets import KNOBS
     from dart_core.ui.session import RunSettings
     names = [f.name for f in fields(RunSettings)]
-    assert [n for n in names if n not in ("max_new_tokens", "seed")] == list(KNOBS)
+    assert [n for n in names if n not in ("max_new_tokens", "seed", "tree")] == list(KNOBS)
     s = RunSettings()
     for name, knob in KNOBS.items():
         if knob.config_field is None:   # sampling knobs: one default, the page's and the settings API's
             assert getattr(s, name) == knob.default, name
-        else:                           # tree knobs: None = the target's own tree config
+        else:                           # tree knobs: None = chosen (auto trees) or the engine's tree config
             assert getattr(s, name) is None and knob.default is None, name
+    assert s.tree == "auto" and s.fixed_sizes("dart") == {} and s.fixed_sizes("eagle3") == {}
+    held = RunSettings(budget=4, eagle3_depth=2)
+    assert held.fixed_sizes("dart") == {"budget": 4} and held.fixed_sizes("eagle3") == {"depth": 2}
+    assert RunSettings(tree="fixed", budget=4).fixed_sizes("dart") is None
 
 
-def test_tree_knobs_map_onto_their_configs_and_default_per_target():
+def test_tree_knobs_map_onto_their_configs_and_the_size_knobs_are_marked():
     from dataclasses import fields
 
-    from dart_core.drafters.eagle3 import TUNED_EAGLE3_TREE, Eagle3TreeConfig, default_eagle3_tree
-    from dart_core.drafters.pruning import TUNED_PRUNING, PruningConfig, default_pruning
-    from dart_core.presets import EAGLE3_FIELDS, KNOBS, PRUNING_FIELDS
+    from dart_core.drafters.eagle3 import Eagle3TreeConfig
+    from dart_core.drafters.pruning import PruningConfig
+    from dart_core.presets import EAGLE3_FIELDS, KNOBS, PRUNING_FIELDS, SIZE_FIELDS
     assert set(PRUNING_FIELDS) <= {f.name for f in fields(PruningConfig)}
     assert set(EAGLE3_FIELDS) <= {f.name for f in fields(Eagle3TreeConfig)}
     assert PRUNING_FIELDS == {"budget": "budget", "beam_width": "beam_width", "level_top_k": "level_top_k",
                               "ngram_weight": "ngram_weight"}
     assert KNOBS["budget"].flag == "--budget" and KNOBS["level_top_k"].flag == "--level-top-k"
-    for key, tuned in TUNED_PRUNING.items():     # the bundled model's tuned DART tree is the page's default there
-        for field, value in tuned.items():
-            assert KNOBS[PRUNING_FIELDS[field]].default_for(default_pruning(key)) == value
-    for key, tuned in TUNED_EAGLE3_TREE.items():
-        for field, value in tuned.items():
-            assert KNOBS[EAGLE3_FIELDS[field]].default_for(default_eagle3_tree(key)) == value
-    paper = PruningConfig()
+    # What automatic trees choose: the sizes, never the pruner's scoring knobs.
+    assert SIZE_FIELDS == {"dart": {"budget": "budget"},
+                           "eagle3": {"total_token": "eagle3_total_token", "depth": "eagle3_depth",
+                                      "top_k": "eagle3_top_k"}}
+    # No per-target constants: fixed trees default to the paper's / published settings everywhere.
+    paper, published = PruningConfig(), Eagle3TreeConfig()
+    assert (paper.budget, published.total_token, published.depth, published.top_k) == (60, 60, 7, 10)
     assert KNOBS["budget"].default_for(paper) == paper.budget and KNOBS["level_top_k"].default_for(paper) == paper.level_top_k
-    with pytest.raises(ValueError, match="per target"):
+    with pytest.raises(ValueError, match="tree config"):
         KNOBS["budget"].default_for()
 
 
@@ -83,7 +87,7 @@ def test_every_slider_is_its_knob(page):
     default from the target's own tree config), and the page sends its values under the knobs' names."""
     app, vis = page
     from dart_core.presets import KNOBS
-    assert app.SETTING_NAMES == ("max_new_tokens",) + tuple(KNOBS)
+    assert app.SETTING_NAMES == ("max_new_tokens",) + tuple(KNOBS) + ("tree",)   # the tree mode control last
     for name, knob in KNOBS.items():
         slider = getattr(vis.controls, name)
         base = {"dart": vis.factory.dart_pruning, "eagle3": vis.factory.eagle3_tree_base}.get(knob.engine)

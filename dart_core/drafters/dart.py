@@ -65,31 +65,23 @@ class DartDrafter(FeatureDrafter):
     # ------------------------------------------------------------------ protocol
 
     def propose(self, context: Sequence[int]) -> Proposal:
-        if self._pending is None:
-            raise RuntimeError("DartDrafter.propose() called twice without observe(): the engine must report "
-                               "every verify step through observe()")
         if int(self.pruning.budget) == 0:
             # Budget 0 drafts nothing: the step is one plain target forward (the output equals vanilla's). The
-            # head never runs, so its cache is not needed; begin() resets it for the next request.
-            self._pending = None
-            return Proposal(tree=DraftTree.root_only(int(context[-1])))
+            # head does not run; its features wait for the next step that drafts.
+            return self.skip(context)
         dev = self.head.fc.weight.device
         sync = dev.type == "cuda"
-        n = int(self._pending.shape[0])
         start = self._cache.length
-        if start + n + 1 != len(context):
-            raise RuntimeError(f"DartDrafter is out of step: {start} positions cached + {n} new features + the root "
-                               f"should make the context, which has {len(context)} tokens")
+        pending = self.take_pending(context)
         next_ids = torch.as_tensor(list(context[start + 1:]), dtype=torch.long, device=dev)
 
         t0 = time.perf_counter()
         # A tree of `budget` nodes is at most `budget` levels deep: deeper rows could never be kept.
         levels = min(self.head.config.draft_length + 1, int(self.pruning.budget))
-        logits = self.head.step(self._pending, next_ids, self._cache, levels)   # [levels, V_d] float32
+        logits = self.head.step(pending, next_ids, self._cache, levels)         # [levels, V_d] float32
         if sync:
             torch.cuda.synchronize(dev)
         t1 = time.perf_counter()
-        self._pending = None
 
         k = min(int(self.pruning.level_top_k), logits.shape[-1])
         vals, idx = torch.topk(logits, k, dim=-1)                               # [D+1, k]

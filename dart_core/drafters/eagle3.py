@@ -67,20 +67,6 @@ class Eagle3TreeConfig:
                 raise ValueError(f"Eagle3TreeConfig.{name}={v!r}: {why}")
 
 
-# Measured per target (benchmarks/tune_tree.py --methods dart,eagle3 on dev prompts; docs/benchmarks.md "Tree-size sweep"):
-# the published defaults were chosen for 8B targets on GPUs, where a wide tree costs little to verify. The bundled
-# model's setting was the fastest of five (2/1/1, 3/2/1, 4/2/2, 5/2/2, 8/3/3: 0.91/0.83/0.79/0.81/0.63x vanilla)
-# on a 2-core AVX2 CPU with the lean native forward, where every tree node and every extra head forward costs
-# more than it earns.
-TUNED_EAGLE3_TREE: dict[str, dict[str, int]] = {"smollm2-135m-instruct": {"total_token": 2, "depth": 1, "top_k": 1}}
-
-
-def default_eagle3_tree(target_name: str | None) -> Eagle3TreeConfig:
-    """The EAGLE-3 tree defaults for a target: its measured setting if it has one, else the published one."""
-    from ..models.bundled import canonical_target_name
-    return Eagle3TreeConfig(**TUNED_EAGLE3_TREE.get(canonical_target_name(target_name), {}))
-
-
 def topk_stable(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k along the last dim, values descending, ties to the lower index (torch.topk leaves ties
     unspecified). Fast path: torch.topk, used when no tie touches the selection."""
@@ -118,17 +104,12 @@ class Eagle3Drafter(FeatureDrafter):
 
     @torch.inference_mode()
     def propose(self, context: Sequence[int]) -> Proposal:
-        if self._pending is None:
-            raise RuntimeError("Eagle3Drafter.propose() called twice without observe(): the engine must report "
-                               "every verify step through observe()")
         head, cache, tc = self.head, self._cache, self.tree_config
         dev = head.fc.weight.device
         sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-        n = int(self._pending.shape[0])
         start = cache.length
-        if start + n + 1 != len(context):
-            raise RuntimeError(f"Eagle3Drafter is out of step: {start} positions cached + {n} new features + the "
-                               f"root should make the context, which has {len(context)} tokens")
+        pending = self.take_pending(context)
+        n = int(pending.shape[0])
         k = min(int(tc.top_k), head.config.draft_vocab_size)
         T = start + n                                        # real positions after this step's real forward
         cache.reserve(T + tc.depth * k)
@@ -139,11 +120,10 @@ class Eagle3Drafter(FeatureDrafter):
         # 1. Real forward: the new positions persist in the head cache.
         t0 = time.perf_counter()
         next_ids = torch.as_tensor(list(context[start + 1:]), dtype=torch.long, device=dev)
-        g = head.step_real(self._pending, next_ids, cache)[-1:]                  # [1, H]
+        g = head.step_real(pending, next_ids, cache)[-1:]                        # [1, H]
         logp = torch.log_softmax(head.logits(g), dim=-1)                         # [1, V_d]
         sync()
         fwd_s += time.perf_counter() - t0
-        self._pending = None
 
         vals, idx = topk_stable(logp[0], k)                                      # [k]
         vals = vals.clamp(max=0.0)         # a log-prob; keeps scores non-increasing along every path

@@ -89,22 +89,6 @@ class PruningConfig:
         return asdict(self)
 
 
-# Per-target defaults measured with benchmarks/tune_tree.py (docs/benchmarks.md, "Tree-size sweep"). The paper's
-# budget 60 suits 8B targets on GPUs, where a 61-node verify costs about one token; on a CPU the
-# verify cost grows with the tree, so the bundled CPU target drafts fewer nodes.
-# smollm2-135m-instruct, on the lean native forward (a 2-core AVX2 CPU, bf16 weights, 8 alpaca questions):
-# budgets 1/2/3/4/6/10 ran at 1.05/1.15/1.09/1.07/0.92/0.79x vanilla. From 3 rows on a verify turns
-# compute-bound on such a CPU, so small trees win. (With the HF forward on an AMX CPU, budgets 6-30 had
-# tied at 1.26-1.29x.)
-TUNED_PRUNING: dict[str, dict[str, Any]] = {"smollm2-135m-instruct": {"budget": 2}}
-
-
-def default_pruning(target_name: str | None) -> PruningConfig:
-    """The pruning defaults for a target: its measured setting if it has one, else the paper's."""
-    from ..models.bundled import canonical_target_name
-    return PruningConfig(**TUNED_PRUNING.get(canonical_target_name(target_name), {}))
-
-
 def _context_tail(context: Sequence[int], store: Any) -> np.ndarray:
     """The last tokens of the context the pruner needs: order-1 for N-gram queries (at least
     one: the root)."""

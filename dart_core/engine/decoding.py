@@ -141,6 +141,7 @@ class SpeculativeEngine:
         prompt = self._validate(prompt_ids, config)
         drafter = self.drafter
         want_aux = bool(drafter is not None and drafter.needs_aux)
+        step_done = getattr(drafter, "step_done", None)   # optional: a drafter that learns from whole steps
         tree_nodes = drafter.max_tree_nodes if drafter is not None else 1
         session = self._session_for(config.max_length + tree_nodes)
         eos = set(self.target.eos_token_ids)
@@ -226,6 +227,8 @@ class SpeculativeEngine:
                 node_target_argmax=target_argmax, timings=timings, candidates=candidates,
                 mode="greedy" if config.greedy else "sampling", stop_reason=stop)
             traces.append(trace)
+            if step_done is not None:
+                step_done(trace)
             yield trace
 
         stats.wall_s = time.perf_counter() - t_start

@@ -52,11 +52,16 @@ class Drafter(Protocol):
     def observe(self, step: AcceptedStep) -> None:
         """Learn what the target accepted (update drafter caches/state)."""
 
+    # Optional: ``step_done(trace: StepTrace) -> None``, called with each step's whole trace (tree, accepted
+    # path, stage times) after the commit; dart_core.sizing.AutoTree sizes its trees from these.
+
 
 class FeatureDrafter:
     """The opening, begin and observe of drafters that run a head on the target's aux features (DART,
-    EAGLE-3): the features of newly committed positions wait in ``_pending`` until the next ``propose``;
-    ``_cache`` is the head's own KV cache (``head.new_cache()``, with ``reset()``)."""
+    EAGLE-3): the features of newly committed positions wait in ``_pending`` until the next drafting
+    ``propose``, which takes them with :meth:`take_pending`; ``_cache`` is the head's own KV cache
+    (``head.new_cache()``, with ``reset()``). :meth:`skip` proposes a plain target step without running the
+    head: the step's features join the waiting ones, so the head catches up at the next drafting step."""
     needs_aux = True
     _pending: torch.Tensor | None = None
 
@@ -72,7 +77,8 @@ class FeatureDrafter:
             prepare(self.head)
         self.name = name
         self._cache = head.new_cache()
-        self._pending = None   # [n, 3H] features of positions not yet in the head cache
+        self._pending = None      # [n, 3H] features of positions not yet in the head cache
+        self._proposed = False    # a proposal awaits its observe()
 
     def begin(self, prompt_ids: Sequence[int], prefill_aux: torch.Tensor | None) -> None:
         if prefill_aux is None:
@@ -81,10 +87,33 @@ class FeatureDrafter:
             raise ValueError(f"prefill_aux has {prefill_aux.shape[0]} rows for a prompt of {len(prompt_ids)} tokens")
         self._cache.reset()
         self._pending = prefill_aux
+        self._proposed = False
 
     def observe(self, step: AcceptedStep) -> None:
         if step.aux is None:
             raise ValueError(f"{type(self).__name__} needs the aux features of the accepted nodes (needs_aux=True)")
         if step.aux.shape[0] != len(step.tokens):
             raise ValueError(f"AcceptedStep has {len(step.tokens)} tokens but {step.aux.shape[0]} aux rows")
-        self._pending = step.aux
+        self._pending = step.aux if self._pending is None else torch.cat([self._pending, step.aux])
+        self._proposed = False
+
+    def take_pending(self, context: Sequence[int]) -> torch.Tensor:
+        """The waiting features (then none wait), checked against the context: positions cached + waiting
+        + the root make the context."""
+        if self._proposed or self._pending is None:
+            raise RuntimeError(f"{type(self).__name__}.propose() called twice without observe(): the engine "
+                               "must report every verify step through observe()")
+        pending, n, start = self._pending, int(self._pending.shape[0]), self._cache.length
+        if start + n + 1 != len(context):
+            raise RuntimeError(f"{type(self).__name__} is out of step: {start} positions cached + {n} new features "
+                               f"+ the root should make the context, which has {len(context)} tokens")
+        self._pending = None
+        self._proposed = True
+        return pending
+
+    def skip(self, context: Sequence[int]) -> Proposal:
+        """A plain target step (the root only): the head does not run; its features wait for the next draft."""
+        if self._proposed or self._pending is None:
+            raise RuntimeError(f"{type(self).__name__}.skip() called twice without observe()")
+        self._proposed = True
+        return Proposal(tree=DraftTree.root_only(int(context[-1])))

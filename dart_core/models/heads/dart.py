@@ -366,7 +366,9 @@ def load_dart_head(path_or_id: str | os.PathLike, target=None, *, dtype: torch.d
     if target is not None:
         check_head_matches_target(config, target, source=f"the DART head {path_or_id}",
                                   check_fingerprint=check_fingerprint)
-    return fill_head(DartHead(config), tensors, path_or_id, target, dtype=dtype, device=device)
+    head = fill_head(DartHead(config), tensors, path_or_id, target, dtype=dtype, device=device)
+    head.files_dir = Path(cfg_path).parent   # where its eval.json (held-out hit rates) would lie
+    return head
 
 
 def save_dart_head(head: DartHead, out_dir: str | os.PathLike, dtype: torch.dtype | None = torch.bfloat16) -> Path:

@@ -279,7 +279,9 @@ def load_eagle3_head(path_or_id: str | os.PathLike, target=None, *, dtype: torch
     if target is not None:
         check_head_matches_target(config, target, source=f"the EAGLE-3 head {path_or_id}",
                                   check_fingerprint=check_fingerprint, train_command="eagle3")
-    return fill_head(Eagle3Head(config), tensors, path_or_id, target, dtype=dtype, device=device)
+    head = fill_head(Eagle3Head(config), tensors, path_or_id, target, dtype=dtype, device=device)
+    head.files_dir = Path(cfg_path).parent   # where its eval.json (held-out hit rates) would lie
+    return head
 
 
 def save_eagle3_head(head: Eagle3Head, out_dir: str | os.PathLike,

@@ -1,0 +1,218 @@
+"""AutoTree: a drafter whose tree is chosen by measurement, step by step.
+
+    auto = AutoTree(DartDrafter(head, store, eos), costs, AcceptanceModel.for_head_dir(head_dir))
+    auto.calibrate()                                  # a few timed proposals seed its draft cost
+    engine = SpeculativeEngine(target, auto)          # the engine calls auto.step_done(trace) after each step
+
+Every ``redecide_every`` steps it weighs each setting of the drafter's tree space (:mod:`.spaces`) by
+
+    expected tokens per second = (expected accepted drafts + 1) / (draft + build + verify + commit seconds)
+
+with the acceptance model's expectation for the best tree of that shape and the cost model's prices, and
+sets the best. When no tree is expected to beat a plain target step, it takes plain steps (the head does
+not run; its features wait) and every ``probe_every`` steps drafts once with the best tree anyway, so the
+acceptance model keeps learning and speculation returns when it pays again. Every step's stage times
+refresh the cost model and its accepted path the acceptance model. The choice never changes the output:
+every tree is verified by the same lossless loop.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from ..engine.protocol import AcceptedStep, Proposal
+from ..engine.trace import StepTrace
+from ..engine.tree import DraftTree
+from .acceptance import AcceptanceModel
+from .costs import CostModel
+from .spaces import PLAIN, TreeChoice, apply_choice, drafter_kind, tree_space
+
+#: Steps between decisions, and plain steps between probes.
+REDECIDE_EVERY = 8
+PROBE_EVERY = 16
+#: Largest tree weighed (nodes, root included): 64 drafted nodes, as the paper's 60 plus margin.
+MAX_NODES = 65
+
+
+class AutoTree:
+    """Wraps a drafter (DART, EAGLE-3 or prompt lookup) and sets its tree knobs by expected tokens/s."""
+
+    def __init__(self, drafter: Any, costs: CostModel, acceptance: AcceptanceModel, *,
+                 fixed: Mapping[str, int] | None = None, redecide_every: int = REDECIDE_EVERY,
+                 probe_every: int = PROBE_EVERY, max_nodes: int = MAX_NODES):
+        self.inner = drafter
+        self.name = drafter.name
+        self.needs_aux = drafter.needs_aux
+        self.kind = drafter_kind(drafter)
+        self.fixed = dict(fixed or {})
+        self.space = tree_space(drafter, self.fixed, max_nodes)
+        self.max_tree_nodes = max(c.nodes for c in self.space)
+        # per (width, beam): the depth limits among the settings and the drafted nodes each curve must reach
+        self._shape_needs: dict[tuple, dict[int, int]] = {}
+        self._shapes: dict[tuple, int] = {}               # (depth, width, beam) -> row of the value table
+        for c in self.space:
+            if not c.plain:
+                needs = self._shape_needs.setdefault((c.width, c.beam), {})
+                needs[c.max_depth] = max(needs.get(c.max_depth, 0), c.nodes - 1)
+                self._shapes.setdefault((c.max_depth, c.width, c.beam), len(self._shapes))
+        self._shape_idx = np.array([len(self._shapes) if c.plain else self._shapes[(c.max_depth, c.width, c.beam)]
+                                    for c in self.space])
+        self._nodes = np.array([c.nodes for c in self.space])
+        self._work = np.array([[0.0] * 4 if c.plain else [1.0, *c.work] for c in self.space])
+        self.costs = costs
+        self.acceptance = acceptance
+        self.redecide_every = int(redecide_every)
+        self.probe_every = int(probe_every)
+        self.choice: TreeChoice = PLAIN
+        self.chosen: Counter = Counter()           # steps per setting label (this engine's life)
+        self.expected_tau: list[float] = []        # per drafting step: expected and achieved tokens
+        self.achieved_tau: list[float] = []
+        self._step = 0
+        self._plain_run = 0
+        self._last: TreeChoice = PLAIN
+        self._last_expected = 1.0
+        self._best_tree: TreeChoice | None = None
+        self._tau_of: dict[TreeChoice, float] = {}
+
+    # ------------------------------------------------------------------ the choice
+    def _expected(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per setting of the space (in order): expected tau and predicted step seconds (vectorised: this runs
+        every few steps over hundreds of EAGLE-3 settings)."""
+        costs = self.costs
+        fixed_s = costs.verify.table(np.arange(self.max_tree_nodes + 1)) + costs.commit_s
+        draft = costs.drafts.get(self.name)
+        coef = draft.coef if draft is not None else np.zeros(4)
+        values = np.zeros((len(self._shapes) + 1, self.max_tree_nodes + 1))   # last row: the plain step's
+        for (width, beam), needs in self._shape_needs.items():     # one walk per (width, beam)
+            for depth, curve in self.acceptance.value_curves(needs, width, beam).items():
+                values[self._shapes[(depth, width, beam)], :len(curve)] = curve
+        drafted = np.maximum(self._nodes - 1, 0)
+        tau = 1.0 + values[self._shape_idx, drafted]
+        step = fixed_s[self._nodes] + self._work @ coef
+        return tau, step
+
+    def rates(self) -> list[dict]:
+        """Every setting with its expected tau, predicted step seconds and expected tokens/s (best first)."""
+        tau, step = self._expected()
+        rows = [{"choice": c, "label": c.label, "nodes": c.nodes, "tau": float(t), "step_s": float(s),
+                 "tokens_per_s": float(t / max(s, 1e-9))} for c, t, s in zip(self.space, tau, step)]
+        rows.sort(key=lambda r: (-r["tokens_per_s"], r["nodes"]))
+        return rows
+
+    def choose(self) -> TreeChoice:
+        tau, step = self._expected()
+        tps = tau / np.maximum(step, 1e-9)
+        order = np.lexsort((self._nodes, -tps))              # most tokens/s, then the smaller tree
+        self.choice = self.space[int(order[0])]
+        drafting = [i for i in order[:8] if not self.space[int(i)].plain]
+        self._best_tree = self.space[int(drafting[0])] if drafting else None
+        self._tau_of = dict(zip(self.space, tau.tolist()))
+        return self.choice
+
+    # ------------------------------------------------------------------ the drafter protocol
+    def begin(self, prompt_ids: Sequence[int], prefill_aux: torch.Tensor | None) -> None:
+        self.inner.begin(prompt_ids, prefill_aux)
+        self.acceptance.begin_request()
+        self._step = 0
+        self._plain_run = 0
+
+    def propose(self, context: Sequence[int]) -> Proposal:
+        if self._step % self.redecide_every == 0:
+            self.choose()
+        self._step += 1
+        choice = self.choice
+        if choice.plain and self._best_tree is not None and self._plain_run >= self.probe_every:
+            choice = self._best_tree                    # a probe: keep learning what the head would get
+        if choice.plain:
+            self._plain_run += 1
+            skip = getattr(self.inner, "skip", None)
+            proposal = skip(context) if skip is not None else Proposal(DraftTree.root_only(int(context[-1])))
+        else:
+            self._plain_run = 0
+            apply_choice(self.inner, choice)
+            proposal = self.inner.propose(context)
+        self._last = choice
+        self._last_expected = self._tau_of.get(choice, 1.0)
+        return proposal
+
+    def observe(self, step: AcceptedStep) -> None:
+        self.inner.observe(step)
+
+    def step_done(self, trace: StepTrace) -> None:
+        """After each verify step (the engine calls it): refresh both models, count the setting."""
+        tree = trace.tree
+        choice = self._last
+        self.chosen[choice.label] += 1
+        if choice.plain:
+            self.costs.observe(trace.timings, len(tree))
+            return
+        self.acceptance.observe(tree.parents, tree.scores, trace.accepted_nodes)
+        self.costs.observe(trace.timings, len(tree), self.name, choice.work)
+        if len(tree) == choice.nodes or self.kind == "prompt_lookup":   # not cut short at the answer's end
+            self.expected_tau.append(self._last_expected)
+            self.achieved_tau.append(float(len(trace.accepted_nodes)))   # accepted drafts + the bonus
+
+    # ------------------------------------------------------------------ start-up and reports
+    def calibrate(self, prompt_len: int = 16, reps: int = 2) -> float:
+        """Seed the draft cost: time a few proposals (smallest, middle and largest settings) on a dummy
+        context. Returns the seconds spent. The drafter's state is garbage afterwards; begin() resets it."""
+        t0 = time.perf_counter()
+        trees = [c for c in self.space if not c.plain]
+        if not trees:
+            return 0.0
+        picks = {trees[0], trees[len(trees) // 2], trees[-1], max(trees, key=lambda c: c.work[0])}
+        vocab = 1000
+        head = getattr(self.inner, "head", None)
+        if head is not None:
+            vocab = int(head._embed.shape[0]) if getattr(head, "_embed", None) is not None else vocab
+        prompt = [(7 + 13 * i) % vocab for i in range(prompt_len)]
+        aux = None
+        if self.needs_aux:
+            fc = self.inner.head.fc.weight
+            aux = torch.zeros(prompt_len, fc.shape[1], dtype=fc.dtype, device=fc.device)
+        for choice in sorted(picks, key=lambda c: c.nodes):
+            apply_choice(self.inner, choice)
+            self.inner.begin(prompt, aux)
+            ctx = prompt + [prompt[0]]                  # the prompt and the first answer token (the root)
+            for r in range(reps + 1):
+                p = self.inner.propose(ctx)
+                if r:                                   # the first proposal warms this setting up
+                    self.costs.draft_cost(self.name).add(choice.work, p.draft_forward_s + p.tree_build_s,
+                                                         refit=False)
+                bonus = (ctx[-1] + 1) % vocab           # as if the target rejected every draft
+                self.inner.observe(AcceptedStep([ctx[-1]], bonus, None if aux is None else aux[:1]))
+                ctx = ctx + [bonus]
+        self.costs.draft_cost(self.name).refit()
+        return time.perf_counter() - t0
+
+    def report(self) -> dict:
+        """What was chosen (steps per setting), expected against achieved tau, and the models' state."""
+        exp, ach = self.expected_tau, self.achieved_tau
+        return {"chosen": dict(self.chosen.most_common()),
+                "expected_tau": round(float(np.mean(exp)), 3) if exp else None,
+                "achieved_tau": round(float(np.mean(ach)), 3) if ach else None,
+                "drafting_steps": len(exp),
+                "verify_ms": {n: round(1e3 * self.costs.verify_s(n), 3) for n in self.costs.verify.sizes},
+                "acceptance": self.acceptance.summary()}
+
+
+
+
+def make_auto(drafter: Any, costs: CostModel, fixed: Mapping[str, int] | None = None,
+              acceptance: AcceptanceModel | None = None) -> AutoTree:
+    """``drafter`` under an AutoTree: its acceptance model seeded from its head's held-out figures (``eval.json``
+    beside the weights; a generic prior without), its draft cost timed once per drafter name on ``costs``."""
+    if acceptance is None:
+        head = getattr(drafter, "head", None)
+        acceptance = AcceptanceModel.for_head_dir(getattr(head, "files_dir", None))
+    auto = AutoTree(drafter, costs, acceptance, fixed=fixed)
+    if auto.name not in costs.drafts:
+        auto.calibrate()
+    return auto
+
+
+__all__ = ["AutoTree", "MAX_NODES", "PROBE_EVERY", "REDECIDE_EVERY", "make_auto"]

@@ -1,0 +1,269 @@
+"""Cost model: what a speculative step costs on this machine, per stage, as a function of the tree.
+
+    costs = CostModel.load_or_measure(target)            # <= ~2 s, or read from the user cache
+    costs.verify_s(9)                                    # one verify of a 9-node tree (root included)
+    costs.draft_s("dart", work)                          # a drafter's forward + tree build for that work
+    costs.observe(trace, drafter_name, work)             # refresh from the stage times every step records
+
+verify: the target's forward over a tree of n nodes after a short prefix, measured at a handful of sizes
+(1..64, chains: the cost depends on the node count, not the shape) and interpolated piecewise-linearly
+(beyond the last measured size: extended along the last segment). commit: the median commit. Both are
+kept in the user cache (``~/.cache/dart-demo/costs/``), keyed by the machine, target, dtype, threads and
+code version, and re-measured when any of them changes.
+
+draft: per drafter, seconds = a + b * forwards + c * rows + e * candidates (non-negative coefficients,
+least squares over its recent steps), where the drafter's *work* for a tree setting is how many head
+forwards it runs, how many rows they hold and how many candidates its tree build scores
+(:mod:`dart_core.sizing.spaces`). Seeded by a few timed proposals at start, refreshed from every step.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+#: Bumped when what the cache holds, or how it is measured, changes.
+COST_MODEL_VERSION = 1
+#: Tree sizes (nodes, root included) timed at start, in the order they are timed: the ends and the middle
+#: first, so a start-up budget that runs out early still spans 1..64 (the rest fill in between).
+VERIFY_SIZES = (1, 64, 9, 3, 33, 17, 5, 2)
+#: Sizes timed whatever the budget (the curve needs both ends and a middle).
+MIN_SIZES = 3
+PREFIX_TOKENS = 64
+#: How fast measured step times replace the curve (exponential moving average weight per step).
+VERIFY_ALPHA = 0.05
+
+
+@dataclass
+class VerifyCurve:
+    """Seconds of one verify per tree size (nodes, root included), interpolated between measured sizes."""
+    sizes: list[int]
+    seconds: list[float]
+
+    def __call__(self, nodes: int) -> float:
+        return float(self.table(np.array([nodes]))[0])
+
+    def table(self, nodes: np.ndarray) -> np.ndarray:
+        """Seconds for each tree size in ``nodes`` (one vectorised call: the chooser prices every size at once)."""
+        s, t = np.asarray(self.sizes, dtype=np.float64), np.asarray(self.seconds, dtype=np.float64)
+        n = np.maximum(np.asarray(nodes, dtype=np.float64), 1.0)
+        if len(s) == 1:
+            return np.full(n.shape, t[0])
+        slope = max((t[-1] - t[-2]) / (s[-1] - s[-2]), 0.0)
+        return np.where(n <= s[-1], np.interp(n, s, t), t[-1] + slope * (n - s[-1]))
+
+    def observe(self, nodes: int, seconds: float, alpha: float = VERIFY_ALPHA) -> None:
+        """Move the curve toward one measured verify: the measured sizes around ``nodes`` share the update
+        by their interpolation weights."""
+        s = self.sizes
+        if nodes <= s[0]:
+            pairs = [(0, 1.0)]
+        elif nodes >= s[-1]:
+            pairs = [(len(s) - 1, 1.0)]
+        else:
+            j = int(np.searchsorted(s, nodes))
+            w = (nodes - s[j - 1]) / (s[j] - s[j - 1])
+            pairs = [(j - 1, 1.0 - w), (j, w)]
+        err = seconds - self(nodes)
+        for i, w in pairs:
+            self.seconds[i] = max(self.seconds[i] + alpha * w * err, 1e-6)
+        for i in range(1, len(self.seconds)):      # a bigger tree never costs less
+            self.seconds[i] = max(self.seconds[i], self.seconds[i - 1])
+
+
+@dataclass
+class DraftCost:
+    """One drafter's step cost (head forwards + tree build) from its work: a + b*forwards + c*rows + e*cands."""
+    samples: deque = field(default_factory=lambda: deque(maxlen=256))
+    coef: np.ndarray = field(default_factory=lambda: np.zeros(4))
+
+    @staticmethod
+    def features(work: Sequence[float]) -> np.ndarray:
+        forwards, rows, candidates = work
+        return np.array([1.0, float(forwards), float(rows), float(candidates)])
+
+    def __call__(self, work: Sequence[float]) -> float:
+        return float(self.features(work) @ self.coef)
+
+    def add(self, work: Sequence[float], seconds: float, refit: bool = True) -> None:
+        self.samples.append((self.features(work), float(seconds)))
+        if refit:
+            self.refit()
+
+    def refit(self) -> None:
+        if not self.samples:
+            return
+        X = np.stack([x for x, _ in self.samples])
+        y = np.array([t for _, t in self.samples])
+        self.coef = _nonneg_lstsq(X, y)
+
+
+def _nonneg_lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0 (a stage never gets cheaper with more work): drop the
+    most negative column until none is left (a small active-set solve; 4 columns)."""
+    active = list(range(X.shape[1]))
+    coef = np.zeros(X.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(X[:, active], y, rcond=None)
+        if (sol >= 0).all():
+            coef[:] = 0.0
+            coef[active] = sol
+            return coef
+        active.pop(int(np.argmin(sol)))
+    return coef
+
+
+def _machine_key(target) -> dict:
+    dev = target.device
+    if dev.type == "cuda":
+        machine = torch.cuda.get_device_name(dev)
+    else:
+        from ..hardware import _cpu_model
+        flags = ""
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("flags"):
+                    flags = hashlib.sha256(line.encode()).hexdigest()[:8]
+                    break
+        except OSError:
+            pass
+        machine = f"{_cpu_model()} {flags}".strip()
+    from .. import __version__
+    return {"machine": machine, "device": dev.type, "target": str(target.name),
+            "dtype": str(target.activation_dtype).replace("torch.", ""), "threads": torch.get_num_threads(),
+            "code": f"{__version__}/{COST_MODEL_VERSION}"}
+
+
+def cost_cache_dir() -> Path:
+    base = os.environ.get("DART_DEMO_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "dart-demo")
+    return Path(base) / "costs"
+
+
+def measure_verify_curve(target, sizes: Sequence[int] = VERIFY_SIZES, budget_s: float = 1.5,
+                         reps: int = 3) -> tuple[VerifyCurve, float]:
+    """Time the target's verify at ``sizes`` (median of ``reps``, after one warm-up) behind a short prefix, in
+    the given order until ``budget_s`` is spent (at least MIN_SIZES sizes); returns the curve (sorted by size)
+    and the median commit."""
+    from ..engine.tree import DraftTree
+
+    vocab = int(target.vocab_size)
+    prefix = [(17 + 31 * i) % vocab for i in range(PREFIX_TOKENS)]
+    session = target.new_session(PREFIX_TOKENS + max(sizes) + 4)
+    sync = (lambda: torch.cuda.synchronize(target.device)) if target.device.type == "cuda" else (lambda: None)
+    session.prefill(prefix)
+    t_start = time.perf_counter()
+    measured_sizes, measured, commits = [], [], []
+    for i, n in enumerate(sizes):
+        tree = DraftTree.from_parents([prefix[-1]] + [(prefix[j % PREFIX_TOKENS] + 1) % vocab for j in range(1, n)],
+                                      [-1] + list(range(n - 1)))
+        times = []
+        for r in range(reps + 1):
+            sync()
+            t0 = time.perf_counter()
+            session.verify(tree)
+            sync()
+            t1 = time.perf_counter()
+            session.commit([0])
+            sync()
+            t2 = time.perf_counter()
+            session.truncate(PREFIX_TOKENS)
+            if r:                               # the first call warms this size up
+                times.append(t1 - t0)
+                commits.append(t2 - t1)
+        measured_sizes.append(int(n))
+        measured.append(float(np.median(times)))
+        if i + 1 >= MIN_SIZES and time.perf_counter() - t_start > budget_s:
+            break
+    order = np.argsort(measured_sizes)
+    sizes_sorted = [measured_sizes[i] for i in order]
+    seconds = [measured[i] for i in order]
+    for i in range(1, len(seconds)):            # a bigger tree never costs less (timing noise aside)
+        seconds[i] = max(seconds[i], seconds[i - 1])
+    return VerifyCurve(sizes_sorted, seconds), float(np.median(commits))
+
+
+class CostModel:
+    """Verify curve + commit time of the target, and one :class:`DraftCost` per drafter (by name)."""
+
+    def __init__(self, verify: VerifyCurve, commit_s: float, key: dict | None = None, source: str = "measured"):
+        self.verify = verify
+        self.commit_s = float(commit_s)
+        self.key = key or {}
+        self.source = source
+        self.drafts: dict[str, DraftCost] = {}
+
+    def verify_s(self, nodes: int) -> float:
+        return self.verify(nodes)
+
+    def draft_s(self, drafter: str, work: Sequence[float]) -> float:
+        cost = self.drafts.get(drafter)
+        return cost(work) if cost is not None else 0.0
+
+    def step_s(self, drafter: str | None, work: Sequence[float] | None, nodes: int) -> float:
+        """One step's predicted seconds: draft + build (0 for a plain step) + verify + commit."""
+        draft = self.draft_s(drafter, work) if drafter is not None and work is not None else 0.0
+        return draft + self.verify_s(nodes) + self.commit_s
+
+    def draft_cost(self, drafter: str) -> DraftCost:
+        return self.drafts.setdefault(drafter, DraftCost())
+
+    def observe(self, timings: dict, nodes: int, drafter: str | None = None,
+                work: Sequence[float] | None = None) -> None:
+        """Refresh from one step's recorded stage times (StepTrace.timings)."""
+        self.verify.observe(nodes, float(timings["verify"]))
+        self.commit_s += VERIFY_ALPHA * (float(timings["commit"]) - self.commit_s)
+        if drafter is not None and work is not None:
+            self.draft_cost(drafter).add(work, float(timings["draft_forward"]) + float(timings["tree_build"]))
+
+    def describe(self) -> str:
+        v = self.verify
+        pts = ", ".join(f"{n}: {1e3 * v(n):.1f}" for n in (1, 3, 9, 33) if n <= max(v.sizes) * 2)
+        return f"cost model ({self.source}): verify ms by nodes {{{pts}}}, commit {1e3 * self.commit_s:.2f} ms"
+
+    def to_dict(self) -> dict:
+        return {"key": self.key, "verify": {"sizes": list(self.verify.sizes), "seconds": list(self.verify.seconds)},
+                "commit_s": self.commit_s, "source": self.source}
+
+    # ------------------------------------------------------------------ the cache
+    @classmethod
+    def load_or_measure(cls, target, cache_dir: str | Path | None = None, budget_s: float = 1.5,
+                        refresh: bool = False) -> "CostModel":
+        """The cached model for this machine/target/dtype/threads/code, else measured now (and cached)."""
+        key = _machine_key(target)
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+        path = Path(cache_dir) if cache_dir is not None else cost_cache_dir()
+        path = path / f"{digest}.json"
+        if not refresh:
+            try:
+                d = json.loads(path.read_text())
+                if d.get("key") == key:
+                    v = d["verify"]
+                    return cls(VerifyCurve([int(x) for x in v["sizes"]], [float(x) for x in v["seconds"]]),
+                               float(d["commit_s"]), key, source=f"cached {path}")
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+        t0 = time.perf_counter()
+        curve, commit = measure_verify_curve(target, budget_s=budget_s)
+        model = cls(curve, commit, key, source=f"measured in {time.perf_counter() - t0:.1f} s")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(model.to_dict(), indent=1))
+            tmp.replace(path)
+        except OSError as exc:   # a read-only home still runs: the model is just measured again next time
+            logger.warning("could not cache the cost model in %s: %s", path, exc)
+        return model
+
+
+__all__ = ["COST_MODEL_VERSION", "CostModel", "DraftCost", "VerifyCurve", "cost_cache_dir", "measure_verify_curve"]

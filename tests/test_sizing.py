@@ -1,0 +1,301 @@
+"""Trees sized by measurement (dart_core.sizing): the acceptance model, the cost model, the chooser on
+synthetic machines, and lossless decoding while the tree changes between steps."""
+from __future__ import annotations
+
+import itertools
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from dart_core.config import ConfigError, GenerationConfig
+from dart_core.drafters.dart import DartDrafter
+from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3TreeConfig
+from dart_core.drafters.prompt_lookup import PromptLookupDrafter
+from dart_core.drafters.pruning import PruningConfig
+from dart_core.engine.decoding import SpeculativeEngine
+from dart_core.engine.tree import DraftTree
+from dart_core.sizing import costs as costs_mod
+from dart_core.sizing.acceptance import AcceptanceModel
+from dart_core.sizing.auto import PROBE_EVERY, AutoTree, make_auto
+from dart_core.sizing.costs import CostModel, DraftCost, VerifyCurve, _nonneg_lstsq
+from dart_core.sizing.spaces import PLAIN, apply_choice, tree_space
+
+# Held-out hit@1 / hit@10 per position of a strong head (published-scale targets) and of the bundled one.
+STRONG = ([0.80, 0.65, 0.55, 0.48, 0.42, 0.38, 0.35, 0.33, 0.31], [0.97, 0.92, 0.88, 0.84, 0.80, 0.77, 0.75, 0.73, 0.71])
+BUNDLED = ([0.45, 0.30, 0.20, 0.16, 0.14, 0.14, 0.13, 0.12, 0.12], [0.75, 0.63, 0.55, 0.50, 0.47, 0.47, 0.45, 0.43, 0.43])
+
+
+# ---------------------------------------------------------------------------------------------- acceptance
+def test_value_curve_is_the_sum_of_the_likeliest_nodes():
+    m = AcceptanceModel.from_hit_rates([0.5, 0.4], [0.8, 0.7])
+    r = m.rates
+    # A chain (one child per node) of depth 2: p(d1) + p(d1) p(d2).
+    chain = m.value_curve(4, max_depth=2, width=1)
+    assert chain[1] == pytest.approx(r[0, 0]) and chain[2] == pytest.approx(r[0, 0] + r[0, 0] * r[1, 0])
+    assert chain[3] == chain[2] == chain[4]                     # nothing deeper to add
+    # Brute force on a small shape: every set of n nodes closed under parents, the best sum.
+    depth, width = 2, 3
+    nodes = [(d1,) for d1 in range(width)] + [(d1, d2) for d1 in range(width) for d2 in range(width)]
+
+    def p(node):
+        out = 1.0
+        for level, rank in enumerate(node):
+            out *= m.rate(level + 1, rank)
+        return out
+
+    curve = m.value_curve(len(nodes), max_depth=depth, width=width)
+    for n in range(1, len(nodes) + 1):
+        best = max(sum(p(x) for x in subset) for subset in itertools.combinations(nodes, n)
+                   if all(x[:-1] in subset or len(x) == 1 for x in subset))
+        assert curve[n] == pytest.approx(best), n
+    # Beam: only one node expanded per depth.
+    beam1 = m.value_curve(len(nodes), max_depth=depth, width=width, beam=1)
+    assert beam1[-1] == pytest.approx(sum(p((i,)) for i in range(width)) + sum(p((0, j)) for j in range(width)))
+    assert m.value_curve(0, 3, 3)[0] == 0 and not m.value_curve(5, 0, 3).any()
+
+
+def test_acceptance_is_seeded_from_eval_json_and_learns_per_request(tmp_path):
+    (tmp_path / "eval.json").write_text(json.dumps({"hit@1": BUNDLED[0], "hit@10": BUNDLED[1]}))
+    m = AcceptanceModel.for_head_dir(tmp_path)
+    assert m.rate(1, 0) == pytest.approx(0.45) and m.rate(2, 0) == pytest.approx(0.30)
+    assert 0 < m.rate(1, 1) < m.rate(1, 0) and "eval.json" in m.source
+    assert "generic" in AcceptanceModel.for_head_dir(tmp_path / "missing").source
+    (tmp_path / "eval.json").write_text("{not json")
+    assert "generic" in AcceptanceModel.for_head_dir(tmp_path).source
+    # A tree: root -> a (rank 0), b (rank 1); a -> c. The target accepts a then c.
+    tree = DraftTree.from_parents([1, 2, 3, 4], [-1, 0, 0, 1], [0.0, -0.1, -0.5, -0.2])
+    m.begin_request()
+    for _ in range(30):
+        m.observe(tree.parents, tree.scores, [0, 1, 3])
+    assert m.rate(1, 0) > 0.9 and m.rate(1, 1) < 0.05 and m.rate(2, 0) > 0.9
+    assert m.trials[0, 0] == 30 and m.hits[1, 0] == 30
+    learnt = m.rate(1, 0)
+    m.begin_request()                        # a new answer starts from the slower long-run rates
+    assert 0.45 < m.rate(1, 0) < learnt
+    # A node whose parent was rejected is no trial.
+    m2 = AcceptanceModel.from_hit_rates(*BUNDLED)
+    m2.observe(tree.parents, tree.scores, [0, 2])
+    assert m2.trials[1, 0] == 0 and m2.trials[0, 1] == 1 and m2.hits[0, 1] == 1
+    with pytest.raises(ValueError, match="rates must be"):
+        AcceptanceModel(np.zeros((2, 2)))
+
+
+# ---------------------------------------------------------------------------------------------- costs
+def test_verify_curve_interpolates_extends_and_learns():
+    c = VerifyCurve([1, 9, 33], [0.010, 0.020, 0.060])
+    assert c(1) == pytest.approx(0.010) and c(5) == pytest.approx(0.015) and c(0) == pytest.approx(0.010)
+    assert c(65) == pytest.approx(0.060 + 32 * (0.040 / 24))          # along the last segment
+    for _ in range(200):
+        c.observe(5, 0.030)
+    assert c(5) == pytest.approx(0.030, rel=0.02)
+    assert all(b >= a for a, b in zip(c.seconds, c.seconds[1:]))       # never cheaper with more nodes
+
+
+def test_draft_cost_fit_is_non_negative_and_recovers_a_linear_cost():
+    rng = np.random.default_rng(0)
+    cost = DraftCost()
+    for _ in range(60):
+        work = (int(rng.integers(1, 8)), int(rng.integers(1, 40)), int(rng.integers(1, 400)))
+        cost.add(work, 0.002 + 0.001 * work[0] + 0.0001 * work[1] + 0.00001 * work[2])
+    assert np.allclose(cost.coef, [0.002, 0.001, 0.0001, 0.00001], atol=1e-6)
+    X = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
+    assert (_nonneg_lstsq(X, np.array([3.0, 2.0, 1.0])) >= 0).all()    # a falling cost fits as flat
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from tiny_models import make_tiny_app_models
+    return make_tiny_app_models(tmp_path_factory.mktemp("sizing"))
+
+
+def test_cost_model_is_measured_once_then_read_until_the_key_changes(tiny, tmp_path, monkeypatch):
+    target = tiny[0]
+    calls = []
+    real = costs_mod.measure_verify_curve
+    monkeypatch.setattr(costs_mod, "measure_verify_curve", lambda *a, **k: calls.append(1) or real(*a, **k))
+    first = CostModel.load_or_measure(target, cache_dir=tmp_path)
+    assert calls == [1] and first.source.startswith("measured") and sorted(first.verify.sizes) == first.verify.sizes
+    assert len(first.verify.sizes) >= 3 and {1, 64} <= set(first.verify.sizes)   # both ends, whatever the budget
+    second = CostModel.load_or_measure(target, cache_dir=tmp_path)
+    assert calls == [1] and second.source.startswith("cached") and second.verify.seconds == first.verify.seconds
+    torch.set_num_threads(2)                                    # another thread count: measured again
+    try:
+        CostModel.load_or_measure(target, cache_dir=tmp_path)
+    finally:
+        torch.set_num_threads(1)
+    assert calls == [1, 1]
+    for f in tmp_path.glob("*.json"):                            # a damaged cache file: measured again
+        f.write_text("{broken")
+    CostModel.load_or_measure(target, cache_dir=tmp_path)
+    assert len(calls) == 3
+    assert "verify ms by nodes" in first.describe()
+
+
+# ---------------------------------------------------------------------------------------------- the chooser
+def _fake(kind: str):
+    """A stand-in with the tree settings the chooser reads (the chooser never runs it)."""
+    if kind == "dart":
+        return SimpleNamespace(name="dart", needs_aux=True, pruning=PruningConfig(),
+                               head=SimpleNamespace(config=SimpleNamespace(draft_length=8, draft_vocab_size=8192)))
+    return SimpleNamespace(name="eagle3", needs_aux=True, tree_config=Eagle3TreeConfig(),
+                           head=SimpleNamespace(config=SimpleNamespace(draft_vocab_size=8192)))
+
+
+def _costs(verify_ms: dict[int, float], per_forward_ms: float, per_row_ms: float) -> CostModel:
+    sizes = sorted(verify_ms)
+    model = CostModel(VerifyCurve(sizes, [verify_ms[n] / 1e3 for n in sizes]), 0.0001, source="synthetic")
+    for name in ("dart", "eagle3"):
+        model.draft_cost(name).coef = np.array([0.0, per_forward_ms / 1e3, per_row_ms / 1e3, 0.0])
+    return model
+
+
+GPU = {1: 20.0, 64: 21.0}                                              # memory-bound: flat to 64 nodes
+THIS_CPU = {1: 14.6, 3: 15.9, 5: 21.8, 9: 32.1, 17: 55.0, 33: 100.0, 64: 190.0}   # a 2-core CPU (README tree_cost)
+
+
+@pytest.mark.parametrize("kind", ["dart", "eagle3"])
+def test_a_flat_verify_curve_picks_a_big_tree_and_this_cpu_a_small_one(kind):
+    gpu = AutoTree(_fake(kind), _costs(GPU, 1.0, 0.01), AcceptanceModel.from_hit_rates(*STRONG))
+    assert gpu.choose().nodes >= 32
+    cpu = AutoTree(_fake(kind), _costs(THIS_CPU, 1.5, 0.2), AcceptanceModel.from_hit_rates(*BUNDLED))
+    chosen = cpu.choose()
+    assert not chosen.plain and chosen.nodes <= 5
+    rates = cpu.rates()
+    assert rates[0]["choice"] == chosen and rates[0]["tokens_per_s"] >= max(r["tokens_per_s"] for r in rates)
+
+
+def test_held_knobs_stay_and_the_rest_are_chosen():
+    auto = AutoTree(_fake("eagle3"), _costs(GPU, 1.0, 0.01), AcceptanceModel.from_hit_rates(*STRONG),
+                    fixed={"top_k": 2})
+    assert all(c.plain or c.settings["top_k"] == 2 for c in auto.space)
+    assert auto.choose().settings["top_k"] == 2
+    dart = AutoTree(_fake("dart"), _costs(GPU, 1.0, 0.01), AcceptanceModel.from_hit_rates(*STRONG), fixed={"budget": 5})
+    assert [c.label for c in dart.space] == ["plain step", "budget 5"]
+
+
+def test_plain_steps_when_no_tree_pays_with_a_probe_now_and_then():
+    hopeless = AcceptanceModel.from_hit_rates([0.01] * 9, [0.02] * 9)
+    inner = PromptLookupDrafter()
+    auto = AutoTree(inner, _costs(THIS_CPU, 0.0, 0.0), hopeless)
+    assert auto.choose().plain
+    drafted = []
+    context = [5, 6, 7, 5, 6, 7, 5, 6]
+    auto.begin(context, None)
+    for step in range(3 * PROBE_EVERY + 3):
+        proposal = auto.propose(context)
+        drafted.append(len(proposal.tree) > 1 or not auto._last.plain)
+        auto.observe(None)
+    assert sum(drafted) == 3 and not any(drafted[:PROBE_EVERY])      # one probe after each run of plain steps
+
+
+def test_tree_space_and_apply_choice_set_each_drafters_knobs():
+    lookup = PromptLookupDrafter()
+    space = tree_space(lookup)
+    assert space[0] is PLAIN and all(c.nodes == c.settings["num_pred_tokens"] + 1 for c in space[1:])
+    apply_choice(lookup, space[3])
+    assert lookup.num_pred_tokens == space[3].settings["num_pred_tokens"] and lookup.max_tree_nodes == space[3].nodes
+    with pytest.raises(TypeError, match="no tree space"):
+        tree_space(object())
+
+
+# ---------------------------------------------------------------------------------------------- lossless
+class _Cycling(AutoTree):
+    """Every step another setting (plain steps included), so the tree changes between steps."""
+    def choose(self):
+        self._cycle = getattr(self, "_cycle", -1) + 1
+        self.choice = self.space[self._cycle % len(self.space)]
+        self._best_tree, self._tau_of = None, {}
+        return self.choice
+
+
+def _drafters(tiny):
+    from dart_core.models.heads.dart import load_dart_head
+    from dart_core.models.heads.eagle3 import load_eagle3_head
+    target, _, dart_dir, eagle_dir = tiny
+    return {"dart": DartDrafter(load_dart_head(dart_dir, target), None, target.eos_token_ids, PruningConfig()),
+            "eagle3": Eagle3Drafter(load_eagle3_head(eagle_dir, target), Eagle3TreeConfig()),
+            "prompt_lookup": PromptLookupDrafter()}
+
+
+@pytest.mark.parametrize("kind", ["dart", "eagle3", "prompt_lookup"])
+def test_greedy_output_equals_vanilla_while_the_tree_changes_every_step(tiny, kind):
+    target = tiny[0]
+    costs = _costs(THIS_CPU, 1.0, 0.1)
+    auto = _Cycling(_drafters(tiny)[kind], costs, AcceptanceModel.generic(), redecide_every=1)
+    engine, vanilla = SpeculativeEngine(target, auto), SpeculativeEngine(target)
+    cfg = GenerationConfig(max_new_tokens=40, max_length=200)
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        prompt = rng.integers(3, target.vocab_size, size=int(rng.integers(4, 20))).tolist()
+        got = engine.generate(prompt, cfg)
+        assert got.tokens == vanilla.generate(prompt, cfg).tokens
+        sizes = {len(t.tree) for t in got.traces}
+        assert 1 in sizes and len(sizes) >= 3                    # plain steps and trees of several sizes
+    assert sum(auto.chosen.values()) > 0 and "plain step" in auto.chosen
+
+
+def test_make_auto_seeds_the_draft_cost_once_per_drafter_and_reports(tiny):
+    target = tiny[0]
+    costs = CostModel(VerifyCurve([1, 64], [0.001, 0.002]), 0.0)
+    drafters = _drafters(tiny)
+    auto = make_auto(drafters["dart"], costs)
+    assert "dart" in costs.drafts and len(costs.drafts["dart"].samples) >= 4
+    n = len(costs.drafts["dart"].samples)
+    make_auto(drafters["dart"], costs, fixed={"budget": 3})
+    assert len(costs.drafts["dart"].samples) == n                 # timed once per drafter name
+    out = SpeculativeEngine(target, auto).generate([5, 9, 11, 4], GenerationConfig(max_new_tokens=24, max_length=100))
+    assert out.tokens == SpeculativeEngine(target).generate([5, 9, 11, 4], GenerationConfig(max_new_tokens=24,
+                                                                                            max_length=100)).tokens
+    rep = auto.report()
+    assert sum(rep["chosen"].values()) == out.stats.steps and set(rep["verify_ms"]) == {1, 64}
+    assert "generic" in rep["acceptance"]["source"]              # a random head carries no eval.json
+
+
+def test_factory_builds_auto_engines_holding_the_set_knobs(tiny):
+    from dart_core.loading import EngineFactory
+    from dart_core.models.heads.dart import load_dart_head
+    from dart_core.models.heads.eagle3 import load_eagle3_head
+    from dart_core.ui.session import RunSettings
+    target, _, dart_dir, eagle_dir = tiny
+    costs = CostModel(VerifyCurve([1, 64], [0.001, 0.002]), 0.0)
+    factory = EngineFactory(target, dart_head=load_dart_head(dart_dir, target),
+                            eagle3_head=load_eagle3_head(eagle_dir, target), costs=costs)
+    engines = factory.build(RunSettings(eagle3_top_k=2), fresh=True)
+    assert isinstance(engines["dart"].drafter, AutoTree) and isinstance(engines["eagle3"].drafter, AutoTree)
+    assert engines["eagle3"].drafter.fixed == {"top_k": 2} and engines["dart"].drafter.fixed == {}
+    fixed = factory.build(RunSettings(tree="fixed", budget=3), fresh=True)
+    assert isinstance(fixed["dart"].drafter, DartDrafter) and fixed["dart"].drafter.pruning.budget == 3
+    assert fixed["eagle3"].drafter.tree_config == Eagle3TreeConfig()          # the published tree
+    assert factory.tree_key("dart", RunSettings()) != factory.tree_key("dart", RunSettings(tree="fixed"))
+    with pytest.raises(ConfigError, match="tree must be one of auto, fixed"):
+        RunSettings.from_values(tree="big")
+
+
+def test_the_api_takes_auto_or_fixed_trees(tiny):
+    from dart_core.api import DartModel
+    from dart_core.models.heads.dart import load_dart_head
+    target, _, dart_dir, _ = tiny
+    head = load_dart_head(dart_dir, target)
+    assert isinstance(DartModel(target, head, tree="fixed").engine.drafter, DartDrafter)
+    with pytest.raises(ConfigError, match="tree='huge'"):
+        DartModel(target, head, tree="huge")
+
+
+@pytest.mark.bundled
+def test_auto_trees_on_the_bundled_model_are_lossless_and_report_expected_and_achieved_tau(bundled_fp32, tmp_path):
+    from dart_core.loading import load_head_and_ngram
+    from dart_core.models.templates import encode_chat, get_template
+    t = bundled_fp32
+    head, store = load_head_and_ngram(t, None, None, None)
+    auto = make_auto(DartDrafter(head, store, t.eos_token_ids), CostModel.load_or_measure(t, cache_dir=tmp_path))
+    assert "eval.json" in auto.acceptance.source                  # the shipped head's held-out figures
+    engine, vanilla = SpeculativeEngine(t, auto), SpeculativeEngine(t)
+    cfg = GenerationConfig(max_new_tokens=48, max_length=512)
+    for text in ("Write a Python function that reverses a string.", "Name three primary colours."):
+        ids = encode_chat(t.tokenizer, get_template(t.template_name), [{"role": "user", "content": text}])
+        assert engine.generate(ids, cfg).tokens == vanilla.generate(ids, cfg).tokens
+    rep = auto.report()
+    assert rep["drafting_steps"] > 0 and rep["expected_tau"] >= 1.0 and rep["achieved_tau"] >= 1.0
