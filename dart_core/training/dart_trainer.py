@@ -179,10 +179,9 @@ class DartMethod(TrainMethod):
         return load_dart_head(path_or_id, None)
 
     def check_start_head(self, head: DartHead) -> None:
-        if head.config.draft_length != self.cfg.draft_length:
-            raise TrainError(f"--init-head {self.cfg.init_head} drafts {head.config.draft_length} mask slots but "
-                             f"--draft-length is {self.cfg.draft_length}; pass --draft-length "
-                             f"{head.config.draft_length} to fine-tune it")
+        # Every mask slot shares one input vector (midlayer.mask_rep) and RoPE gives the slots their places, so
+        # no weight depends on the draft length: a head fine-tunes to another --draft-length as it is.
+        head.config.draft_length = self.cfg.draft_length
 
     def save_head(self, head: DartHead, out: Path, dtype: torch.dtype | None) -> None:
         save_dart_head(head, out, dtype=dtype)
