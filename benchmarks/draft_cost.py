@@ -27,13 +27,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dart_core.loading import bundled_head_dir, open_ngram  # noqa: E402
 from dart_core.engine.protocol import AcceptedStep  # noqa: E402
 from dart_core.drafters.dart import DartDrafter  # noqa: E402
-from dart_core.drafters.eagle3 import Eagle3Drafter, default_eagle3_tree  # noqa: E402
+from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3TreeConfig  # noqa: E402
 from dart_core.config import dtype_name  # noqa: E402
 from dart_core.hardware import describe_machine  # noqa: E402
 from dart_core.models.heads.dart import load_dart_head  # noqa: E402
 from dart_core.models.heads.eagle3 import load_eagle3_for_target  # noqa: E402
 from dart_core.models.loader import load_target  # noqa: E402
-from dart_core.drafters.pruning import default_pruning  # noqa: E402
+from dart_core.drafters.pruning import PruningConfig  # noqa: E402
 from dart_core.models.templates import encode_chat, get_template  # noqa: E402
 
 PROMPT = "Explain how a hash table handles collisions, with a short example."
@@ -56,12 +56,17 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--reps", type=int, default=30)
+    # Small trees, as automatic sizing picks on a few CPU cores (the published 60 / 60-7-10 suit GPUs).
+    p.add_argument("--budget", type=int, default=3, help="DART budget of the timed arms (default 3)")
+    p.add_argument("--eagle3-tree", default="3/1/2", help="EAGLE-3 total_token/depth/top_k (default 3/1/2)")
     args = p.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     target = load_target(None, dtype=args.dtype, device="cpu")
     store = open_ngram(None, target.tokenizer)
-    pruning = default_pruning(target.name)
+    pruning = PruningConfig(budget=args.budget)
+    total, depth, top_k = (int(x) for x in args.eagle3_tree.split("/"))
+    e3tree = Eagle3TreeConfig(total_token=total, depth=depth, top_k=top_k)
     ids = encode_chat(target.tokenizer, get_template(target.template_name), [{"role": "user", "content": PROMPT}])
     session = target.new_session(len(ids) + 1)
     aux = session.prefill(ids, want_aux=True).aux
@@ -73,9 +78,8 @@ def main(argv=None) -> int:
         "dart native": AllLevels(load_dart_head(bundled_head_dir(), target), store, target.eos_token_ids, pruning),
         "dart native+levels": DartDrafter(load_dart_head(bundled_head_dir(), target), store, target.eos_token_ids,
                                           pruning),
-        "eagle3 torch": Eagle3Drafter(load_eagle3_for_target(target, None, None), default_eagle3_tree(target.name),
-                                      native_linears=False),
-        "eagle3 native": Eagle3Drafter(load_eagle3_for_target(target, None, None), default_eagle3_tree(target.name)),
+        "eagle3 torch": Eagle3Drafter(load_eagle3_for_target(target, None, None), e3tree, native_linears=False),
+        "eagle3 native": Eagle3Drafter(load_eagle3_for_target(target, None, None), e3tree),
     }
     times: dict[str, list[float]] = {name: [] for name in arms}
     contexts = {name: ids + [first] for name in arms}
@@ -93,7 +97,7 @@ def main(argv=None) -> int:
     machine = describe_machine("cpu")
     print(f"# draft forward per step: {machine['cpu_model']}, {machine['torch_threads']} threads, "
           f"dtype {dtype_name(target.dtype)}, DART budget {pruning.budget}, "
-          f"EAGLE-3 tree {default_eagle3_tree(target.name)}")
+          f"EAGLE-3 tree {e3tree}")
     print("| arm | draft forward ms | speedup over the method's torch arm |\n|---|---:|---:|")
     base: dict[str, float] = {}
     for name, ts in times.items():

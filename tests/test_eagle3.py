@@ -519,9 +519,7 @@ def test_bench_method_registration(tiny, tiny_head_dir, tmp_path, monkeypatch):
 
     from dart_core.bench import runners as bench
     from dart_core.bench.methods import register_all
-    from dart_core.drafters import eagle3 as eagle3_drafter
     from dart_core.models.heads import eagle3 as eagle3_head
-    from dart_core.models.bundled import canonical_target_name
 
     registry: dict = {}
 
@@ -543,13 +541,12 @@ def test_bench_method_registration(tiny, tiny_head_dir, tmp_path, monkeypatch):
     cfg = GenerationConfig(max_new_tokens=20, max_length=100)
     assert runner.run(ids, cfg).tokens == SpeculativeEngine(t).generate(ids, cfg).tokens
 
-    # Unset tree flags take the target's tuned default; set ones win.
-    monkeypatch.setitem(eagle3_drafter.TUNED_EAGLE3_TREE, canonical_target_name(t.name), {"total_token": 9, "depth": 2,
-                                                                             "top_k": 3})
+    # Unset tree flags take the published default (no per-target constants); set ones win.
     args = p.parse_args(["--eagle3-model-name-or-path", str(tiny_head_dir), "--eagle3-depth", "4"])
     args.base_model_name_or_path = str(dirs["llama"])
-    tc = registry["eagle3"].factory(t, args).engine.drafter.tree_config
-    assert (tc.total_token, tc.depth, tc.top_k) == (9, 4, 3)
+    drafter = registry["eagle3"].factory(t, args).engine.drafter
+    tc = getattr(drafter, "inner", drafter).tree_config
+    assert (tc.total_token, tc.depth, tc.top_k) == (60, 4, 10)
 
     # No head given: the bundled target's shipped head refuses a target it was not trained for; a
     # checkout without it says how to get one; another target has no default.

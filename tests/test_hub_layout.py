@@ -166,11 +166,10 @@ def test_startup_line_and_warm_up(loaded, caplog):
     with caplog.at_level(logging.INFO, logger="dart_core.ui.startup"):
         seconds = warm_up(vis.factory, vis.template, max_length=args.max_length)
     assert set(seconds) == {"dart", "eagle3", "vanilla"} and "warm-up: DART" in caplog.text
-    # the warmed engines are the ones a request at the page's default settings reuses (same trees, caches)
-    p, e = vis.factory.dart_pruning, vis.factory.eagle3_tree_base
-    page_defaults = RunSettings(budget=p.budget, beam_width=p.beam_width, level_top_k=p.level_top_k,
-                                ngram_weight=p.ngram_weight, eagle3_total_token=e.total_token,
-                                eagle3_depth=e.depth, eagle3_top_k=e.top_k)
+    # the warmed engines are the ones a request at the page's default settings reuses (same trees, caches): with
+    # automatic trees the page sends the pruner's knobs and leaves the size knobs to the chooser
+    p = vis.factory.dart_pruning
+    page_defaults = RunSettings(beam_width=p.beam_width, level_top_k=p.level_top_k, ngram_weight=p.ngram_weight)
     warmed = vis.factory.build(RunSettings())
     assert all(vis.factory.build(page_defaults)[n] is warmed[n] for n in warmed)
 

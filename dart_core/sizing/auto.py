@@ -34,6 +34,8 @@ from .spaces import PLAIN, TreeChoice, apply_choice, drafter_kind, tree_space
 #: Steps between decisions, and plain steps between probes.
 REDECIDE_EVERY = 8
 PROBE_EVERY = 16
+#: Steps that must refresh the cost model before a new request writes it back to its cache file.
+SAVE_AFTER_STEPS = 32
 #: Largest tree weighed (nodes, root included): 64 drafted nodes, as the paper's 60 plus margin.
 MAX_NODES = 65
 
@@ -115,6 +117,7 @@ class AutoTree:
 
     # ------------------------------------------------------------------ the drafter protocol
     def begin(self, prompt_ids: Sequence[int], prefill_aux: torch.Tensor | None) -> None:
+        self.costs.save(min_steps=SAVE_AFTER_STEPS)       # what the last answers measured outlives the process
         self.inner.begin(prompt_ids, prefill_aux)
         self.acceptance.begin_request()
         self._step = 0

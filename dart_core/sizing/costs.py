@@ -196,12 +196,15 @@ def measure_verify_curve(target, sizes: Sequence[int] = VERIFY_SIZES, budget_s: 
 class CostModel:
     """Verify curve + commit time of the target, and one :class:`DraftCost` per drafter (by name)."""
 
-    def __init__(self, verify: VerifyCurve, commit_s: float, key: dict | None = None, source: str = "measured"):
+    def __init__(self, verify: VerifyCurve, commit_s: float, key: dict | None = None, source: str = "measured",
+                 path: Path | None = None):
         self.verify = verify
         self.commit_s = float(commit_s)
         self.key = key or {}
         self.source = source
+        self.path = path                  # the cache file (None: not cached)
         self.drafts: dict[str, DraftCost] = {}
+        self.steps_observed = 0           # steps that refreshed the curve since it was last written
 
     def verify_s(self, nodes: int) -> float:
         return self.verify(nodes)
@@ -223,6 +226,7 @@ class CostModel:
         """Refresh from one step's recorded stage times (StepTrace.timings)."""
         self.verify.observe(nodes, float(timings["verify"]))
         self.commit_s += VERIFY_ALPHA * (float(timings["commit"]) - self.commit_s)
+        self.steps_observed += 1
         if drafter is not None and work is not None:
             self.draft_cost(drafter).add(work, float(timings["draft_forward"]) + float(timings["tree_build"]))
 
@@ -236,6 +240,23 @@ class CostModel:
                 "commit_s": self.commit_s, "source": self.source}
 
     # ------------------------------------------------------------------ the cache
+    def save(self, min_steps: int = 0) -> bool:
+        """Write the curve (refreshed by the steps since) to its cache file, when at least ``min_steps`` steps
+        refreshed it: a start-up measurement taken on a busy machine is corrected by the steps that follow,
+        and the next start reads the corrected curve. Returns whether it wrote."""
+        if self.path is None or self.steps_observed < min_steps:
+            return False
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(self.to_dict(), indent=1))
+            tmp.replace(self.path)
+        except OSError as exc:   # a read-only home still runs: the model is just measured again next time
+            logger.warning("could not cache the cost model in %s: %s", self.path, exc)
+            return False
+        self.steps_observed = 0
+        return True
+
     @classmethod
     def load_or_measure(cls, target, cache_dir: str | Path | None = None, budget_s: float = 1.5,
                         refresh: bool = False) -> "CostModel":
@@ -250,19 +271,13 @@ class CostModel:
                 if d.get("key") == key:
                     v = d["verify"]
                     return cls(VerifyCurve([int(x) for x in v["sizes"]], [float(x) for x in v["seconds"]]),
-                               float(d["commit_s"]), key, source=f"cached {path}")
+                               float(d["commit_s"]), key, source=f"cached {path}", path=path)
             except (OSError, ValueError, KeyError, TypeError):
                 pass
         t0 = time.perf_counter()
         curve, commit = measure_verify_curve(target, budget_s=budget_s)
-        model = cls(curve, commit, key, source=f"measured in {time.perf_counter() - t0:.1f} s")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(model.to_dict(), indent=1))
-            tmp.replace(path)
-        except OSError as exc:   # a read-only home still runs: the model is just measured again next time
-            logger.warning("could not cache the cost model in %s: %s", path, exc)
+        model = cls(curve, commit, key, source=f"measured in {time.perf_counter() - t0:.1f} s", path=path)
+        model.save()
         return model
 
 
