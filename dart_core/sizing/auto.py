@@ -161,13 +161,15 @@ class AutoTree:
 
     # ------------------------------------------------------------------ start-up and reports
     def calibrate(self, prompt_len: int = 16, reps: int = 2) -> float:
-        """Seed the draft cost: time a few proposals (smallest, middle and largest settings) on a dummy
-        context. Returns the seconds spent. The drafter's state is garbage afterwards; begin() resets it."""
+        """Seed the draft cost: time a few proposals (settings spread over the space) on a dummy context.
+        Returns the seconds spent. The drafter's state is garbage afterwards; begin() resets it."""
         t0 = time.perf_counter()
         trees = [c for c in self.space if not c.plain]
         if not trees:
             return 0.0
-        picks = {trees[0], trees[len(trees) // 2], trees[-1], max(trees, key=lambda c: c.work[0])}
+        # about seven settings spread over the space (its order varies forwards, rows and candidates apart), so the
+        # four coefficients of the draft cost are all pinned down
+        picks = set(trees[:: max(1, len(trees) // 6)]) | {trees[-1], max(trees, key=lambda c: c.work[0])}
         vocab = 1000
         head = getattr(self.inner, "head", None)
         if head is not None:
