@@ -82,6 +82,18 @@ def test_acceptance_is_seeded_from_eval_json_and_learns_per_request(tmp_path):
     assert m2.trials[1, 0] == 0 and m2.trials[0, 1] == 1 and m2.hits[0, 1] == 1
     with pytest.raises(ValueError, match="rates must be"):
         AcceptanceModel(np.zeros((2, 2)))
+    # A request where the head misses at the cells it drafts stops believing in the cells it has not tried:
+    # a wide tree of untried siblings must not look better than it did before the misses.
+    m3 = AcceptanceModel.from_hit_rates(*BUNDLED)
+    m3.begin_request()
+    wide_before = m3.value_curve(8, max_depth=1, width=8)[8]
+    chain = DraftTree.from_parents([1, 2], [-1, 0], [0.0, -0.1])
+    for _ in range(20):
+        m3.observe(chain.parents, chain.scores, [0])                 # rank 0 at depth 1 rejected every time
+    assert m3.request_level() < 0.3 and m3.rate(1, 3) < 0.3 * m3.longrun[0, 3]
+    assert m3.value_curve(8, max_depth=1, width=8)[8] < 0.3 * wide_before
+    m3.begin_request()
+    assert m3.request_level() == 1.0 and m3.rate(1, 3) == pytest.approx(m3.longrun[0, 3])
 
 
 # ---------------------------------------------------------------------------------------------- costs

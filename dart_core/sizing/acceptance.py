@@ -15,7 +15,9 @@ Seeding: a head's held-out hit@1 and hit@10 per future position (its model card'
 give rank 0 and spread the rest of the top-10 mass over ranks 1..9. Online: every node whose parent
 was accepted is one trial of its (depth, rank) cell; the request's rates move by an exponential
 moving average (so a code answer and a chat answer each get their own), and the long-run rates move
-more slowly and seed the next request.
+more slowly and seed the next request. Cells the request has not tried yet follow its level: the
+long-run rate times how its tried cells fare against theirs (a request the head does badly on must
+not keep believing in the wide or deep trees it has not drafted).
 """
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ MAX_RANK = 16
 #: Rates used when a head has no held-out figures: a modest drafter, decaying with depth.
 GENERIC_RANK0 = 0.55
 GENERIC_DEPTH_DECAY = 0.9
+#: Expected hits of prior weight on a request's level (``AcceptanceModel.request_level``).
+REQUEST_PRIOR = 2.0
 
 
 def _sibling_ranks(parents: np.ndarray, scores: np.ndarray | None) -> np.ndarray:
@@ -65,6 +69,9 @@ class AcceptanceModel:
         self.source = source
         self.trials = np.zeros_like(rates)    # counted trials (long-run), for the report
         self.hits = np.zeros_like(rates)
+        self._request_trials = np.zeros_like(rates)   # this request's trials per cell
+        self._request_hits = 0.0                      # and its hits against what the long-run rates expected
+        self._request_expected = 0.0
 
     # ------------------------------------------------------------------ seeding
     @classmethod
@@ -106,6 +113,20 @@ class AcceptanceModel:
     # ------------------------------------------------------------------ online
     def begin_request(self) -> None:
         self.rates = self.longrun.copy()
+        self._request_trials[:] = 0
+        self._request_hits = self._request_expected = 0.0
+
+    def request_level(self) -> float:
+        """How this request's drafts fare against the long-run rates: hits / expected hits over its trials,
+        shrunk toward 1 by a prior of REQUEST_PRIOR expected hits (a few trials say little)."""
+        return (self._request_hits + REQUEST_PRIOR) / (self._request_expected + REQUEST_PRIOR)
+
+    def effective_rates(self) -> np.ndarray:
+        """The rates the expectations use: this request's where it has tried a cell; elsewhere the long-run
+        rate scaled by the request's level, so a request where the head does badly at the cells it drafts
+        does not keep believing in the cells it has not tried (wider or deeper trees)."""
+        scaled = np.clip(self.longrun * self.request_level(), 0.0, 1.0)
+        return np.where(self._request_trials > 0, self.rates, scaled)
 
     def observe(self, parents: np.ndarray, scores: np.ndarray | None, accepted_nodes: Sequence[int]) -> None:
         """One verify step: every node whose parent was accepted is a trial of its (depth, rank) cell."""
@@ -123,6 +144,9 @@ class AcceptanceModel:
                 continue
             d, r = min(depth[i], MAX_DEPTH) - 1, min(ranks[i], MAX_RANK - 1)
             x = 1.0 if accepted[i] else 0.0
+            self._request_trials[d, r] += 1
+            self._request_hits += x
+            self._request_expected += self.longrun[d, r]
             self.rates[d, r] += self.request_alpha * (x - self.rates[d, r])
             self.longrun[d, r] += self.longrun_alpha * (x - self.longrun[d, r])
             self.trials[d, r] += 1
@@ -130,7 +154,8 @@ class AcceptanceModel:
 
     # ------------------------------------------------------------------ expectations
     def rate(self, depth: int, rank: int) -> float:
-        return float(self.rates[min(depth, MAX_DEPTH) - 1, min(rank, MAX_RANK - 1)])
+        """The rate the expectations use for a node at ``depth`` (1..) and sibling ``rank`` (0..)."""
+        return float(self.effective_rates()[min(depth, MAX_DEPTH) - 1, min(rank, MAX_RANK - 1)])
 
     def value_curve(self, max_nodes: int, max_depth: int, width: int, beam: int | None = None) -> np.ndarray:
         """``curve[n]`` = expected accepted drafts of the best tree of n drafted nodes (n = 0..max_nodes):
@@ -150,7 +175,7 @@ class AcceptanceModel:
             return curves
         max_depth = max(todo)
         expanded = [0] * (max_depth + 1)          # nodes expanded per depth (0 = the root)
-        R = self.rates.tolist()                   # plain floats: this loop runs on every decision
+        R = self.effective_rates().tolist()       # plain floats: this loop runs on every decision
         last_r = MAX_RANK - 1
         heap: list[tuple[float, int, int, int, float]] = [(-R[0][0], 0, 1, 0, 1.0)]   # (-p, tie, depth, rank,
         tie, expanded[0] = 0, 1                   # parent's p): the root's first child; each popped node brings
