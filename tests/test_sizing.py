@@ -145,6 +145,7 @@ def test_cost_model_is_measured_once_then_read_until_the_key_changes(tiny, tmp_p
     CostModel.load_or_measure(target, cache_dir=tmp_path)
     assert len(calls) == 3
     assert "verify ms by nodes" in first.describe()
+    assert first.key["dtype"] == "float32/float32"      # weights / activations: bf16 weights get their own entry
     # Steps refresh the curve; a new request writes it back, so a start-up measured on a busy machine heals.
     model = CostModel.load_or_measure(target, cache_dir=tmp_path)
     auto = AutoTree(PromptLookupDrafter(), model, AcceptanceModel.generic())

@@ -141,7 +141,9 @@ def _machine_key(target) -> dict:
         machine = f"{_cpu_model()} {flags}".strip()
     from .. import __version__
     return {"machine": machine, "device": dev.type, "target": str(target.name),
-            "dtype": str(target.activation_dtype).replace("torch.", ""), "threads": torch.get_num_threads(),
+            # weights and activations: bf16 weights may run with float32 activations, as float32 weights do
+            "dtype": f"{str(target.dtype).replace('torch.', '')}/{str(target.activation_dtype).replace('torch.', '')}",
+            "threads": torch.get_num_threads(),
             "code": f"{__version__}/{COST_MODEL_VERSION}"}
 
 
