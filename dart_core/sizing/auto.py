@@ -77,6 +77,7 @@ class AutoTree:
         self._plain_run = 0
         self._last: TreeChoice = PLAIN
         self._last_expected = 1.0
+        self._last_work: tuple[int, int, int] = (0, 0, 0)
         self._best_tree: TreeChoice | None = None
         self._tau_of: dict[TreeChoice, float] = {}
 
@@ -94,7 +95,10 @@ class AutoTree:
                 values[self._shapes[(depth, width, beam)], :len(curve)] = curve
         drafted = np.maximum(self._nodes - 1, 0)
         tau = 1.0 + values[self._shape_idx, drafted]
-        step = fixed_s[self._nodes] + self._work @ coef
+        # the head also reads the positions committed since its last run: in steady drafting, tau of them
+        work = self._work.copy()
+        work[:, 2] += np.where(self._nodes > 1, tau, 0.0)
+        step = fixed_s[self._nodes] + work @ coef
         return tau, step
 
     def rates(self) -> list[dict]:
@@ -137,6 +141,12 @@ class AutoTree:
         else:
             self._plain_run = 0
             apply_choice(self.inner, choice)
+            # rows through the head = the setting's own + the positions it catches up on (after plain steps,
+            # many): priced as such, a catch-up never makes drafting look dearer than it is
+            pending = getattr(self.inner, "_pending", None)
+            caught_up = int(pending.shape[0]) if pending is not None else 0
+            f, r, k = choice.work
+            self._last_work = (f, r + caught_up, k)
             proposal = self.inner.propose(context)
         self._last = choice
         self._last_expected = self._tau_of.get(choice, 1.0)
@@ -154,7 +164,7 @@ class AutoTree:
             self.costs.observe(trace.timings, len(tree))
             return
         self.acceptance.observe(tree.parents, tree.scores, trace.accepted_nodes)
-        self.costs.observe(trace.timings, len(tree), self.name, choice.work)
+        self.costs.observe(trace.timings, len(tree), self.name, self._last_work)
         if len(tree) == choice.nodes or self.kind == "prompt_lookup":   # not cut short at the answer's end
             self.expected_tau.append(self._last_expected)
             self.achieved_tau.append(float(len(trace.accepted_nodes)))   # accepted drafts + the bonus
@@ -186,8 +196,9 @@ class AutoTree:
             for r in range(reps + 1):
                 p = self.inner.propose(ctx)
                 if r:                                   # the first proposal warms this setting up
-                    self.costs.draft_cost(self.name).add(choice.work, p.draft_forward_s + p.tree_build_s,
-                                                         refit=False)
+                    f, rows, k = choice.work            # each later one reads one new position (the root)
+                    self.costs.draft_cost(self.name).add((f, rows + (1 if aux is not None else 0), k),
+                                                         p.draft_forward_s + p.tree_build_s, refit=False)
                 bonus = (ctx[-1] + 1) % vocab           # as if the target rejected every draft
                 self.inner.observe(AcceptedStep([ctx[-1]], bonus, None if aux is None else aux[:1]))
                 ctx = ctx + [bonus]
