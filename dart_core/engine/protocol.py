@@ -97,6 +97,11 @@ class FeatureDrafter:
         self._pending = step.aux if self._pending is None else torch.cat([self._pending, step.aux])
         self._proposed = False
 
+    @property
+    def waiting_positions(self) -> int:
+        """Committed positions whose features wait for the head's next run (many after plain steps)."""
+        return 0 if self._pending is None else int(self._pending.shape[0])
+
     def take_pending(self, context: Sequence[int]) -> torch.Tensor:
         """The waiting features (then none wait), checked against the context: positions cached + waiting
         + the root make the context."""

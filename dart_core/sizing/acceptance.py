@@ -9,7 +9,7 @@ and a tree's expected accepted length is the sum of its nodes' chances.
     model = AcceptanceModel.from_hit_rates(hit1=[0.45, 0.30, ...], hit10=[0.75, 0.62, ...])
     model.begin_request()                 # this answer gets its own copy of the long-run rates
     model.observe(trace)                  # after every verify step: trials and hits per (depth, rank)
-    model.best_value(nodes=8, max_depth=4, width=3)   # expected accepted drafts of the best 8-node tree
+    model.value_curve(8, max_depth=4, width=3)[8]    # expected accepted drafts of the best 8-node tree
 
 Seeding: a head's held-out hit@1 and hit@10 per future position (its model card's ``eval.json``)
 give rank 0 and spread the rest of the top-10 mass over ranks 1..9. Online: every node whose parent
@@ -204,9 +204,6 @@ class AcceptanceModel:
                 curve[i] = curve[i - 1]
         return curves
 
-    def best_value(self, nodes: int, max_depth: int, width: int, beam: int | None = None) -> float:
-        return float(self.value_curve(nodes, max_depth, width, beam)[nodes])
-
     def summary(self, depths: int = 6, ranks: int = 3) -> dict:
         """The request's and long-run rates of the first cells, and the counted trials, for reports."""
         return {"source": self.source,
@@ -217,9 +214,4 @@ class AcceptanceModel:
                              for hr, tr in zip(self.hits[:depths, :ranks], self.trials[:depths, :ranks])]}
 
 
-def expected_tau(curve: np.ndarray, nodes: int) -> float:
-    """Tokens a verify step is expected to add: accepted drafts + the bonus token."""
-    return 1.0 + float(curve[min(nodes, len(curve) - 1)])
-
-
-__all__ = ["AcceptanceModel", "MAX_DEPTH", "MAX_RANK", "expected_tau"]
+__all__ = ["AcceptanceModel", "MAX_DEPTH", "MAX_RANK"]

@@ -28,7 +28,7 @@ from ..engine.protocol import AcceptedStep, Proposal
 from ..engine.trace import StepTrace
 from ..engine.tree import DraftTree
 from .acceptance import AcceptanceModel
-from .costs import CostModel
+from .costs import CostModel, DraftCost
 from .spaces import PLAIN, TreeChoice, apply_choice, drafter_kind, tree_space
 
 #: Steps between decisions, and plain steps between probes.
@@ -64,7 +64,7 @@ class AutoTree:
         self._shape_idx = np.array([len(self._shapes) if c.plain else self._shapes[(c.max_depth, c.width, c.beam)]
                                     for c in self.space])
         self._nodes = np.array([c.nodes for c in self.space])
-        self._work = np.array([[0.0] * 4 if c.plain else [1.0, *c.work] for c in self.space])
+        self._work = np.array([np.zeros(4) if c.plain else DraftCost.features(c.work) for c in self.space])
         self.costs = costs
         self.acceptance = acceptance
         self.redecide_every = int(redecide_every)
@@ -97,7 +97,7 @@ class AutoTree:
         tau = 1.0 + values[self._shape_idx, drafted]
         # the head also reads the positions committed since its last run: in steady drafting, tau of them
         work = self._work.copy()
-        work[:, 2] += np.where(self._nodes > 1, tau, 0.0)
+        work[:, 2] += np.where(self._nodes > 1, tau, 0.0)      # column 2: rows (DraftCost.features)
         step = fixed_s[self._nodes] + work @ coef
         return tau, step
 
@@ -143,8 +143,7 @@ class AutoTree:
             apply_choice(self.inner, choice)
             # rows through the head = the setting's own + the positions it catches up on (after plain steps,
             # many): priced as such, a catch-up never makes drafting look dearer than it is
-            pending = getattr(self.inner, "_pending", None)
-            caught_up = int(pending.shape[0]) if pending is not None else 0
+            caught_up = getattr(self.inner, "waiting_positions", 0)
             f, r, k = choice.work
             self._last_work = (f, r + caught_up, k)
             proposal = self.inner.propose(context)
@@ -214,8 +213,6 @@ class AutoTree:
                 "drafting_steps": len(exp),
                 "verify_ms": {n: round(1e3 * self.costs.verify_s(n), 3) for n in self.costs.verify.sizes},
                 "acceptance": self.acceptance.summary()}
-
-
 
 
 def make_auto(drafter: Any, costs: CostModel, fixed: Mapping[str, int] | None = None,

@@ -2,7 +2,7 @@
 
     costs = CostModel.load_or_measure(target)            # <= ~2 s, or read from the user cache
     costs.verify_s(9)                                    # one verify of a 9-node tree (root included)
-    costs.draft_s("dart", work)                          # a drafter's forward + tree build for that work
+    costs.draft_cost("dart").coef                        # a drafter's forward + tree build per unit of work
     costs.observe(trace, drafter_name, work)             # refresh from the stage times every step records
 
 verify: the target's forward over a tree of n nodes after a short prefix, measured at a handful of sizes
@@ -92,9 +92,6 @@ class DraftCost:
     def features(work: Sequence[float]) -> np.ndarray:
         forwards, rows, candidates = work
         return np.array([1.0, float(forwards), float(rows), float(candidates)])
-
-    def __call__(self, work: Sequence[float]) -> float:
-        return float(self.features(work) @ self.coef)
 
     def add(self, work: Sequence[float], seconds: float, refit: bool = True) -> None:
         self.samples.append((self.features(work), float(seconds)))
@@ -210,15 +207,6 @@ class CostModel:
 
     def verify_s(self, nodes: int) -> float:
         return self.verify(nodes)
-
-    def draft_s(self, drafter: str, work: Sequence[float]) -> float:
-        cost = self.drafts.get(drafter)
-        return cost(work) if cost is not None else 0.0
-
-    def step_s(self, drafter: str | None, work: Sequence[float] | None, nodes: int) -> float:
-        """One step's predicted seconds: draft + build (0 for a plain step) + verify + commit."""
-        draft = self.draft_s(drafter, work) if drafter is not None and work is not None else 0.0
-        return draft + self.verify_s(nodes) + self.commit_s
 
     def draft_cost(self, drafter: str) -> DraftCost:
         return self.drafts.setdefault(drafter, DraftCost())
