@@ -1,0 +1,821 @@
+"""Teaching views: one speculative round stage by stage, and why a CPU differs from a GPU (no Gradio here).
+
+    frames = round_frames(trace, tokenizer, engine="dart")     # five RoundFrames: drafted, pruned, checked,
+    for f in frames: print(f.title, f.sentence); f.figure      # accepted, committed
+    expected_speedup(0.7, 4, 1.1, 0.1)                         # chain model: tokens per pass / cost of a pass
+    fig = whatif_figure(measured=measured_point(traces, costs, label="DART on this CPU"))
+    whatif_text(0.35, 2.2, 0.3, 4)                             # what it would take for speculation to pay
+
+Every function is pure: it reads StepTraces (or their dict / JSON forms) and returns figures and text.
+The round's sentences are computed from the trace; what the target decided along the accepted path is
+taken from :func:`dart_core.ui.narration.narrate_step` (the engine's own acceptance rules), not re-derived.
+
+Frames 1-2 share one layout (every scored candidate at its depth under its parent), frames 3-4 another
+(the verified tree plus the bonus token), so clicking from one frame to the next keeps nodes in place.
+Every figure puts its title at the top (``title.automargin``) and its legend below the plot area
+(``legend.yref = "container"``, plotly.js >= 2.23), so the two never overlap at 640 px.
+"""
+from __future__ import annotations
+
+import html
+import math
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+from ..engine.trace import StepTrace
+from ..engine.trace_stats import TraceLike, acceptance_metrics, as_step, as_steps, candidate_nodes
+from .narration import narrate_step
+from .record import label_of
+from .viz import (NODE_STATES, OKABE_ITO, SCORE_COLORSCALE, _decoder, _score_name, _token_hover, _token_label,
+                  tree_layout)
+
+# ---------------------------------------------------------------------------------------------- constants
+#: Frame keys, in the order a teacher clicks through them.
+FRAME_KEYS = ("drafted", "pruned", "checked", "accepted", "committed")
+#: Frame 1 draws at most this many scored candidates under one parent (best score first) ...
+MAX_PER_PARENT = 8
+#: ... and at most this many in all (kept candidates always drawn), so the figure stays readable.
+MAX_DRAWN = 48
+#: Titles are cut to this many characters so they never run into the legend or each other at 640 px.
+TITLE_CHARS = 58
+
+#: The GPU regime the paper's setting sits in (a *regime*, not a measurement of this demo):
+#: on a data-centre GPU the target's forward over a few dozen tree nodes is memory-bound (the weights are
+#: read once whatever the node count), so a verify costs about as much as one plain token: verify ratio
+#: ~1.0-1.3 (compare viz.MEMORY_BOUND_RATIO, and the flat GPU verify curve the sizing tests use). With
+#: the per-token acceptance of trained draft heads on such models in ~0.6-0.8, the chain model below gives
+#: tau ~2.3-3.4 at depth 4, i.e. the 2-3x speedups the DART paper (arXiv 2601.19278) reports on GPU.
+GPU_ALPHA_RANGE = (0.6, 0.8)
+GPU_VERIFY_RATIO_RANGE = (1.0, 1.3)
+#: The what-if figure's axes: per-token acceptance alpha on x, verify cost on y (units of one plain step).
+WHATIF_ALPHA_RANGE = (0.0, 0.95)
+WHATIF_VERIFY_RANGE = (1.0, 4.0)
+#: Tree sizes (nodes, root included) whose verify ratio ``whatif_figure(verify_curve=...)`` marks.
+WHATIF_CURVE_NODES = (9, 33)
+
+
+class RoundFrame(NamedTuple):
+    """One stage of a speculative round: ``key`` (one of FRAME_KEYS), a short ``title``, one plain-words
+    ``sentence`` computed from the trace (Markdown), and its plotly ``figure``."""
+    key: str
+    title: str
+    sentence: str
+    figure: go.Figure
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def _ints(x: Any) -> list[int]:
+    return [int(v) for v in np.asarray(x, dtype=np.int64).reshape(-1)]
+
+
+def _floats(x: Any) -> list[float]:
+    return [float(v) for v in np.asarray(x, dtype=np.float64).reshape(-1)]
+
+
+def _plural(n: int, word: str, plural: str | None = None) -> str:
+    return f"{n} {word if n == 1 else (plural or word + 's')}"
+
+
+def _title(text: str) -> str:
+    return text if len(text) <= TITLE_CHARS else text[: TITLE_CHARS - 1] + "\u2026"
+
+
+def _plain(fig: go.Figure) -> str:
+    """A figure's title as plain text (token labels in figures are HTML-escaped for plotly)."""
+    return html.unescape(fig.layout.title.text or "")
+
+
+def _text_decoder(tokenizer: Any) -> Callable[[list[int]], str]:
+    """Sentence text: the tokenizer's text, or ``#id`` per token without one."""
+    dec = _decoder(tokenizer)
+    return dec if dec is not None else (lambda ids: "".join(f"#{i}" for i in ids))
+
+
+def _q(decode: Callable[[list[int]], str], toks: Sequence[int]) -> str:
+    """A token (or tokens) quoted for a sentence, whitespace and newlines made visible."""
+    s = decode([int(t) for t in toks]).replace("\n", "\u21b5").replace("`", "'")
+    return f"`{s}`" if s.strip() else f"`{s!r}`"
+
+
+def _style(fig: go.Figure, title: str, *, height: int, xaxis: dict | None = None, yaxis: dict | None = None,
+           legend_rows: int = 1) -> go.Figure:
+    """Title on top (automargin), legend below the plot area anchored to the container's bottom."""
+    bottom = 60 + 26 * max(legend_rows, 1)
+    fig.update_layout(
+        title=dict(text=_title(title), automargin=True, x=0.02, xanchor="left", font=dict(size=15)),
+        legend=dict(orientation="h", yref="container", y=0, yanchor="bottom", x=0, xanchor="left",
+                    font=dict(size=11)),
+        showlegend=True, margin=dict(l=40, r=20, t=60, b=bottom), height=int(height + bottom),
+        plot_bgcolor="#FFFFFF", hovermode="closest")
+    if xaxis is not None:
+        fig.update_layout(xaxis=xaxis)
+    if yaxis is not None:
+        fig.update_layout(yaxis=yaxis)
+    return fig
+
+
+def _tree_axes(xs: Sequence[float], ys: Sequence[float]) -> tuple[dict, dict]:
+    max_x = max(xs) if len(xs) else 1.0
+    xaxis = dict(title=dict(text="depth (position after the root)", standoff=4), tickmode="linear", tick0=0,
+                 dtick=1, range=[-0.4, max_x + 1.0], zeroline=False, showgrid=False)
+    yaxis = dict(autorange="reversed", showticklabels=False, zeroline=False, showgrid=False, title=None)
+    return xaxis, yaxis
+
+
+def _tree_height(ys: Sequence[float], per_row: int = 26) -> int:
+    rows = (max(ys) + 1) if len(ys) else 1
+    return int(max(260, 90 + per_row * rows))
+
+
+def _edges(pairs: Sequence[tuple[int, int]], xs, ys, *, name: str, color: str, width: float,
+           dash: str = "solid", legend: bool = False, opacity: float = 1.0) -> go.Scatter:
+    ex: list[float | None] = []
+    ey: list[float | None] = []
+    for a, b in pairs:
+        ex += [float(xs[a]), float(xs[b]), None]
+        ey += [float(ys[a]), float(ys[b]), None]
+    return go.Scatter(x=ex, y=ey, mode="lines", name=name, line=dict(color=color, width=width, dash=dash),
+                      opacity=opacity, hoverinfo="skip", showlegend=legend)
+
+
+def _nodes(idx: Sequence[int], xs, ys, *, name: str, marker: dict, text: Sequence[str] | None = None,
+           hover: Sequence[str] | None = None, legend: bool = True, text_color: str | None = None,
+           opacity: float = 1.0, customdata: Sequence | None = None, group: str | None = None) -> go.Scatter:
+    return go.Scatter(
+        x=[float(xs[i]) for i in idx], y=[float(ys[i]) for i in idx],
+        mode="markers+text" if text is not None else "markers", name=name, legendgroup=group or name,
+        marker=marker, opacity=opacity, showlegend=legend,
+        text=list(text) if text is not None else None, textposition="middle right",
+        textfont=dict(size=11, color=text_color) if text_color else dict(size=11),
+        hovertext=list(hover) if hover is not None else None, hoverinfo="text" if hover is not None else "skip",
+        customdata=list(customdata) if customdata is not None else None)
+
+
+def _marker(state: str, size: int = 14, fill: Any = None, **extra) -> dict:
+    _, color, symbol = NODE_STATES[state]
+    m = dict(color=color if fill is None else fill, symbol=symbol, size=size, line=dict(color=color, width=2.5))
+    m.update(extra)
+    return m
+
+
+# ---------------------------------------------------------------------------------------------- frame 1-2 layout
+class _CandidateView:
+    """The scored candidates drawn in frames 1-2: which ones, where, and how they map to tree nodes.
+
+    Display index 0 is the root; display i >= 1 is candidate ``drawn[i - 1]``. Candidates are taken in
+    depth order, best score first, when their parent is drawn and their parent has fewer than
+    MAX_PER_PARENT drawn children (and fewer than MAX_DRAWN are drawn); kept candidates are always drawn.
+    """
+
+    def __init__(self, st: StepTrace):
+        c = st.candidates
+        self.total = len(c)
+        tok, par, dep = _ints(c.token), _ints(c.parent), _ints(c.depth)
+        score, kept = _floats(c.score), [bool(k) for k in c.kept]
+        node = candidate_nodes(st)
+        kept = [kept[i] and node[i] > 0 for i in range(self.total)]
+        order = sorted(range(self.total), key=lambda i: (dep[i], not kept[i], -score[i], i))
+        disp: dict[int, int] = {-1: 0}
+        per_parent: dict[int, int] = {}
+        drawn: list[int] = []
+        for i in order:
+            p = par[i] if 0 <= par[i] < self.total else -1
+            if p not in disp:
+                continue
+            if not kept[i] and (per_parent.get(p, 0) >= MAX_PER_PARENT or len(drawn) >= MAX_DRAWN):
+                continue
+            per_parent[p] = per_parent.get(p, 0) + 1
+            drawn.append(i)
+            disp[i] = len(drawn)
+        self.drawn = drawn
+        self.tok = [int(st.tree.tokens[0])] + [tok[i] for i in drawn]
+        self.parents = [-1] + [disp[par[i] if 0 <= par[i] < self.total else -1] for i in drawn]
+        self.score = [0.0] + [score[i] for i in drawn]
+        self.kept = [True] + [kept[i] for i in drawn]
+        self.cand = [-1] + drawn
+        self.xs, self.ys = tree_layout(self.parents, [math.inf] + self.score[1:])
+        self.n_kept = sum(kept)
+        self.max_depth = max(dep) if dep else 0
+        self.logit, self.ngram = _floats(c.logit_term), _floats(c.ngram_term)
+        self.has_ngram = any(v != 0.0 for v in self.ngram)
+
+
+def _candidate_hover(view: _CandidateView, j: int, decode, score_name: str) -> str:
+    ci = view.cand[j]
+    lines = [f"<b>{_token_hover(view.tok[j], decode)}</b>  candidate {ci}, depth {int(view.xs[j])}",
+             f"{score_name}: {view.score[j]:.3f}", f"logit term: {view.logit[ci]:.3f}"]
+    if view.has_ngram:
+        lines.append(f"N-gram term: {view.ngram[ci]:.3f}")
+    lines.append("kept for the target" if view.kept[j] else "pruned: never shown to the target")
+    return "<br>".join(lines)
+
+
+def _candidate_figure(st: StepTrace, view: _CandidateView, decode, score_name: str, title: str,
+                      pruned_stage: bool) -> go.Figure:
+    xs, ys = view.xs, view.ys
+    n = len(view.tok)
+    fig = go.Figure()
+    kept_edges = [(view.parents[j], j) for j in range(1, n) if view.kept[j]]
+    other_edges = [(view.parents[j], j) for j in range(1, n) if not view.kept[j]]
+    scores = view.score[1:]
+    cmin, cmax = (min(scores), max(scores)) if scores else (-1.0, 0.0)
+    if cmax - cmin < 1e-9:
+        cmin = cmax - 1.0
+    root_marker = dict(color="#FFFFFF", symbol="square", size=18, line=dict(color=OKABE_ITO["black"], width=3))
+    labels = [_token_label(t, decode, limit=10) for t in view.tok]
+    hovers = [""] + [_candidate_hover(view, j, decode, score_name) for j in range(1, n)]
+    if not pruned_stage:
+        fig.add_trace(_edges(kept_edges + other_edges, xs, ys, name="drafted edge", color="#BBBBBB", width=1.2))
+        idx = list(range(1, n))
+        fig.add_trace(_nodes(idx, xs, ys, name=f"scored candidate (fill = {score_name})",
+                             marker=dict(color=[view.score[j] for j in idx], coloraxis="coloraxis",
+                                         symbol="circle", size=12, line=dict(color="#444444", width=1.5)),
+                             text=[labels[j] for j in idx], hover=[hovers[j] for j in idx],
+                             customdata=[["candidate", view.cand[j]] for j in idx]))
+    else:
+        fig.add_trace(_edges(other_edges, xs, ys, name="pruned edge", color=OKABE_ITO["grey"], width=1.0,
+                             dash="dot", opacity=0.35))
+        fig.add_trace(_edges(kept_edges, xs, ys, name="kept edge", color=OKABE_ITO["black"], width=2.0))
+        pr = [j for j in range(1, n) if not view.kept[j]]
+        kp = [j for j in range(1, n) if view.kept[j]]
+        if pr:
+            fig.add_trace(_nodes(pr, xs, ys, name=NODE_STATES["pruned"][0],
+                                 marker=_marker("pruned", 10, OKABE_ITO["grey"]), opacity=0.3,
+                                 text=[labels[j] for j in pr], text_color=OKABE_ITO["grey"],
+                                 hover=[hovers[j] for j in pr], customdata=[["candidate", view.cand[j]] for j in pr]))
+        fig.add_trace(_nodes(kp, xs, ys, name=f"kept: goes to the target (fill = {score_name})",
+                             marker=dict(color=[view.score[j] for j in kp], coloraxis="coloraxis", symbol="circle",
+                                         size=14, line=dict(color=OKABE_ITO["black"], width=2.5)),
+                             text=[labels[j] for j in kp], hover=[hovers[j] for j in kp],
+                             customdata=[["candidate", view.cand[j]] for j in kp]))
+    fig.add_trace(_nodes([0], xs, ys, name=NODE_STATES["root"][0], marker=root_marker, text=[labels[0]],
+                         hover=[f"<b>{_token_hover(view.tok[0], decode)}</b>  root: the last committed token"],
+                         customdata=[["node", 0]]))
+    fig.update_layout(coloraxis=dict(colorscale=SCORE_COLORSCALE, cmin=cmin, cmax=cmax,
+                                     colorbar=dict(title=dict(text=score_name, side="right"), thickness=12, len=0.8)))
+    xaxis, yaxis = _tree_axes(xs, ys)
+    return _style(fig, title, height=_tree_height(ys, 24), xaxis=xaxis, yaxis=yaxis, legend_rows=2)
+
+
+# ---------------------------------------------------------------------------------------------- frames 3-4 layout
+def _tree_view(st: StepTrace) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """Parents of the verified tree plus one node for the bonus token (index len(tree)), and the layout."""
+    parents = _ints(st.tree.parents) + [int(st.accepted_nodes[-1])]
+    scores = _floats(st.tree.scores) + [math.inf]    # the bonus sits on top of its siblings
+    xs, ys = tree_layout(parents, scores)
+    return parents, xs, ys
+
+
+def _checked_figure(st: StepTrace, decode, title: str) -> go.Figure:
+    tree = st.tree
+    n = len(tree)
+    parents, xs, ys = _tree_view(st)
+    argmax = _ints(st.node_target_argmax)
+    tokens = _ints(tree.tokens)
+    fig = go.Figure()
+    fig.add_trace(_edges([(parents[i], i) for i in range(1, n)], xs, ys, name="draft tree edge", color="#BBBBBB",
+                         width=1.4))
+
+    def label(i: int) -> str:
+        own = _token_label(tokens[i], decode, limit=9)
+        if i < len(argmax):
+            return f"{own}<br><span style='font-size:10px'>\u2192 {_token_label(argmax[i], decode, limit=9)}</span>"
+        return own
+
+    def hover(i: int) -> str:
+        lines = [f"<b>{_token_hover(tokens[i], decode)}</b>  node {i}, depth {int(tree.depths[i])}"]
+        if i > 0 and parents[i] < len(argmax):
+            want = argmax[parents[i]]
+            lines.append(f"target's choice at the parent: {_token_hover(want, decode)}"
+                         + (" (this token)" if want == tokens[i] else ""))
+        if i < len(argmax):
+            lines.append(f"target's own next token after this node: {_token_hover(argmax[i], decode)}")
+        return "<br>".join(lines)
+
+    match = [i for i in range(1, n) if parents[i] < len(argmax) and argmax[parents[i]] == tokens[i]]
+    differ = [i for i in range(1, n) if i not in set(match)]
+    if match:
+        fig.add_trace(_nodes(match, xs, ys, name="matches the target's choice at its parent",
+                             marker=_marker("accepted", 15), text=[label(i) for i in match],
+                             hover=[hover(i) for i in match], customdata=[["node", i] for i in match]))
+    if differ:
+        fig.add_trace(_nodes(differ, xs, ys, name="differs from the target's choice",
+                             marker=_marker("rejected", 13, "#FFFFFF"), text=[label(i) for i in differ],
+                             hover=[hover(i) for i in differ], customdata=[["node", i] for i in differ]))
+    fig.add_trace(_nodes([0], xs, ys, name=NODE_STATES["root"][0],
+                         marker=dict(color="#FFFFFF", symbol="square", size=18,
+                                     line=dict(color=OKABE_ITO["black"], width=3)),
+                         text=[label(0)], hover=[hover(0)], customdata=[["node", 0]]))
+    # A legend entry that explains the "-> x" under every label.
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="\u2192 x: the target's own next token there",
+                             marker=dict(color="rgba(0,0,0,0)", size=1), hoverinfo="skip", showlegend=True))
+    xaxis, yaxis = _tree_axes(xs[:n], ys[:n])
+    return _style(fig, title, height=_tree_height(ys[:n], 36), xaxis=xaxis, yaxis=yaxis, legend_rows=2)
+
+
+def _accepted_figure(st: StepTrace, decode, title: str) -> go.Figure:
+    tree = st.tree
+    n = len(tree)
+    parents, xs, ys = _tree_view(st)
+    tokens = _ints(tree.tokens)
+    path = [int(a) for a in st.accepted_nodes]
+    on_path = set(path)
+    fig = go.Figure()
+    fig.add_trace(_edges([(parents[i], i) for i in range(1, n) if i not in on_path], xs, ys,
+                         name="rejected branch", color="#CCCCCC", width=1.2))
+    fig.add_trace(_edges(list(zip(path[:-1], path[1:])), xs, ys, name="accepted path", color=OKABE_ITO["blue"],
+                         width=6.0, legend=True))
+    fig.add_trace(_edges([(path[-1], n)], xs, ys, name="bonus: the target's own token", width=3.0,
+                         color=NODE_STATES["bonus"][1], dash="dash"))
+    rej = [i for i in range(1, n) if i not in on_path]
+    if rej:
+        fig.add_trace(_nodes(rej, xs, ys, name="rejected: its KV entries are discarded",
+                             marker=_marker("rejected", 11, "#FFFFFF"), opacity=0.45,
+                             text=[_token_label(tokens[i], decode, limit=9) for i in rej], text_color="#999999",
+                             hover=[f"{_token_hover(tokens[i], decode)}  node {i}: rejected" for i in rej],
+                             customdata=[["node", i] for i in rej]))
+    acc = path[1:]
+    if acc:
+        fig.add_trace(_nodes(acc, xs, ys, name=NODE_STATES["accepted"][0], marker=_marker("accepted", 18),
+                             text=[f"<b>{_token_label(tokens[i], decode, limit=10)}</b>" for i in acc],
+                             hover=[f"{_token_hover(tokens[i], decode)}  node {i}: accepted" for i in acc],
+                             customdata=[["node", i] for i in acc]))
+    fig.add_trace(_nodes([0], xs, ys, name=NODE_STATES["root"][0],
+                         marker=dict(color="#FFFFFF", symbol="square", size=18,
+                                     line=dict(color=OKABE_ITO["black"], width=3)),
+                         text=[_token_label(tokens[0], decode, limit=10)],
+                         hover=[f"{_token_hover(tokens[0], decode)}  root: the last committed token"],
+                         customdata=[["node", 0]]))
+    label, color, symbol = NODE_STATES["bonus"]
+    fig.add_trace(_nodes([n], xs, ys, name=label,
+                         marker=dict(color=color, symbol=symbol, size=20, line=dict(color="#000000", width=1.5)),
+                         text=[f"<b>{_token_label(int(st.bonus_token), decode, limit=10)}</b>"], text_color=color,
+                         hover=[f"{_token_hover(int(st.bonus_token), decode)}  the target's own next token"],
+                         customdata=[["bonus", -1]]))
+    xaxis, yaxis = _tree_axes(xs, ys)
+    return _style(fig, title, height=_tree_height(ys, 28), xaxis=xaxis, yaxis=yaxis, legend_rows=2)
+
+
+def _committed_figure(st: StepTrace, decode, title: str) -> go.Figure:
+    """A token strip: the root (already in the answer), then this step's emitted tokens."""
+    k_acc = st.accepted_drafts
+    emitted = _ints(st.emitted_tokens)
+    kinds = [("root", int(st.tree.tokens[0]))] + [("accepted" if i < k_acc else "bonus", t)
+                                                   for i, t in enumerate(emitted)]
+    names = {"root": "already in the answer", "accepted": "accepted draft (committed)",
+             "bonus": "the target's own token (committed)"}
+    fig = go.Figure()
+    for kind in ("root", "accepted", "bonus"):
+        idx = [i for i, (k, _) in enumerate(kinds) if k == kind]
+        if not idx:
+            continue
+        _, color, symbol = NODE_STATES[kind]
+        fill = "#FFFFFF" if kind == "root" else color
+        fig.add_trace(go.Scatter(
+            x=idx, y=[0.0] * len(idx), mode="markers+text", name=names[kind], legendgroup=kind,
+            marker=dict(color=fill, symbol=symbol, size=22, line=dict(color=color if kind != "bonus" else "#000000",
+                                                                     width=2)),
+            text=[_token_label(kinds[i][1], decode, limit=12) for i in idx], textposition="top center",
+            textfont=dict(size=12), hovertext=[_token_hover(kinds[i][1], decode) for i in idx], hoverinfo="text",
+            customdata=[[kind, i] for i in idx]))
+    fig.add_trace(go.Scatter(x=[0.5, len(kinds) - 0.5], y=[-0.5, -0.5], mode="lines",
+                             name="one target forward pass", line=dict(color=OKABE_ITO["vermillion"], width=3),
+                             hoverinfo="skip"))
+    xaxis = dict(title=dict(text="answer position", standoff=4), tickmode="array",
+                 tickvals=list(range(len(kinds))), ticktext=[str(st.position - 1 + i) for i in range(len(kinds))],
+                 range=[-0.6, max(len(kinds), 4) - 0.4], zeroline=False, showgrid=False)
+    yaxis = dict(range=[-0.9, 0.9], showticklabels=False, zeroline=False, showgrid=False, title=None)
+    return _style(fig, title, height=170, xaxis=xaxis, yaxis=yaxis, legend_rows=2)
+
+
+# ---------------------------------------------------------------------------------------------- sentences
+def _drafted_sentence(st: StepTrace, engine: str, view: _CandidateView | None, label: str, dec) -> str:
+    n = st.tree.num_drafted
+    if view is not None:
+        shown = ("" if len(view.drawn) == view.total else
+                 f" (drawn: {len(view.drawn)} of them, at most {MAX_PER_PARENT} under each parent)")
+        if engine == "eagle3":
+            passes = _plural(view.max_depth, "forward pass", "forward passes")
+            return (f"The EAGLE-3 head ran once per tree level, {passes} "
+                    f"for {_plural(view.max_depth, 'level')}, and proposed {_plural(view.total, 'scored candidate')}"
+                    f"{shown}.")
+        if engine == "dart":
+            return (f"The DART head ran **one** forward pass that proposed all {_plural(view.max_depth, 'depth')} at "
+                    f"once and scored {_plural(view.total, 'candidate')} in it{shown}.")
+        return f"The {label} drafter proposed {_plural(view.total, 'scored candidate')}{shown}."
+    if n == 0:
+        if engine == "vanilla":
+            return "Plain decoding drafts nothing: the target alone will produce the next token."
+        return (f"The {label} drafter proposed nothing this step (a plain step): the target alone will produce "
+                "the next token.")
+    if engine == "prompt_lookup":
+        return (f"Prompt lookup runs no model and scores no candidates: it copied {_plural(n, 'token')} that followed "
+                f"earlier occurrences of the latest words in the prompt, starting with "
+                f"{_q(dec, [st.tree.tokens[st.tree.children()[0][0]]])}.")
+    return f"The {label} drafter proposed {_plural(n, 'token')} and recorded no scored candidates."
+
+
+def _pruned_sentence(st: StepTrace, engine: str, view: _CandidateView | None) -> str:
+    n = st.tree.num_drafted
+    if view is None:
+        if n == 0:
+            return "Nothing to prune: there is no draft this step."
+        return f"Nothing to prune: all {_plural(n, 'drafted token')} go to the target as they are."
+    dropped = view.total - n
+    if engine == "eagle3":
+        how = ("its cumulative log-probability (the top-k children of the best nodes at each level, then the best "
+               "overall up to the node budget)")
+    elif engine == "dart":
+        how = ("its score = logit term + N-gram term" + ("" if view.has_ngram else " (zero here: no N-gram table)")
+               + ", best first until the node budget is spent")
+    else:
+        how = "the drafter's score, up to its node budget"
+    return (f"The pruner kept {n} of {_plural(view.total, 'candidate')} (dropped {dropped}) by {how}; only the "
+            "kept ones go to the target.")
+
+
+def _checked_sentence(st: StepTrace, dec) -> str:
+    tree = st.tree
+    n = len(tree)
+    argmax = _ints(st.node_target_argmax)
+    tokens = _ints(tree.tokens)
+    parents = _ints(tree.parents)
+    root = f"after the root {_q(dec, [tokens[0]])} it would say {_q(dec, [argmax[0]])}"
+    if n == 1:
+        return (f"The target ran **one** forward pass over the single root node: {root}, so it can commit "
+                "exactly that one token.")
+    match = sum(argmax[parents[i]] == tokens[i] for i in range(1, n) if parents[i] < len(argmax))
+    verb = "equals" if match == 1 else "equal"
+    sampling = "" if st.mode == "greedy" else " (sampling then accepts by probability, not only top choices)"
+    return (f"The target ran **one** forward pass over all {n} nodes (the root + {_plural(n - 1, 'draft')}) and "
+            f"computed its own next token at each one ({root}); {match} of the {n - 1} drafted tokens {verb} the "
+            f"target's choice at their parent{sampling}.")
+
+
+def _accepted_sentence(st: StepTrace, narration, dec) -> str:
+    tree = st.tree
+    tokens = _ints(tree.tokens)
+    path = narration.accepted_path
+    acc = len(path) - 1
+    greedy = st.mode == "greedy"
+    bonus = _q(dec, [st.bonus_token])
+    if tree.num_drafted == 0:
+        return (f"With no draft there is nothing to accept: the target's own token {bonus} is the step's one new "
+                "token.")
+    last = narration.decisions[-1]
+    at = _q(dec, [tokens[last.node]])
+    if not last.tried:
+        why = f"nothing was drafted after {at} (a leaf of the tree)"
+    elif greedy:
+        why = (f"after {at} the target wanted {_q(dec, [last.target_choice])} but the draft offered only "
+               + ", ".join(_q(dec, [t]) for _, t, _, _ in last.tried))
+    else:
+        why = (f"after {at} each of the {_plural(len(last.tried), 'drafted child', 'drafted children')} was rejected "
+               f"(chance {', '.join(f'{pa:.2f}' for _, _, _, pa in last.tried)})")
+    if acc:
+        agreed = (f"The longest path the target agrees with holds {_plural(acc, 'drafted token')}, "
+                  f"{_q(dec, [tokens[i] for i in path[1:]])}"
+                  + ("" if greedy else " (sampling: p/q rule with the draft a fixed token, so each was accepted "
+                                       "with the target's probability p, renormalised after earlier rejections)"))
+    else:
+        agreed = "The target accepts none of the drafted tokens" + (
+            "" if greedy else " (sampling: each tried with the target's probability p, the p/q rule for fixed drafts)")
+    bonus_how = ("its own top choice there" if greedy else
+                 "drawn from what the rejections left" if last.tried else "drawn from its distribution there")
+    return f"{agreed}; the path stops because {why}; the target adds the bonus token {bonus} ({bonus_how})."
+
+
+def _committed_sentence(st: StepTrace, dec) -> str:
+    emitted = _ints(st.emitted_tokens)
+    k = len(emitted)
+    rejected = st.tree.num_drafted - st.accepted_drafts
+    text = _q(dec, emitted) if emitted else "nothing"
+    kv = (f"the KV-cache entries of the {_plural(rejected, 'rejected node')} are discarded" if rejected else
+          "no node was rejected, so no KV-cache entry is discarded")
+    cut = "" if k >= st.accepted_drafts + 1 else (f" (generation stopped: {st.stop_reason or 'end of answer'}, "
+                                                  f"so only {k} of {st.accepted_drafts + 1} were kept)")
+    return (f"{_plural(k, 'token')} ({text}) {'is' if k == 1 else 'are'} committed to the answer for one target "
+            f"forward pass{cut}; {kv}.")
+
+
+# ---------------------------------------------------------------------------------------------- round frames
+def round_frames(step: TraceLike, tokenizer: Any = None, *, engine: str = "dart",
+                 score_label: str | None = None) -> list[RoundFrame]:
+    """One speculative round as five frames a teacher can click through, from its StepTrace.
+
+    drafted    every candidate the drafter scored, at its depth under its parent (at most MAX_PER_PARENT per
+               parent and MAX_DRAWN in all, kept ones always; the sentence says how many exist); drafters that
+               score none (prompt lookup) and plain steps: the tree as drafted
+    pruned     the same layout, the kept tree in black, the pruned candidates faded
+    checked    the verified tree; under each node "-> x", the target's own next token there; nodes equal to
+               the target's choice at their parent drawn as matching (blue circles)
+    accepted   the accepted path bold, rejected branches faded, the bonus token (purple star)
+    committed  a token strip: the root, then the committed tokens (accepted drafts, the bonus)
+
+    ``engine``: "dart", "eagle3", "prompt_lookup", "vanilla" (words only: how the draft was made).
+    ``tokenizer``: None (token ids), a callable ids -> text, or a tokenizer.
+    """
+    st = as_step(step)
+    decode = _decoder(tokenizer)
+    dec = _text_decoder(tokenizer)
+    label = label_of(engine)
+    tree = st.tree
+    n = tree.num_drafted
+    narration = narrate_step(st, tokenizer if tokenizer is not None else dec, engine)
+    view = _CandidateView(st) if st.candidates is not None and len(st.candidates) else None
+    score_name = _score_name(st, score_label)
+
+    # 1. drafted
+    if view is not None:
+        fwd = "1 head forward" if engine == "dart" else (
+            f"{_plural(view.max_depth, 'head forward')}" if engine == "eagle3" else "")
+        t1 = f"1 \u00b7 Drafted: {_plural(view.total, 'candidate')}" + (f", {fwd}" if fwd else "")
+        f1 = _candidate_figure(st, view, decode, score_name, t1, pruned_stage=False)
+        t2 = f"2 \u00b7 Pruned: kept {n} of {view.total}"
+        f2 = _candidate_figure(st, view, decode, score_name, t2, pruned_stage=True)
+    else:
+        t1 = (f"1 \u00b7 Drafted: {_plural(n, 'token')}" + (" copied from the prompt" if engine == "prompt_lookup"
+                                                           and n else "") if n else "1 \u00b7 Drafted: nothing")
+        f1 = _plain_tree_figure(st, decode, t1)
+        t2 = "2 \u00b7 Pruned: nothing to prune"
+        f2 = _plain_tree_figure(st, decode, t2)
+    frames = [RoundFrame("drafted", _plain(f1), _drafted_sentence(st, engine, view, label, dec), f1),
+              RoundFrame("pruned", _plain(f2), _pruned_sentence(st, engine, view), f2)]
+
+    # 3. checked
+    t3 = f"3 \u00b7 Checked: 1 target forward over {_plural(len(tree), 'node')}"
+    f3 = _checked_figure(st, decode, t3)
+    frames.append(RoundFrame("checked", _plain(f3), _checked_sentence(st, dec), f3))
+
+    # 4. accepted
+    bonus_label = _token_label(int(st.bonus_token), decode, limit=10)
+    t4 = (f"4 \u00b7 Accepted: {st.accepted_drafts} of {n} drafts + bonus {bonus_label}" if n else
+          f"4 \u00b7 Accepted: no draft; the target's token {bonus_label}")
+    f4 = _accepted_figure(st, decode, t4)
+    frames.append(RoundFrame("accepted", _plain(f4), _accepted_sentence(st, narration, dec), f4))
+
+    # 5. committed
+    k = len(st.emitted_tokens)
+    t5 = f"5 \u00b7 Committed: {_plural(k, 'token')} in one target pass"
+    f5 = _committed_figure(st, decode, t5)
+    frames.append(RoundFrame("committed", _plain(f5), _committed_sentence(st, dec), f5))
+    return frames
+
+
+def _plain_tree_figure(st: StepTrace, decode, title: str) -> go.Figure:
+    """The drafted tree as it is (no scored candidates): drafts in sky blue, the root a square."""
+    tree = st.tree
+    n = len(tree)
+    parents = _ints(tree.parents)
+    xs, ys = tree_layout(parents, _floats(tree.scores))
+    tokens = _ints(tree.tokens)
+    fig = go.Figure()
+    fig.add_trace(_edges([(parents[i], i) for i in range(1, n)], xs, ys, name="draft edge", color="#BBBBBB",
+                         width=1.4))
+    if n > 1:
+        idx = list(range(1, n))
+        fig.add_trace(_nodes(idx, xs, ys, name="drafted token",
+                             marker=dict(color=OKABE_ITO["sky_blue"], symbol="circle", size=13,
+                                         line=dict(color="#444444", width=1.5)),
+                             text=[_token_label(tokens[i], decode, limit=10) for i in idx],
+                             hover=[f"{_token_hover(tokens[i], decode)}  node {i}, depth {int(tree.depths[i])}"
+                                    for i in idx], customdata=[["node", i] for i in idx]))
+    fig.add_trace(_nodes([0], xs, ys, name=NODE_STATES["root"][0],
+                         marker=dict(color="#FFFFFF", symbol="square", size=18,
+                                     line=dict(color=OKABE_ITO["black"], width=3)),
+                         text=[_token_label(tokens[0], decode, limit=10)],
+                         hover=[f"{_token_hover(tokens[0], decode)}  root: the last committed token"],
+                         customdata=[["node", 0]]))
+    xaxis, yaxis = _tree_axes(xs, ys)
+    return _style(fig, title, height=_tree_height(ys), xaxis=xaxis, yaxis=yaxis, legend_rows=1)
+
+
+# ---------------------------------------------------------------------------------------------- what-if: the model
+def expected_tau(alpha: Any, depth: Any) -> Any:
+    """Expected tokens per target pass of a chain draft of ``depth`` tokens whose tokens are each accepted
+    with probability ``alpha`` (independently, given the previous one was): 1 + alpha + ... + alpha**depth
+    = (1 - alpha**(depth+1)) / (1 - alpha), and depth + 1 at alpha = 1. Vectorised (numpy broadcasting)."""
+    a = np.asarray(alpha, dtype=np.float64)
+    d = np.asarray(depth, dtype=np.float64)
+    one = a == 1.0
+    safe = np.where(one, 0.5, a)
+    with np.errstate(divide="ignore"):   # alpha = 0: log1p(-1) = -inf, expm1(-inf) = -1, tau = 1
+        # (1 - a**(d+1)) / (1 - a) through expm1/log1p: no cancellation as alpha approaches 1
+        tau = np.where(one, d + 1.0, -np.expm1((d + 1.0) * np.log1p(safe - 1.0)) / (1.0 - safe))
+    return float(tau) if tau.ndim == 0 else tau
+
+
+def expected_speedup(alpha: Any, depth: Any, verify_ratio: Any, draft_ratio: Any = 0.0) -> Any:
+    """Expected speedup over plain decoding of chain speculation, in a deliberately simple model.
+
+    Model: the drafter proposes a *chain* of ``depth`` tokens; each is accepted with probability ``alpha``
+    independently of the others (given its predecessor was accepted), and the target adds one token of its
+    own, so a step yields tau = (1 - alpha**(depth+1)) / (1 - alpha) tokens (depth + 1 at alpha = 1; 1 at
+    alpha = 0). Costs are in units of one plain one-token target step: the verify costs ``verify_ratio``
+    (>= 1 on any machine: verify(depth+1 nodes) / verify(1 node)) and drafting ``draft_ratio``. Speedup =
+    tau / (verify_ratio + draft_ratio). Trees (several guesses per position) and the commit are left out;
+    a tree's better acceptance shows up as a higher effective alpha, its size as a higher verify_ratio.
+    Vectorised over numpy arrays (broadcasting); a float for scalar inputs.
+    """
+    cost = np.asarray(verify_ratio, dtype=np.float64) + np.asarray(draft_ratio, dtype=np.float64)
+    out = np.asarray(expected_tau(alpha, depth), dtype=np.float64) / cost
+    return float(out) if out.ndim == 0 else out
+
+
+def break_even_alpha(verify_ratio: float, draft_ratio: float = 0.0, depth: int = 4, *,
+                     target: float = 1.0) -> float | None:
+    """The smallest per-token acceptance alpha in [0, 1] at which ``expected_speedup`` reaches ``target``
+    (1.0: speculation breaks even). 0.0 when even alpha = 0 reaches it; None when no alpha can (the step
+    costs more than depth + 1 plain steps). Bisection on tau(alpha), which increases with alpha."""
+    need = float(target) * (float(verify_ratio) + float(draft_ratio))   # tokens per pass needed
+    if expected_tau(0.0, depth) >= need:
+        return 0.0
+    if expected_tau(1.0, depth) < need - 1e-12:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if expected_tau(mid, depth) >= need:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def break_even_verify_ratio(alpha: Any, depth: Any, draft_ratio: Any = 0.0) -> Any:
+    """The verify ratio at which speculation breaks even (speedup 1.0) for this alpha: tau - draft_ratio;
+    speculation pays below it. Vectorised."""
+    out = np.asarray(expected_tau(alpha, depth)) - np.asarray(draft_ratio, dtype=np.float64)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+# ---------------------------------------------------------------------------------------------- what-if: a run
+def measured_point(traces: Sequence[TraceLike], costs: Any, *, depth: int | None = None,
+                   label: str = "this run") -> dict[str, Any]:
+    """Where a run sits in the what-if model, from its StepTraces and a cost model (anything with
+    ``verify_s(nodes)``, e.g. dart_core.sizing.CostModel).
+
+    alpha         per-position acceptance along the accepted path, pooled over depths: accepted drafts /
+                  (accepted drafts + steps whose path stopped at a rejection, i.e. whose last accepted node
+                  had drafted children). It is the chain model's maximum-likelihood alpha; steps that drafted
+                  nothing or stopped at a leaf add no rejection. (trace_stats' ``draft_acceptance_rate`` =
+                  accepted / every drafted node is returned too as ``draft_acceptance_rate``; it counts every
+                  sibling in a tree as a failure, so it understates a chain's alpha.)
+    depth         ``depth`` if given, else the mean deepest node of the drafting steps, rounded (>= 1)
+    verify_ratio  costs.verify_s(mean tree nodes, root included) / costs.verify_s(1)
+    draft_ratio   mean (draft_forward + tree_build) seconds per step / costs.verify_s(1)
+    tau           acceptance_metrics' tau: tokens emitted per step, bonus included
+    speedup       the run's measured rate against a plain step priced at verify_s(1): tau * verify_s(1) /
+                  mean step seconds (all four stages)
+    expected_speedup  the chain model's speedup at (alpha, depth, verify_ratio, draft_ratio)
+    label, steps, mean_nodes
+    """
+    sts = as_steps(traces)
+    if not sts:
+        raise ValueError("measured_point needs at least one step trace")
+    m = acceptance_metrics(sts)
+    accepted = rejections = 0
+    for st in sts:
+        accepted += st.accepted_drafts
+        last = int(st.accepted_nodes[-1])
+        if st.tree.num_drafted and any(int(p) == last for p in _ints(st.tree.parents)[1:]):
+            rejections += 1
+    alpha = accepted / (accepted + rejections) if accepted + rejections else 0.0
+    drafting = [st for st in sts if st.tree.num_drafted]
+    if depth is None:
+        depth = max(1, int(round(float(np.mean([st.tree.max_depth for st in drafting]))))) if drafting else 1
+    mean_nodes = float(np.mean([len(st.tree) for st in sts]))
+    one = max(float(costs.verify_s(1)), 1e-12)
+    verify_ratio = float(costs.verify_s(mean_nodes)) / one
+    draft_s = float(np.mean([float(st.timings.get("draft_forward", 0.0)) + float(st.timings.get("tree_build", 0.0))
+                             for st in sts]))
+    step_s = float(np.mean([sum(float(v) for v in st.timings.values()) for st in sts]))
+    draft_ratio = draft_s / one
+    return {
+        "label": label, "alpha": alpha, "depth": int(depth), "verify_ratio": verify_ratio,
+        "draft_ratio": draft_ratio, "tau": float(m["tau"]),
+        "speedup": float(m["tau"]) * one / step_s if step_s > 0 else float("nan"),
+        "expected_speedup": float(expected_speedup(alpha, depth, verify_ratio, draft_ratio)),
+        "draft_acceptance_rate": float(m["draft_acceptance_rate"]), "steps": len(sts), "mean_nodes": mean_nodes,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- what-if: figure
+def _diverging_scale(zmin: float, zmax: float) -> list:
+    """Vermillion below 1.0x, white at 1.0x, blue above (Okabe-Ito ends, colour-blind safe), on a log axis."""
+    lo, hi = math.log(zmin), math.log(zmax)
+    mid = (0.0 - lo) / (hi - lo) if hi > lo else 0.5
+    mid = min(max(mid, 0.0), 1.0)
+    return [[0.0, OKABE_ITO["vermillion"]], [mid, "#FFFFFF"], [1.0, OKABE_ITO["blue"]]]
+
+
+def whatif_figure(*, measured: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None, depth: int = 4,
+                  draft_ratio: float = 0.1, verify_curve: Callable[[int], float] | None = None,
+                  title: str | None = None) -> go.Figure:
+    """Expected speedup of chain speculation (``expected_speedup``) over per-token acceptance alpha (x) and
+    verify cost in plain steps (y), at ``depth`` and ``draft_ratio``: a heatmap (log colour, white at 1.0x),
+    the 1.0x break-even line emphasised (speculation pays below it, slows down above), the paper's GPU regime
+    as a box (GPU_ALPHA_RANGE x GPU_VERIFY_RATIO_RANGE), and ``measured`` points (a dict or a list of dicts
+    with alpha, verify_ratio and optionally speedup, label: e.g. ``measured_point``'s). ``verify_curve``:
+    optional nodes -> verify ratio of this machine (e.g. ``lambda n: costs.verify_s(n) / costs.verify_s(1)``);
+    its ratios for a depth+1 chain and WHATIF_CURVE_NODES trees are drawn as dotted horizontal lines.
+    """
+    points = [] if measured is None else ([dict(measured)] if isinstance(measured, Mapping)
+                                          else [dict(p) for p in measured])
+    curve_lines: list[tuple[int, float]] = []
+    if verify_curve is not None:
+        for nodes in sorted({depth + 1, *WHATIF_CURVE_NODES}):
+            curve_lines.append((nodes, float(verify_curve(nodes))))
+    y_hi = max([WHATIF_VERIFY_RANGE[1]] + [1.08 * float(p["verify_ratio"]) for p in points]
+               + [1.08 * r for _, r in curve_lines])
+    y_hi = min(y_hi, 3 * WHATIF_VERIFY_RANGE[1])
+    alphas = np.linspace(WHATIF_ALPHA_RANGE[0], WHATIF_ALPHA_RANGE[1], 96)
+    ratios = np.linspace(WHATIF_VERIFY_RANGE[0], y_hi, 90)
+    z = expected_speedup(alphas[None, :], depth, ratios[:, None], draft_ratio)
+    zmin, zmax = float(z.min()), float(z.max())
+    fig = go.Figure()
+    fig.add_trace(go.Heatmap(
+        x=alphas, y=ratios, z=np.log(z), zmin=math.log(zmin), zmax=math.log(zmax), name="expected speedup",
+        colorscale=_diverging_scale(zmin, zmax), customdata=z, showscale=True, showlegend=False,
+        colorbar=dict(title=dict(text="speedup", side="right"), thickness=12, len=0.8,
+                      tickvals=[math.log(v) for v in (0.25, 0.5, 1, 2, 3, 4) if zmin <= v <= zmax],
+                      ticktext=[f"{v:g}\u00d7" for v in (0.25, 0.5, 1, 2, 3, 4) if zmin <= v <= zmax]),
+        hovertemplate="alpha %{x:.2f}, verify %{y:.2f}\u00d7 a token: %{customdata:.2f}\u00d7<extra></extra>"))
+    # The break-even line: verify ratio = tau(alpha) - draft_ratio.
+    be = break_even_verify_ratio(alphas, depth, draft_ratio)
+    ok = (be >= ratios[0]) & (be <= ratios[-1])
+    fig.add_trace(go.Scatter(x=alphas[ok], y=be[ok], mode="lines", name="1.0\u00d7: break-even",
+                             line=dict(color=OKABE_ITO["black"], width=4),
+                             hovertemplate="break-even: alpha %{x:.2f} at verify %{y:.2f}\u00d7<extra></extra>"))
+    a0, a1 = GPU_ALPHA_RANGE
+    v0, v1 = GPU_VERIFY_RATIO_RANGE
+    fig.add_trace(go.Scatter(x=[a0, a1, a1, a0, a0], y=[v0, v0, v1, v1, v0], mode="lines", fill="toself",
+                             name="the paper's GPU regime", fillcolor="rgba(0,158,115,0.25)",
+                             line=dict(color=OKABE_ITO["bluish_green"], width=3, dash="dash"),
+                             hovertemplate=(f"GPU regime (not measured here): alpha {a0}-{a1}, verify "
+                                            f"{v0}-{v1}\u00d7 a token<extra></extra>")))
+    palette = [OKABE_ITO[c] for c in ("orange", "reddish_purple", "sky_blue", "yellow", "vermillion")]
+    symbols = ["star", "diamond", "circle", "square", "triangle-up"]
+    for i, p in enumerate(points):
+        name = str(p.get("label") or "this run")
+        sp = p.get("speedup")
+        hover = [f"{name}: alpha {float(p['alpha']):.2f}, verify {float(p['verify_ratio']):.2f}\u00d7 a token"
+                 + ("" if sp is None else f", measured {float(sp):.2f}\u00d7")]
+        fig.add_trace(go.Scatter(x=[float(p["alpha"])], y=[float(p["verify_ratio"])], mode="markers",
+                                 name=name + ("" if sp is None else f" ({float(sp):.2f}\u00d7)"),
+                                 marker=dict(color=palette[i % len(palette)], symbol=symbols[i % len(symbols)],
+                                             size=18, line=dict(color=OKABE_ITO["black"], width=1.5)),
+                                 hovertext=hover, hoverinfo="text"))
+    for nodes, r in curve_lines:
+        fig.add_trace(go.Scatter(x=[alphas[0], alphas[-1]], y=[r, r], mode="lines+text",
+                                 text=["", f"{nodes} nodes here"], textposition="top left",
+                                 textfont=dict(size=10, color="#555555"),
+                                 name=f"this machine: {nodes} nodes", showlegend=True,
+                                 line=dict(color=OKABE_ITO["grey"], width=1.5, dash="dot"),
+                                 hovertemplate=f"verify of {nodes} nodes here: {r:.2f}\u00d7 a token<extra></extra>"))
+    # Region labels, each where the model puts it (a corner can fall on the other side for odd settings).
+    box = dict(showarrow=False, bgcolor="rgba(255,255,255,0.8)", font=dict(color=OKABE_ITO["black"], size=12))
+    # "pays" sits right, above the GPU box, halfway up to the break-even line at alpha 0.75
+    y_pays = max(GPU_VERIFY_RATIO_RANGE[1] + 0.06 * (y_hi - 1.0),
+                 1.0 + 0.5 * (min(break_even_verify_ratio(0.75, depth, draft_ratio), y_hi) - 1.0))
+    if expected_speedup(0.72, depth, y_pays, draft_ratio) > 1.0:
+        fig.add_annotation(x=alphas[-1] - 0.01, y=y_pays, text="speculation pays", xanchor="right",
+                           yanchor="bottom", **box)
+    if expected_speedup(alphas[0], depth, ratios[-1], draft_ratio) < 1.0:
+        fig.add_annotation(x=alphas[0] + 0.02, y=ratios[-1] - 0.03 * (y_hi - 1.0), text="slower than plain decoding",
+                           xanchor="left", yanchor="top", **box)
+    xaxis = dict(title=dict(text="alpha: per-token acceptance", standoff=4), range=list(WHATIF_ALPHA_RANGE))
+    yaxis = dict(title=dict(text="verify cost (\u00d7 one token)"), range=[ratios[0], ratios[-1]])
+    return _style(fig, title or f"Expected speedup, {depth}-token chain", height=360, xaxis=xaxis, yaxis=yaxis,
+                  legend_rows=2 + (len(points) + len(curve_lines)) // 3)
+
+
+def whatif_text(alpha: float, verify_ratio: float, draft_ratio: float, depth: int) -> str:
+    """One or two Markdown sentences: the expected tau and speedup at these values, and what would have to
+    change for speculation to pay (the break-even alpha at this cost, or the verify cost at this alpha)."""
+    tau = float(expected_tau(alpha, depth))
+    sp = float(expected_speedup(alpha, depth, verify_ratio, draft_ratio))
+    first = (f"A {depth}-token chain accepted at alpha = {alpha:.2f} gives \u03c4 \u2248 {tau:.2f} tokens per target "
+             f"pass; at a step cost of {verify_ratio:.2f} (verify) + {draft_ratio:.2f} (draft) plain steps that is "
+             f"an expected **{sp:.2f}\u00d7** plain decoding.")
+    need_alpha = break_even_alpha(verify_ratio, draft_ratio, depth)
+    max_verify = break_even_verify_ratio(alpha, depth, draft_ratio)
+    if sp >= 1.0:
+        second = (f"Speculation pays here; it would stop paying if the verify cost rose above {max_verify:.2f}\u00d7 "
+                  f"a token" + (f" or alpha fell below {need_alpha:.2f}" if need_alpha else "") + ".")
+    elif need_alpha is None:
+        second = (f"At this verify cost no head could make it pay at depth {depth} (even alpha = 1 gives only "
+                  f"{depth + 1} tokens per pass); the verify would have to cost at most {max_verify:.2f}\u00d7 a "
+                  "token, as on a GPU.")
+    else:
+        second = (f"For speculation to pay at this verify cost the head would need alpha \u2265 {need_alpha:.2f}; "
+                  + (f"at this alpha the verify would have to cost at most {max_verify:.2f}\u00d7 a token, as on a "
+                     "GPU." if max_verify >= 1.0 else "at this alpha no verify cost is low enough."))
+    return f"{first} {second}"
+
+
+__all__ = ["FRAME_KEYS", "GPU_ALPHA_RANGE", "GPU_VERIFY_RATIO_RANGE", "RoundFrame", "break_even_alpha",
+           "break_even_verify_ratio", "expected_speedup", "expected_tau", "measured_point", "round_frames",
+           "whatif_figure", "whatif_text"]
