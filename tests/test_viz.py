@@ -261,6 +261,79 @@ def test_node_details_of_the_hand_trace():
         viz.node_details(hand_trace(), 6)
 
 
+def test_tree_hovers_rank_every_scored_node_and_pruned_candidate():
+    """Hand trace scores, best first: c0 -0.1, c3 -0.3, c1 -0.5, c5 -0.8, c4 -0.9, c6 -1.5 (17), c2 -2.0 (16)."""
+    st = hand_trace()
+    fig = viz.tree_figure(st, decode_fn, show_pruned=True)
+    pruned = trace_named(fig, viz.NODE_STATES["pruned"][0])
+    hover = dict(zip([cd[1] for cd in pruned.customdata], pruned.hovertext))
+    assert "rank 7 of 7 by combined score" in hover[2] and "rank 3 of 3 among its parent's candidates" in hover[2]
+    assert "rank 6 of 7 by combined score" in hover[6] and "rank 1 of 1 among its parent's candidates" in hover[6]
+    for ci in (2, 6):  # the terms stay
+        assert "logit term" in hover[ci] and "N-gram term" in hover[ci] and "combined score:" in hover[ci]
+    accepted = trace_named(fig, viz.NODE_STATES["accepted"][0])
+    node_hover = dict(zip([cd[1] for cd in accepted.customdata], accepted.hovertext))
+    assert "rank 2 of 7 by combined score" in node_hover[3]
+    assert "rank 1 of 2 among its parent's candidates" in node_hover[3]
+    rejected = trace_named(fig, viz.NODE_STATES["rejected"][0])
+    node_hover = dict(zip([cd[1] for cd in rejected.customdata], rejected.hovertext))
+    assert "rank 5 of 7 by combined score" in node_hover[4] and "rank 2 of 2 among its parent's" in node_hover[4]
+    root = trace_named(fig, viz.NODE_STATES["root"][0])
+    assert "rank" not in root.hovertext[0]
+    d = viz.node_details(st, 5)
+    assert (d["candidate"], d["rank"], d["candidates"], d["sibling_rank"], d["siblings"]) == (5, 4, 7, 1, 1)
+    assert viz.node_details(st, 0)["rank"] is None
+    # faded, grey labels, each at its own depth (x = the candidate's depth)
+    assert pruned.marker.opacity == pytest.approx(0.45) and pruned.textfont.color == viz.OKABE_ITO["grey"]
+    assert [x for x in pruned.x] == [float(st.candidates.depth[cd[1]]) for cd in pruned.customdata]
+    # a trace without candidates (prompt lookup) has no rank lines
+    plain = StepTrace(**{**st.__dict__, "candidates": None})
+    assert not any("rank" in h for t in viz.tree_figure(plain).data if t.hovertext for h in t.hovertext)
+
+
+def test_tree_customdata_gives_each_marker_its_answer_position():
+    st = hand_trace()   # position 1: emits 11 (pos 1), 13 (pos 2) and the bonus 99 (pos 3)
+    fig = viz.tree_figure(st, show_pruned=True)
+    pos = {}
+    for t in fig.data:
+        if t.customdata is not None and t.mode and "markers" in t.mode:
+            for cd in t.customdata:
+                assert len(cd) == 3
+                pos[(cd[0], int(cd[1]))] = int(cd[2])
+    assert pos == {("node", 0): -1, ("node", 1): 1, ("node", 3): 2,              # root, accepted path
+                   ("node", 2): 1, ("node", 4): 2, ("node", 5): 2,               # rejected: the slot they competed for
+                   ("bonus", -1): 3, ("candidate", 2): 1, ("candidate", 6): 3}   # bonus, pruned 16 (d1), 17 (d3)
+    assert viz.node_details(st, 3)["answer_position"] == 2 and viz.node_details(st, 0)["answer_position"] == -1
+    # a bonus the engine did not emit (generation stopped at the last accepted draft) has no position
+    cut = StepTrace(**{**st.__dict__, "emitted_tokens": [11, 13], "stop_reason": "max_new_tokens"})
+    bonus = next(t for t in viz.tree_figure(cut).data if t.customdata is not None and t.customdata[0][0] == "bonus")
+    assert list(bonus.customdata[0]) == ["bonus", -1, -1]
+
+
+def test_answer_positions_match_the_answer_of_engine_runs(all_runs):
+    """Accepted nodes and emitted bonus tokens point at their own token in the answer (token_origins lists the
+    answer from position 0, the prefill's token); every step's positions agree with step_for_token."""
+    for res in all_runs.values():
+        tokens, _ = trace_stats.token_origins(res.traces)
+        for k, st in enumerate(res.traces):
+            fig = viz.tree_figure(st, show_pruned=True)
+            for t in fig.data:
+                if t.customdata is None or not t.mode or "markers" not in t.mode:
+                    continue
+                for cd in t.customdata:
+                    kind, idx, p = cd[0], int(cd[1]), int(cd[2])
+                    if kind == "bonus":
+                        assert p == -1 or (tokens[p] == st.bonus_token and trace_stats.step_for_token(
+                            res.traces, p) == k)
+                    elif kind == "node" and idx == 0:
+                        assert p == -1
+                    elif kind == "node" and idx in st.accepted_nodes:
+                        assert tokens[p] == int(st.tree.tokens[idx]) and trace_stats.step_for_token(res.traces, p) == k
+                    else:
+                        depth = int(st.tree.depths[idx]) if kind == "node" else int(st.candidates.depth[idx])
+                        assert p == st.position + depth - 1
+
+
 def test_scores_without_ngram_term_are_labelled_plainly():
     """EAGLE-3-like trace: cumulative log-prob scores, no N-gram term."""
     st = hand_trace()

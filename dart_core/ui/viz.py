@@ -58,6 +58,9 @@ STAGE_STYLE: dict[str, tuple[str, str]] = {
     "commit": (OKABE_ITO["bluish_green"], "."),
 }
 
+# Pruned candidates (never verified) are drawn faded, with grey labels.
+PRUNED_OPACITY = 0.45
+
 # Score colour scale: cividis is designed to read the same with colour-vision deficiencies.
 SCORE_COLORSCALE = "Cividis"
 
@@ -205,6 +208,42 @@ class _StepView:
             self.logit, self.ngram = _floats(c.logit_term), _floats(c.ngram_term)
             self.draft_prob = _optional_candidate_field(c, "draft_prob", "draft_probability")
             self.cum_logprob = _optional_candidate_field(c, "cum_logprob", "cumulative_logprob")
+            # Ranks by score, best first (ties: lower candidate index first): among all candidates and among
+            # the candidates of the same parent (the root's children share parent -1).
+            score, cpar = _floats(c.score), _ints(c.parent)
+            order = sorted(range(len(score)), key=lambda j: (-score[j], j))
+            self.rank = [0] * len(score)
+            self.sibling_rank = [0] * len(score)
+            self.siblings = [0] * len(score)
+            by_parent: dict[int, list[int]] = {}
+            for r, j in enumerate(order, start=1):
+                self.rank[j] = r
+                by_parent.setdefault(cpar[j], []).append(j)
+            for group in by_parent.values():
+                for r, j in enumerate(group, start=1):
+                    self.sibling_rank[j], self.siblings[j] = r, len(group)
+
+    def answer_position(self, state: str, depth: int) -> int:
+        """Index in the engine's answer of the token a node stands for (-1: none). ``st.position`` counts the
+        answer tokens emitted before this step, so it is the index of the step's first emitted token: an
+        accepted node at depth d is answer token position + d - 1, the bonus position + accepted drafts (if
+        emitted); a rejected or pruned node at depth d competed for position + d - 1; the root gives -1 (its
+        token, the last committed one, is answer token position - 1, emitted by an earlier step)."""
+        st = self.st
+        if state == "root":
+            return -1
+        if state == "bonus":
+            return st.position + st.accepted_drafts if len(st.emitted_tokens) > st.accepted_drafts else -1
+        if state == "accepted" and depth > len(st.emitted_tokens):
+            return -1   # defensive: an accepted draft the engine did not emit
+        return st.position + depth - 1
+
+    def rank_lines(self, ci: int | None) -> list[str]:
+        """Hover lines with candidate ``ci``'s rank among all candidates and among its parent's."""
+        if ci is None or self.st.candidates is None:
+            return []
+        return [f"rank {self.rank[ci]} of {len(self.rank)} by {self.score_name}",
+                f"rank {self.sibling_rank[ci]} of {self.siblings[ci]} among its parent's candidates"]
 
     def details(self, node: int, decode: Callable[[list[int]], str] | None) -> dict[str, Any]:
         st, tree = self.st, self.st.tree
@@ -220,9 +259,13 @@ class _StepView:
             "logit_term": None, "ngram_term": None, "draft_prob": None, "cum_logprob": None,
             "target_prob": float(st.node_target_prob[node]) if node < len(st.node_target_prob) else None,
             "target_choice": None, "target_choice_text": None, "matches_target": None, "bonus_token": None,
+            "answer_position": self.answer_position(self.states[node], int(tree.depths[node])),
+            "candidate": None, "rank": None, "candidates": None, "sibling_rank": None, "siblings": None,
         }
         ci = self.cand_of_node.get(node)
         if ci is not None:
+            d["candidate"], d["rank"], d["candidates"] = ci, self.rank[ci], len(self.rank)
+            d["sibling_rank"], d["siblings"] = self.sibling_rank[ci], self.siblings[ci]
             d["logit_term"] = self.logit[ci]
             d["ngram_term"] = self.ngram[ci] if self.has_ngram else None
             d["draft_prob"] = None if self.draft_prob is None else self.draft_prob[ci]
@@ -244,7 +287,11 @@ def node_details(step: TraceLike, node: int, tokenizer: Decoder = None,
     Keys: node, token, text, depth, state, score (+ score_name), logit_term, ngram_term,
     draft_prob, cum_logprob (None when the trace lacks them), target_prob (the target's
     probability of this token at the parent), target_choice (the target's own next token at
-    the parent) and its text, matches_target, and for the last accepted node ``bonus_token``.
+    the parent) and its text, matches_target, and for the last accepted node ``bonus_token``;
+    answer_position (the index in the engine's answer of the token the node stands for, -1 for the root:
+    see the tree figure's ``customdata``); for nodes the drafter scored as candidates: candidate (its
+    index), rank of candidates by score (1 = best) and sibling_rank of siblings (the candidates sharing its
+    parent), else None.
     """
     return _StepView(as_step(step), score_label).details(node, _decoder(tokenizer))
 
@@ -259,6 +306,9 @@ def _node_hover(d: dict[str, Any], decode) -> str:
              f"state: {NODE_STATES[d['state']][0]}"]
     if d["state"] != "root":
         lines.append(f"{d['score_name']}: {_fmt(d['score'])}")
+        if d["rank"] is not None:
+            lines += [f"rank {d['rank']} of {d['candidates']} by {d['score_name']}",
+                      f"rank {d['sibling_rank']} of {d['siblings']} among its parent's candidates"]
         lines += [f"{label}: {_fmt(d[key])}" for key, label in _HOVER_TERMS if d[key] is not None]
         if d["target_choice"] is not None:
             same = " (this token)" if d["matches_target"] else ""
@@ -284,9 +334,17 @@ def tree_figure(step: TraceLike, tokenizer: Decoder = None, *, show_pruned: bool
     Node fill = the drafter's score (colour bar); border colour and marker symbol = state.
     The accepted path is drawn thick blue, ending in the target's bonus token (purple star).
     ``show_pruned`` adds up to ``max_pruned_per_node`` best pruned candidates under each tree
-    node (grey). ``tokenizer``: None (token ids), a callable ids -> text, or a tokenizer.
-    Every marker's ``customdata`` is ``[kind, index]``: ("node", tree index), ("bonus", -1)
-    or ("candidate", candidate index).
+    node (faded, grey labels, at their own depth). ``tokenizer``: None (token ids), a callable ids -> text,
+    or a tokenizer. Hovers give each scored node's rank by score among all candidates and among its
+    parent's candidates.
+
+    Every marker's ``customdata`` is ``[kind, index, answer_position]``: kind and index are ("node", tree
+    index), ("bonus", -1) or ("candidate", candidate index); answer_position is the index in the engine's
+    answer of the token the marker stands for, from ``st.position`` (the number of answer tokens emitted
+    before this step, so the index of the step's first emitted token): an accepted node at depth d (root
+    depth 0) is ``st.position + d - 1``, the bonus token ``st.position + st.accepted_drafts`` (-1 if it was
+    not emitted), a rejected or pruned node at depth d the position it competed for,
+    ``st.position + d - 1``, and the root -1.
     """
     st = as_step(step)
     decode = _decoder(tokenizer)
@@ -375,7 +433,7 @@ def tree_figure(step: TraceLike, tokenizer: Decoder = None, *, show_pruned: bool
             name=label, legendgroup=state, showlegend=False, marker=marker,
             text=[_token_label(int(tree.tokens[i]), decode) for i in idx], textposition="middle right",
             textfont=dict(size=11), hovertext=[_node_hover(d, decode) for d in details], hoverinfo="text",
-            customdata=[["node", i] for i in idx]))
+            customdata=[["node", i, d["answer_position"]] for i, d in zip(idx, details)]))
 
     if pruned:
         c = st.candidates
@@ -386,7 +444,7 @@ def tree_figure(step: TraceLike, tokenizer: Decoder = None, *, show_pruned: bool
         for ci in pruned:
             lines = [f"<b>{_token_hover(ctok[ci], decode)}</b>  candidate {ci}, depth {cdepth[ci]}",
                      f"state: {NODE_STATES['pruned'][0]}", f"{score_name}: {_fmt(cscore[ci])}",
-                     f"logit term: {_fmt(clogit[ci])}"]
+                     *view.rank_lines(ci), f"logit term: {_fmt(clogit[ci])}"]
             if has_ng:
                 lines.append(f"N-gram term: {_fmt(cng[ci])}")
             hovers.append("<br>".join(lines))
@@ -395,10 +453,10 @@ def tree_figure(step: TraceLike, tokenizer: Decoder = None, *, show_pruned: bool
             x=[float(xs[n + 1 + k]) for k in range(len(pruned))], y=[float(ys[n + 1 + k]) for k in range(len(pruned))],
             mode="markers+text", name=label, legendgroup="pruned", showlegend=False,
             marker=dict(color=[cscore[ci] for ci in pruned], coloraxis="coloraxis", symbol=symbol, size=10,
-                        opacity=0.7, line=dict(color=color, width=2)),
+                        opacity=PRUNED_OPACITY, line=dict(color=color, width=1.5)),
             text=[_token_label(ctok[ci], decode) for ci in pruned], textposition="middle right",
             textfont=dict(size=9, color=OKABE_ITO["grey"]), hovertext=hovers, hoverinfo="text",
-            customdata=[["candidate", ci] for ci in pruned]))
+            customdata=[["candidate", ci, view.answer_position("pruned", cdepth[ci])] for ci in pruned]))
         coloraxis_used = True
 
     # The bonus token: the target's own choice where the accepted path stopped.
@@ -415,7 +473,7 @@ def tree_figure(step: TraceLike, tokenizer: Decoder = None, *, show_pruned: bool
         marker=dict(color=color, symbol=symbol, size=20, line=dict(color="#000000", width=1.5)),
         text=[_token_label(int(st.bonus_token), decode)], textposition="middle right",
         textfont=dict(size=11, color=color), hovertext=[bonus_hover], hoverinfo="text",
-        customdata=[["bonus", -1]]))
+        customdata=[["bonus", -1, view.answer_position("bonus", int(tree.depths[last]) + 1)]]))
 
     # Legend entries: one per state, coloured by state (the plotted fill is the score).
     for state in ("root", "accepted", "rejected") + (("pruned",) if pruned else ()) + ("bonus",):
