@@ -334,6 +334,24 @@ def test_answer_positions_match_the_answer_of_engine_runs(all_runs):
                         assert p == st.position + depth - 1
 
 
+def test_timing_figure_marks_the_selected_step_of_an_engine(dart_run, lookup_run):
+    runs = {"a": dart_run.traces, "b": lookup_run.traces}
+    plain = viz.timing_figure(runs)
+    assert not plain.layout.shapes and not [a for a in plain.layout.annotations if a.text == "selected step"]
+    step = lookup_run.traces[2].step
+    fig = viz.timing_figure(runs, mark={"b": step, "missing engine": 1})
+    (shape,) = fig.layout.shapes
+    sub = fig.get_subplot(2, 1)                       # engine "b": row 2, its "time per step by stage" plot
+    xref = sub.xaxis.plotly_name.replace("axis", "")
+    assert shape.name == "selected step: b" and shape.xref == xref and shape.x0 < step < shape.x1
+    assert shape.x1 - shape.x0 == pytest.approx(1.0) and shape.opacity < 1
+    (label,) = [a for a in fig.layout.annotations if a.text == "selected step"]
+    assert label.xref == xref and label.x == step
+    check_chart(fig)
+    # a step the engine does not have is not marked
+    assert not viz.timing_figure(runs, mark={"a": 10_000}).layout.shapes
+
+
 def test_scores_without_ngram_term_are_labelled_plainly():
     """EAGLE-3-like trace: cumulative log-prob scores, no N-gram term."""
     st = hand_trace()

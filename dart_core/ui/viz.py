@@ -552,10 +552,15 @@ def _stage_ms(st: StepTrace, stage: str) -> float:
     return 1000.0 * float(st.timings.get(stage, 0.0))
 
 
-def timing_figure(steps_by_engine: Mapping[str, Sequence[TraceLike]], *, title: str | None = None) -> go.Figure:
+def timing_figure(steps_by_engine: Mapping[str, Sequence[TraceLike]], *, title: str | None = None,
+                  mark: Mapping[str, int] | None = None) -> go.Figure:
     """Per engine: stacked stage times per step (ms) beside tokens verified vs accepted per step;
     a last row compares total stage time per engine. Acceptance is not speedup: a big tree
     can accept more tokens and still cost more per token.
+
+    ``mark``: engine name -> step number to mark in that engine's "time per step by stage" plot (a
+    translucent band over the step's bar labelled "selected step", a layout shape named
+    ``"selected step: <engine>"``); engines or steps not in the figure are ignored.
     """
     engines = {name: as_steps(steps) for name, steps in steps_by_engine.items()}
     names = list(engines)
@@ -595,6 +600,14 @@ def timing_figure(steps_by_engine: Mapping[str, Sequence[TraceLike]], *, title: 
         fig.update_xaxes(title_text="step", row=r, col=2)
         fig.update_yaxes(title_text="ms", row=r, col=1)
         fig.update_yaxes(title_text="tokens", rangemode="tozero", row=r, col=2)
+        if mark is not None and name in mark and int(mark[name]) in xs:
+            s = int(mark[name])
+            fig.add_vrect(x0=s - 0.5, x1=s + 0.5, row=r, col=1, name=f"selected step: {name}", layer="above",
+                          fillcolor=OKABE_ITO["black"], opacity=0.12,
+                          line=dict(color=OKABE_ITO["black"], width=1.5, dash="dot"))
+            fig.add_annotation(x=s, y=1, yref="y domain", row=r, col=1, text="selected step", showarrow=False,
+                               xanchor="center", yanchor="top", font=dict(size=10, color=OKABE_ITO["black"]),
+                               bgcolor="rgba(255,255,255,0.85)", name=f"selected step: {name}")
 
     last = len(names) + 1
     for stage in STAGES:
