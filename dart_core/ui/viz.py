@@ -117,6 +117,33 @@ def _fmt(v: float | None, digits: int = 3) -> str:
     return f"{v:.{digits}f}" if math.isfinite(v) else str(v)
 
 
+# ---------------------------------------------------------------------------------------------- page layout
+#: Pixels above the plot area for a one-line title (the title pushes the margin further if it needs more).
+TITLE_PX = 48
+
+
+def _page_layout(fig: go.Figure, title: str | Mapping[str, Any], *, top: int = TITLE_PX, left: int = 60,
+                 right: int = 20, **layout: Any) -> go.Figure:
+    """The one layout every figure here shares, safe at any width (gr.Plot sizes a figure to its container):
+
+    * the title at the container's top left (``yref="container"``), in a top margin it can push
+      (``automargin``) -- never over the plot, a subplot title or a legend;
+    * the legend horizontal under the x-axis title, anchored to the container's bottom
+      (``legend.yref="container"``): plotly.js grows the bottom margin by the legend's height, however many
+      rows its entries wrap into at this width, so the legend never covers the plot, the axis titles or the
+      title (a legend at y=1.02 above the plot wraps into the title on narrow pages).
+    """
+    title = dict(title) if isinstance(title, Mapping) else dict(text=title)
+    title = dict(x=0, xanchor="left", xref="container", y=1, yanchor="top", yref="container",
+                 pad=dict(t=12, l=12), automargin=True) | title
+    fig.update_layout(title=title,
+                      legend=dict(orientation="h", xref="container", x=0, xanchor="left", yref="container", y=0,
+                                  yanchor="bottom"),
+                      showlegend=True, margin=dict(l=left, r=right, t=top, b=12, autoexpand=True),
+                      plot_bgcolor="#FFFFFF", **layout)
+    return fig
+
+
 # ---------------------------------------------------------------------------------------------- layout
 def tree_layout(parents: Sequence[int], scores: Sequence[float] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Node-link layout of a rooted tree (or forest): x = depth, y = row, 0 at the top.
@@ -481,17 +508,15 @@ def tree_figure(step: TraceLike, tokenizer: Decoder = None, *, show_pruned: bool
 
     max_x = int(max(xs)) if len(xs) else 1
     rows = float(max(ys)) + 1 if len(ys) else 1
-    fig.update_layout(
-        title=title or (f"Step {st.step}: {st.accepted_drafts} of {tree.num_drafted} drafted tokens accepted "
-                        f"+ 1 from the target ({st.mode})"),
-        xaxis=dict(title="depth (= position after the root)", tickmode="linear", tick0=0, dtick=1,
-                   range=[-0.4, max_x + 0.9], zeroline=False),
-        yaxis=dict(title="siblings, best drafter score on top", autorange="reversed", showticklabels=False,
+    # Height: the rows, plus the title and (under the plot) the legend, up to five rows of entries when narrow.
+    _page_layout(
+        fig, title or (f"Step {st.step}: {st.accepted_drafts} of {tree.num_drafted} drafted tokens accepted "
+                       f"+ 1 from the target ({st.mode})"),
+        left=50, xaxis=dict(title="depth (= position after the root)", tickmode="linear", tick0=0, dtick=1,
+                            range=[-0.4, max_x + 0.9], zeroline=False),
+        yaxis=dict(title="siblings, best score on top", autorange="reversed", showticklabels=False,
                    zeroline=False, showgrid=False),
-        showlegend=True, legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0),
-        height=int(max(320, 120 + 26 * rows)), margin=dict(l=50, r=20, t=90, b=50),
-        plot_bgcolor="#FFFFFF", hovermode="closest",
-    )
+        height=int(max(440, 260 + 26 * rows)), hovermode="closest")
     if coloraxis_used:
         fig.update_layout(coloraxis=dict(colorscale=SCORE_COLORSCALE, cmin=cmin, cmax=cmax,
                                          colorbar=dict(title=dict(text=score_name), thickness=14)))
@@ -538,18 +563,20 @@ def score_scatter(step: TraceLike, tokenizer: Decoder = None, *, score_label: st
     if note:
         fig.add_annotation(text=note, xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False,
                            font=dict(color="#555555"))
-    fig.update_layout(
-        title=title or f"Step {st.step}: candidate scores ({len(groups)} scored)",
-        xaxis=dict(title="logit term (weighted log draft probability)"),
-        yaxis=dict(title="N-gram term (weighted log N-gram probability)"),
-        showlegend=True, legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0),
-        plot_bgcolor="#FFFFFF", margin=dict(l=60, r=20, t=90, b=50), hovermode="closest")
+    _page_layout(fig, title or f"Step {st.step}: candidate scores ({len(groups)} scored)",
+                 xaxis=dict(title="logit term (weighted log draft probability)"),
+                 yaxis=dict(title="N-gram term (weighted log N-gram prob.)"), height=480, hovermode="closest")
     return fig
 
 
 # ---------------------------------------------------------------------------------------------- timings
 def _stage_ms(st: StepTrace, stage: str) -> float:
     return 1000.0 * float(st.timings.get(stage, 0.0))
+
+
+#: Timing figure rows, in pixels: each row's plot, the gap between rows (tick labels, the axis title and the
+#: next row's two-line subplot title) and what is kept under the last row for its axis title and the legend.
+TIMING_ROW_PX, TIMING_GAP_PX, TIMING_SUBTITLE_PX, TIMING_BOTTOM_PX = 200, 110, 40, 140
 
 
 def timing_figure(steps_by_engine: Mapping[str, Sequence[TraceLike]], *, title: str | None = None,
@@ -564,14 +591,18 @@ def timing_figure(steps_by_engine: Mapping[str, Sequence[TraceLike]], *, title: 
     """
     engines = {name: as_steps(steps) for name, steps in steps_by_engine.items()}
     names = list(engines)
-    n = max(len(names), 1)
+    rows = len(names) + 1
     titles: list[str] = []
     for name in names:
-        titles += [f"{name}: time per step by stage", f"{name}: tokens verified vs accepted"]
+        label = html.escape(name, quote=False)
+        titles += [f"<b>{label}</b><br>time per step by stage", f"<b>{label}</b><br>tokens verified vs accepted"]
     titles.append("total time by stage, per engine")
     specs = [[{}, {}] for _ in range(len(names))] + [[{"colspan": 2}, None]]
-    fig = make_subplots(rows=len(names) + 1, cols=2, specs=specs, subplot_titles=titles,
-                        column_widths=[0.6, 0.4], vertical_spacing=min(0.12, 0.5 / n), horizontal_spacing=0.08)
+    # Sized in pixels, so the gaps between rows hold their labels however many engines there are.
+    plot_px = rows * TIMING_ROW_PX + (rows - 1) * TIMING_GAP_PX
+    fig = make_subplots(rows=rows, cols=2, specs=specs, subplot_titles=titles, column_widths=[0.6, 0.4],
+                        vertical_spacing=TIMING_GAP_PX / plot_px, horizontal_spacing=0.1)
+    fig.update_annotations(font=dict(size=13))   # the subplot titles (the only annotations so far)
     for r, name in enumerate(names, start=1):
         steps = engines[name]
         xs = [st.step for st in steps]
@@ -610,6 +641,7 @@ def timing_figure(steps_by_engine: Mapping[str, Sequence[TraceLike]], *, title: 
                                bgcolor="rgba(255,255,255,0.85)", name=f"selected step: {name}")
 
     last = len(names) + 1
+    top_total = 0.0
     for stage in STAGES:
         color, pattern = STAGE_STYLE[stage]
         totals = [sum(_stage_ms(st, stage) for st in engines[name]) for name in names]
@@ -620,19 +652,27 @@ def timing_figure(steps_by_engine: Mapping[str, Sequence[TraceLike]], *, title: 
     for name in names:
         steps = engines[name]
         total = sum(_stage_ms(st, s) for st in steps for s in STAGES)
+        top_total = max(top_total, total)
         toks = sum(st.acceptance_length for st in steps)
-        per_tok = f", {total / toks:.2f} ms/token" if toks else ""
-        fig.add_annotation(x=name, y=total, text=f"{total:.1f} ms, {toks} tokens{per_tok}", showarrow=False,
-                           yshift=10, row=last, col=1)
+        per_tok = f"<br>{total / toks:.2f} ms/token" if toks else ""
+        fig.add_annotation(x=name, y=total, text=f"{total:.1f} ms<br>{toks} tokens{per_tok}", showarrow=False,
+                           yanchor="bottom", yshift=2, font=dict(size=11), row=last, col=1)
     fig.update_xaxes(title_text="engine", row=last, col=1)
-    fig.update_yaxes(title_text="ms (all steps)", row=last, col=1)
-    fig.update_layout(barmode="stack", title=title or "Stage times (engine work only) and tokens per step",
-                      showlegend=True, legend=dict(orientation="h", yanchor="bottom", y=1.03, x=0),
-                      height=260 * len(names) + 320, plot_bgcolor="#FFFFFF", margin=dict(l=60, r=20, t=110, b=50))
+    # headroom for the three-line labels over the bars, so they stay inside the plot
+    fig.update_yaxes(title_text="ms (all steps)", row=last, col=1,
+                     range=[0, 1.45 * top_total] if top_total > 0 else None)
+    top = TITLE_PX + (TIMING_SUBTITLE_PX if names else TIMING_SUBTITLE_PX // 2)
+    _page_layout(fig, title or "Stage times (engine work only) and tokens per step", top=top, barmode="stack",
+                 height=top + plot_px + TIMING_BOTTOM_PX)
     return fig
 
 
 # ---------------------------------------------------------------------------------------------- acceptance
+#: Height of each acceptance figure (title, plot, and a legend under it that may wrap into rows) and the room
+#: for its two-line title (the figure, the statistic): the app shows the three side by side, ~420 px wide each.
+ACCEPTANCE_HEIGHT, ACCEPTANCE_TOP = 440, 72
+
+
 class AcceptanceFigures(NamedTuple):
     per_step: go.Figure
     histogram: go.Figure
@@ -640,7 +680,8 @@ class AcceptanceFigures(NamedTuple):
 
 
 def acceptance_figures(steps: Sequence[TraceLike], *, name: str | None = None) -> AcceptanceFigures:
-    """Acceptance length per step (drafts + bonus, with tau), its histogram, acceptance rate per depth."""
+    """Acceptance length per step (drafts + bonus, with tau), its histogram, acceptance rate per depth.
+    Titles take two lines (what the figure shows; its statistic as the subtitle) to fit a third of a page."""
     sts = as_steps(steps)
     m = acceptance_metrics(sts)
     prefix = f"{name}: " if name else ""
@@ -659,18 +700,20 @@ def acceptance_figures(steps: Sequence[TraceLike], *, name: str | None = None) -
         per_step.add_trace(go.Scatter(x=[xs[0] - 0.5, xs[-1] + 0.5], y=[tau, tau], mode="lines",
                                       name=f"\u03c4 = {tau:.2f} (mean acceptance length)",
                                       line=dict(color=OKABE_ITO["black"], dash="dash"), hoverinfo="skip"))
-    per_step.update_layout(barmode="stack", title=f"{prefix}acceptance length per step (\u03c4 = {tau:.2f})",
-                           xaxis=dict(title="step"), yaxis=dict(title="tokens emitted (accepted + bonus)"),
-                           showlegend=True, plot_bgcolor="#FFFFFF")
+    _page_layout(per_step, dict(text=f"{prefix}acceptance length per step",
+                                    subtitle=dict(text=f"\u03c4 = {tau:.2f} (mean tokens per step)")), top=ACCEPTANCE_TOP,
+                 barmode="stack",
+                 xaxis=dict(title="step"), yaxis=dict(title="tokens (accepted + bonus)"), height=ACCEPTANCE_HEIGHT)
 
     hist = go.Figure()
     hx = list(m["histogram"].keys())
     hist.add_trace(go.Bar(x=hx, y=[m["histogram"][k] for k in hx], name="steps",
                           marker=dict(color=OKABE_ITO["blue"]),
                           hovertemplate="%{y} steps emitted %{x} tokens<extra></extra>"))
-    hist.update_layout(title=f"{prefix}acceptance length histogram ({m['steps']} steps)",
-                       xaxis=dict(title="acceptance length (tokens per step, bonus included)", dtick=1),
-                       yaxis=dict(title="steps"), showlegend=True, plot_bgcolor="#FFFFFF")
+    _page_layout(hist, dict(text=f"{prefix}acceptance length histogram",
+                                subtitle=dict(text=f"{m['steps']} steps")), top=ACCEPTANCE_TOP,
+                 xaxis=dict(title="acceptance length (tokens per step, bonus included)", dtick=1),
+                 yaxis=dict(title="steps"), height=ACCEPTANCE_HEIGHT)
 
     depth = go.Figure()
     dx = list(range(1, len(m["per_depth"]) + 1))
@@ -679,13 +722,11 @@ def acceptance_figures(steps: Sequence[TraceLike], *, name: str | None = None) -
     depth.add_trace(go.Bar(x=dx, y=m["per_depth_given_drafted"], name="of steps whose tree reached that depth",
                            marker=dict(color=OKABE_ITO["sky_blue"], pattern=dict(shape="/")),
                            hovertemplate="depth %{x}: %{y:.1%} of steps that drafted it<extra></extra>"))
-    depth.update_layout(barmode="group",
-                        title=(f"{prefix}acceptance rate per depth (draft acceptance rate "
-                               f"{m['draft_acceptance_rate']:.1%})"),
-                        xaxis=dict(title="tree depth", dtick=1),
-                        yaxis=dict(title="share of steps whose accepted path reaches the depth", range=[0, 1.05],
-                                   tickformat=".0%"),
-                        showlegend=True, plot_bgcolor="#FFFFFF")
+    _page_layout(depth, dict(text=f"{prefix}acceptance rate per depth", subtitle=dict(
+                     text=f"draft acceptance rate {m['draft_acceptance_rate']:.1%}")), top=ACCEPTANCE_TOP, barmode="group",
+                 xaxis=dict(title="tree depth", dtick=1),
+                 yaxis=dict(title="steps reaching the depth", range=[0, 1.05], tickformat=".0%"),
+                 height=ACCEPTANCE_HEIGHT)
     return AcceptanceFigures(per_step, hist, depth)
 
 
@@ -720,12 +761,10 @@ def verify_cost_figure(costs: Any, *, max_nodes: int = 64, title: str | None = N
                              marker=dict(color=OKABE_ITO["black"], symbol="diamond", size=9),
                              hovertemplate="%{x} nodes: %{y:.2f} ms<extra>measured</extra>"))
     ratio = verify_ratio(costs)
-    fig.update_layout(title=dict(text=title or f"verify ms by tree size here ({RATIO_NODES} nodes: "
-                                           f"{ratio:.1f}\u00d7 one token)", font=dict(size=15)),
-                      xaxis=dict(title="tree nodes verified (root included)"),
-                      yaxis=dict(title="ms per verify", rangemode="tozero"), showlegend=True,
-                      legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0), plot_bgcolor="#FFFFFF",
-                      height=340, margin=dict(l=60, r=20, t=80, b=50))
+    _page_layout(fig, dict(text=title or f"verify ms by tree size here ({RATIO_NODES} nodes: "
+                                         f"{ratio:.1f}\u00d7 one token)", font=dict(size=15)),
+                 xaxis=dict(title="tree nodes verified (root included)"),
+                 yaxis=dict(title="ms per verify", rangemode="tozero"), height=360)
     return fig
 
 
@@ -785,12 +824,10 @@ def budget_rate_figure(rates: Sequence[Mapping[str, Any]], *, paper_budget: int 
                                  marker=dict(symbol="star", size=16, color=OKABE_ITO["orange"],
                                              line=dict(color=OKABE_ITO["black"], width=1)),
                                  hovertemplate=f"{name}: %{{y:.1f}} tokens/s<extra></extra>"))
-    fig.update_layout(title=dict(text=title or "DART: expected tokens/s by tree budget (this machine's costs)",
-                                 font=dict(size=15)),
-                      xaxis=dict(title="DART tree budget (drafted nodes, root excluded)", rangemode="tozero"),
-                      yaxis=dict(title="expected tokens/s", rangemode="tozero"), showlegend=True,
-                      legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0), plot_bgcolor="#FFFFFF",
-                      height=340, margin=dict(l=60, r=20, t=80, b=50))
+    _page_layout(fig, dict(text=title or "DART: expected tokens/s by tree budget (this machine's costs)",
+                           font=dict(size=15)),
+                 xaxis=dict(title="DART tree budget (drafted nodes, root excluded)", rangemode="tozero"),
+                 yaxis=dict(title="expected tokens/s", rangemode="tozero"), height=400)
     return fig
 
 
