@@ -45,6 +45,114 @@ def test_a_row_does_not_depend_on_the_other_rows(weights):
         assert np.array_equal(alone[0], together[m])
 
 
+# ---------------------------------------------------------------------------- kernel paths
+# The kernel picks AVX-512, AVX2 or a portable loop at run time; every path this CPU runs is tested.
+PATHS = _native.small_gemm_paths()
+
+
+@pytest.fixture(params=PATHS)
+def gemm_path(request):
+    """Forces one kernel path for the test (the decoder's GEMMs included), then restores the previous one."""
+    before = _native.small_gemm_path()
+    _native.small_gemm_set_path(request.param)
+    yield request.param
+    _native.small_gemm_set_path(before)
+
+
+def gemm_weights(w: torch.Tensor, weights: str):
+    """(the array the kernel reads, its exact float64 values)."""
+    return (bf16_bits(w), w.bfloat16().double()) if weights == "bfloat16" else (w.numpy(), w.double())
+
+
+def test_the_paths_are_listed_best_first():
+    assert PATHS[-1] == "portable" and set(PATHS) <= {"avx512", "avx2", "portable"}
+    assert PATHS == sorted(PATHS, key=["avx512", "avx2", "portable"].index)
+    assert bool(_native.small_gemm_has_avx2()) == ("avx2" in PATHS)
+
+
+@pytest.mark.parametrize("weights", ["float32", "bfloat16"])
+@pytest.mark.parametrize("N,K", [(37, 7), (70, 15), (43, 17), (9, 576), (130, 577), (5, 40), (66, 1)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_every_path_matches_a_float64_product(gemm_path, weights, N, K, threads):
+    # K below 16, odd, not a multiple of 16; N not a multiple of any row block; M across the group
+    # sizes (6, 3), the one-row path and the 64-row chunk boundary. Guard rows around y stay untouched.
+    for M in (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33, 64, 65):
+        g = torch.Generator().manual_seed(M * 1000 + N + K)
+        x = torch.randn(M, K, generator=g)
+        w_array, w_exact = gemm_weights(torch.randn(N, K, generator=g), weights)
+        buf, y = guarded(M, N)
+        _native.small_gemm(x.numpy(), w_array, y, threads)
+        assert_guards_intact(buf, M)
+        want = (x.double() @ w_exact.T).numpy()
+        np.testing.assert_allclose(y, want, atol=1e-5 * K ** 0.5, rtol=1e-5, err_msg=f"{gemm_path} M={M}")
+
+
+@pytest.mark.parametrize("weights", ["float32", "bfloat16"])
+@pytest.mark.parametrize("K", [577, 13, 48])
+def test_on_every_path_a_row_does_not_depend_on_the_call(gemm_path, weights, K):
+    """Within one path a row's result is the same bits whatever M is and whichever rows share the call:
+    a tree verification row equals the same row of a plain decoding step."""
+    g = torch.Generator().manual_seed(K)
+    N = 45   # 11 blocks of 4 weight rows + 1, split across 2 threads in ranges of 24
+    w_array, _ = gemm_weights(torch.randn(N, K, generator=g), weights)
+    x = torch.randn(70, K, generator=g).numpy()
+    alone = np.empty((70, N), dtype=np.float32)
+    for m in range(70):
+        _native.small_gemm(np.ascontiguousarray(x[m:m + 1]), w_array, alone[m:m + 1], 1)
+    rng = np.random.default_rng(K)
+    for M in range(1, 71):
+        rows = rng.choice(70, size=M, replace=False)   # any rows, in any order
+        together = np.empty((M, N), dtype=np.float32)
+        _native.small_gemm(np.ascontiguousarray(x[rows]), w_array, together, 2 if M % 2 else 1)
+        assert np.array_equal(together, alone[rows]), f"{gemm_path}: M={M} changed a row's bits"
+
+
+@pytest.mark.skipif("avx2" not in PATHS, reason="no AVX2 on this CPU")
+@pytest.mark.parametrize("weights", ["float32", "bfloat16"])
+def test_the_portable_loop_repeats_the_avx2_kernel_bit_for_bit(weights):
+    g = torch.Generator().manual_seed(1)
+    w_array, _ = gemm_weights(torch.randn(67, 203, generator=g), weights)
+    x = torch.randn(11, 203, generator=g).numpy()
+    before = _native.small_gemm_path()
+    out = {}
+    try:
+        for path in ("avx2", "portable"):
+            _native.small_gemm_set_path(path)
+            out[path] = np.empty((11, 67), dtype=np.float32)
+            _native.small_gemm(x, w_array, out[path], 2)
+    finally:
+        _native.small_gemm_set_path(before)
+    assert np.array_equal(out["avx2"], out["portable"])
+
+
+def test_forcing_a_path():
+    before = _native.small_gemm_path()
+    try:
+        _native.small_gemm_set_path("portable")
+        assert _native.small_gemm_path() == "portable"
+        _native.small_gemm_set_path("auto")
+        assert _native.small_gemm_path() == PATHS[0]
+        with pytest.raises(ValueError, match="not one of"):
+            _native.small_gemm_set_path("sse2")
+        for missing in {"avx512", "avx2"} - set(PATHS):
+            with pytest.raises(ValueError, match="cannot run"):
+                _native.small_gemm_set_path(missing)
+    finally:
+        _native.small_gemm_set_path(before)
+
+
+@pytest.mark.parametrize("env,want", [("portable", "portable"), ("auto", None), ("avx512", None), ("bogus", None)])
+def test_the_path_environment_variable(env, want):
+    import os
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", "from dart_core import _native; print(_native.small_gemm_path())"],
+                         env={**os.environ, "DART_GEMM_PATH": env}, capture_output=True, text=True, check=True)
+    # avx512 on a CPU without it runs the best path below; an unknown name is ignored with a warning.
+    assert out.stdout.strip() == (want or PATHS[0])
+    assert ("is not one of" in out.stderr) == (env == "bogus")
+
+
 def test_small_gemm_rejects_bad_arguments():
     x = np.ones((2, 8), np.float32)
     w = np.ones((4, 8), np.float32)
@@ -205,7 +313,7 @@ def reference_layers(h, layers, keys, values, start, cos, sin, allowed, heads, k
 @pytest.mark.parametrize("q_len", [0, 1, 2, 64, 65])
 @pytest.mark.parametrize("bf16", [False, True])
 @pytest.mark.parametrize("tree_mask", [False, True])
-def test_native_decoder_edge_sizes_match_a_float64_reference(q_len, bf16, tree_mask):
+def test_native_decoder_edge_sizes_match_a_float64_reference(gemm_path, q_len, bf16, tree_mask):
     # Odd hidden and intermediate sizes, a head_dim that is no multiple of 8, grouped K/V heads,
     # Qwen-style biases and q/k norms: every tail loop runs.
     hidden, heads, kv_heads, D, inter, eps, start, n_layers = 13, 4, 2, 6, 21, 1e-6, 3, 2

@@ -348,7 +348,25 @@ PYBIND11_MODULE(_native, m) {
       .def("run", &PyDecoder::run, py::arg("h"), py::arg("cos"), py::arg("sin"), py::arg("allowed"),
            py::arg("start"), py::arg("cache"), py::arg("begin"), py::arg("end"), py::arg("threads"))
       .def_property_readonly("num_layers", [](const PyDecoder& d) { return d.layers.size(); });
-  m.def("small_gemm_has_avx2", &dart::small_gemm_has_avx2, "True when the AVX2+FMA small-GEMM kernel runs here.");
+  m.def("small_gemm_has_avx2", &dart::small_gemm_has_avx2, "True when this CPU runs the AVX2+FMA small-GEMM kernel.");
+  m.def("small_gemm_path", []() { return std::string(dart::small_gemm_path_name(dart::small_gemm_path())); },
+        "The small-GEMM kernel calls run now: 'avx512', 'avx2' or 'portable' (the best this CPU runs, unless "
+        "DART_GEMM_PATH or small_gemm_set_path chose another).");
+  m.def("small_gemm_paths", []() {
+    std::vector<std::string> out;
+    for (int p = static_cast<int>(dart::small_gemm_best_path()); p >= 0; --p)
+      out.emplace_back(dart::small_gemm_path_name(static_cast<dart::GemmPath>(p)));
+    return out;
+  }, "The small-GEMM paths this CPU runs, best first.");
+  m.def("small_gemm_set_path", [](const std::string& name) {
+    for (auto p : {dart::GemmPath::Avx512, dart::GemmPath::Avx2, dart::GemmPath::Portable})
+      if (name == dart::small_gemm_path_name(p)) return dart::small_gemm_set_path(p);
+    if (name == "auto") return dart::small_gemm_set_path(dart::small_gemm_best_path());
+    throw py::value_error("small_gemm_set_path: '" + name + "' is not one of avx512, avx2, portable, auto");
+  }, py::arg("path"),
+        "Force the small-GEMM path of later calls (the decoder's included): 'avx512', 'avx2', 'portable' or 'auto' "
+        "(the best). ValueError when this CPU cannot run it. For tests and benchmarks; not thread-safe against "
+        "calls in flight.");
   m.def("has_openmp", []() {
 #if defined(_OPENMP)
     return true;

@@ -19,6 +19,10 @@
 namespace dart {
 namespace {
 
+// The AVX2 helpers below (exp, softmax, SiLU, axpy) run on the avx2 and avx512 GEMM paths; forcing
+// the portable path (DART_GEMM_PATH=portable, tests) runs the plain loops, as on a non-x86 CPU.
+inline bool avx2_helpers() { return small_gemm_path() != GemmPath::Portable; }
+
 void project(const DecoderShape& s, const float* x, const void* w, const float* bias, float* y, int64_t M,
              int64_t N, int64_t K, int threads) {
   if (s.bf16_weights)
@@ -124,7 +128,7 @@ __attribute__((target("avx2,fma"))) void axpy_avx2(float a, const float* x, floa
 #endif
 void axpy(float a, const float* x, float* y, int64_t n) {
 #ifdef DART_X86
-  if (small_gemm_has_avx2()) return axpy_avx2(a, x, y, n);
+  if (avx2_helpers()) return axpy_avx2(a, x, y, n);
 #endif
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
@@ -158,7 +162,7 @@ __attribute__((target("avx2,fma"))) void weighted_rows_avx2(const float* p, cons
 
 void weighted_rows(const float* p, const float* v, int64_t n, int64_t D, float* o) {
 #ifdef DART_X86
-  if (small_gemm_has_avx2()) return weighted_rows_avx2(p, v, n, D, o);
+  if (avx2_helpers()) return weighted_rows_avx2(p, v, n, D, o);
 #endif
   std::fill(o, o + D, 0.f);
   for (int64_t j = 0; j < n; ++j)
@@ -167,7 +171,7 @@ void weighted_rows(const float* p, const float* v, int64_t n, int64_t D, float* 
 
 float softmax_numerators(const float* s, float mx, float* p, int64_t n) {
 #ifdef DART_X86
-  if (small_gemm_has_avx2()) return softmax_numerators_avx2(s, mx, p, n);
+  if (avx2_helpers()) return softmax_numerators_avx2(s, mx, p, n);
 #endif
   float total = 0.f;
   for (int64_t j = 0; j < n; ++j) {
@@ -179,7 +183,7 @@ float softmax_numerators(const float* s, float mx, float* p, int64_t n) {
 
 void silu_mul(float* g, const float* u, int64_t n) {
 #ifdef DART_X86
-  if (small_gemm_has_avx2()) return silu_mul_avx2(g, u, n);
+  if (avx2_helpers()) return silu_mul_avx2(g, u, n);
 #endif
   for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }

@@ -16,8 +16,31 @@
 
 namespace dart {
 
-// True when this CPU runs the AVX2+FMA kernels (otherwise a portable loop runs).
+// True when this CPU has AVX2+FMA (the AVX2 kernel, and the decoder's AVX2 helpers, can run).
 bool small_gemm_has_avx2();
+
+// The kernel a call runs, chosen at run time (the extension is built for any x86-64 or other
+// CPU; the vector kernels are compiled per function with target attributes):
+//   Avx512   AVX-512F/BW/VL: 16 float lanes, 4 weight rows x 6 activation rows per block;
+//   Avx2     AVX2+FMA: 8 lanes, 4 x 3 blocks (8 x 1 for one row);
+//   Portable plain C++ with the AVX2 path's summation order (the two agree bit for bit).
+// Within one path every output is summed in a fixed order that depends only on K, never on M,
+// on the other rows of the call or on the blocking, so a row of a tree verification is
+// bit-identical to the same row computed alone. Different paths may round differently
+// (16-lane vs 8-lane partial sums): that is fine because vanilla decoding and speculative
+// verification in one process always run the same path.
+enum class GemmPath : int { Portable = 0, Avx2 = 1, Avx512 = 2 };
+
+// The best path this CPU supports.
+GemmPath small_gemm_best_path();
+// The path calls run now: the best one, unless DART_GEMM_PATH (read once, at the first call:
+// "avx512" | "avx2" | "portable" | "auto") or small_gemm_set_path chose a lower one. A request for a
+// path the CPU lacks runs the best path below it; an unknown name is ignored (a warning on stderr).
+GemmPath small_gemm_path();
+// Forces a path for all later calls (tests, benchmarks); throws std::invalid_argument when this
+// CPU cannot run it. Not meant to be changed while another thread is inside a call.
+void small_gemm_set_path(GemmPath path);
+const char* small_gemm_path_name(GemmPath path);
 
 // y = x @ w^T for row-major x [M, K], w [N, K] and y [M, N]; threads > 0. M = 0 or N = 0
 // writes nothing; K = 0 gives zeros.
