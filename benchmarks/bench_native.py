@@ -10,6 +10,15 @@ DART paper ("6 us per query"); it is reported for the native loop alone and for 
 from Python (argument conversion included). Pruning is one tree from 9 rows x 25 at the
 defaults (paper: about 2 ms); "end to end" includes building the DraftTree and the
 ScoredCandidates lists of all 4,025 candidates.
+
+    python benchmarks/bench_native.py --gemm [--threads 2] [--reps 21]
+
+times only the small-GEMM kernel: G multiply-adds/s of every kernel path this CPU runs
+(avx512 / avx2 / portable) at the SmolLM2-135M target's shapes with bf16 weights, for the row
+counts of a plain step (1), draft trees (4..33) and a prompt chunk (64), beside torch's float32
+GEMM on a large product (2048 x 576 @ 576 x 1536) timed in the same loop. The arms alternate
+rep by rep (order reversed every other rep), so load drifts on a shared machine hit all alike;
+the ratios are medians of per-rep ratios.
 """
 from __future__ import annotations
 
@@ -168,6 +177,78 @@ def bench_open(path: Path, store: NgramStore) -> list[tuple[str, str]]:
             ("Open with full checksum + structure check", f"{opens(True) * 1e3:.1f} ms")]
 
 
+GEMM_SHAPES = (("q_proj-ish: 576 -> 1536", 576, 1536), ("down_proj: 1536 -> 576", 1536, 576),
+               ("LM head: 576 -> 49152", 576, 49152))
+GEMM_ROWS = (1, 4, 5, 9, 17, 33, 64)
+
+
+def bench_gemm(threads: int, reps: int, paths: list[str] | None = None, rows=GEMM_ROWS, shapes=GEMM_SHAPES) -> None:
+    """Prints a Markdown table: the native kernel per path and torch's large float32 GEMM, interleaved.
+    paths: kernel paths to time, best first (default: every vector path this CPU runs; the portable loop
+    only where there is none, as it calls libm's fmaf on x86 and runs ~100x slower there)."""
+    import torch
+    from dart_core import _native
+    torch.set_num_threads(threads)
+    supported = list(_native.small_gemm_paths())
+    if paths is None:
+        paths = [p for p in supported if p != "portable"] or supported
+    missing = [p for p in paths if p not in supported]
+    if missing:
+        raise SystemExit(f"--paths: this CPU runs {supported}, not {missing}")
+    before = _native.small_gemm_path()
+    rng = np.random.default_rng(0)
+    ta, tb = torch.randn(2048, 576), torch.randn(1536, 576)
+    torch_macs = 2048 * 576 * 1536
+
+    def torch_arm():
+        t0 = time.perf_counter()
+        ta @ tb.T
+        return time.perf_counter() - t0
+
+    torch_arm()
+    torch_times: list[float] = []
+    lines = []
+    try:
+        for name, K, N in shapes:
+            w = torch.randn(N, K).bfloat16().view(torch.uint16).numpy()
+            for M in rows:
+                x = rng.standard_normal((M, K)).astype(np.float32)
+                y = np.empty((M, N), np.float32)
+                macs = M * N * K
+                inner = max(1, min(100, int(1e8 // macs)))   # ~ a few ms per arm and rep
+
+                def native_arm(path):
+                    _native.small_gemm_set_path(path)
+                    _native.small_gemm(x, w, y, threads)   # warm: weights and x in cache as in a model's loop
+                    t0 = time.perf_counter()
+                    for _ in range(inner):
+                        _native.small_gemm(x, w, y, threads)
+                    return (time.perf_counter() - t0) / inner
+
+                arms = [*paths, "torch"]
+                t: dict[str, list[float]] = {a: [] for a in arms}
+                for r in range(reps):
+                    for a in (arms if r % 2 == 0 else arms[::-1]):
+                        t[a].append(torch_arm() if a == "torch" else native_arm(a))
+                torch_times += t["torch"]
+                rate = {a: macs / statistics.median(t[a]) / 1e9 for a in paths}
+                torch_rate = torch_macs / statistics.median(t["torch"]) / 1e9
+                vs_avx2 = (statistics.median(b / a for a, b in zip(t[paths[0]], t["avx2"]))
+                           if "avx2" in paths and paths[0] != "avx2" else None)
+                vs_torch = statistics.median((macs / a) / (torch_macs / b) for a, b in zip(t[paths[0]], t["torch"]))
+                lines.append(f"| {name} | {M} | " + " | ".join(f"{rate[a]:.1f}" for a in paths)
+                             + f" | {torch_rate:.1f} | {'-' if vs_avx2 is None else f'{vs_avx2:.2f}'} | {vs_torch:.2f} |")
+    finally:
+        _native.small_gemm_set_path(before)
+    print(f"\nsmall GEMM y = x @ w.T, bf16 weights, float32 x and y, {threads} threads (torch.set_num_threads({threads}));"
+          f" G multiply-adds/s, median of {reps} interleaved reps; torch = float32 2048 x 576 @ 576 x 1536 in the same loop"
+          f" (overall median {torch_macs / statistics.median(torch_times) / 1e9:.1f}); ratios = medians of per-rep ratios\n")
+    print("| shape | M | " + " | ".join(paths) + " | torch large | " + f"{paths[0]} / avx2 | {paths[0]} / torch large |")
+    print("|---|---:|" + "---:|" * (len(paths) + 3))
+    for line in lines:
+        print(line)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--table", type=Path, default=ngram.default_table_path())
@@ -177,7 +258,15 @@ def main() -> None:
     ap.add_argument("--tokenizer", default=None, help="also time building from text (e.g. 'bundled' or a dir)")
     ap.add_argument("--queries", type=int, default=2000)
     ap.add_argument("--skip-build", action="store_true")
+    ap.add_argument("--gemm", action="store_true", help="time only the small-GEMM kernel paths against torch")
+    ap.add_argument("--threads", type=int, default=2, help="--gemm: kernel and torch threads")
+    ap.add_argument("--reps", type=int, default=21, help="--gemm: interleaved repetitions per shape")
+    ap.add_argument("--paths", default=None, help="--gemm: kernel paths, comma-separated, best first "
+                                                  "(default: every vector path this CPU runs)")
     args = ap.parse_args()
+    if args.gemm:
+        bench_gemm(args.threads, args.reps, args.paths.split(",") if args.paths else None)
+        return
     rng = np.random.default_rng(0)
     store = NgramStore.open(args.table)
     docs = load_responses(args.data, 2000)
