@@ -105,6 +105,11 @@ def test_on_every_path_a_row_does_not_depend_on_the_call(gemm_path, weights, K):
         together = np.empty((M, N), dtype=np.float32)
         _native.small_gemm(np.ascontiguousarray(x[rows]), w_array, together, 2 if M % 2 else 1)
         assert np.array_equal(together, alone[rows]), f"{gemm_path}: M={M} changed a row's bits"
+    # Nor on the weight rows around it: an output reduced with its block of 4 equals the same weight row alone.
+    for j in (0, 3, 22, 23, 24, 44):
+        one = np.empty((70, 1), dtype=np.float32)
+        _native.small_gemm(x, np.ascontiguousarray(w_array[j:j + 1]), one, 1)
+        assert np.array_equal(one[:, 0], alone[:, j]), f"{gemm_path}: weight row {j} alone differs"
 
 
 @pytest.mark.skipif("avx2" not in PATHS, reason="no AVX2 on this CPU")

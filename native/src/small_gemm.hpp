@@ -21,7 +21,8 @@ bool small_gemm_has_avx2();
 
 // The kernel a call runs, chosen at run time (the extension is built for any x86-64 or other
 // CPU; the vector kernels are compiled per function with target attributes):
-//   Avx512   AVX-512F/BW/VL: 16 float lanes, 4 weight rows x 6 activation rows per block;
+//   Avx512   AVX-512F/BW/VL: 16 float lanes, 4 weight rows x 6 activation rows per block
+//            (M <= 3: 256-bit operations in the same 16-lane order, faster when streaming weights);
 //   Avx2     AVX2+FMA: 8 lanes, 4 x 3 blocks (8 x 1 for one row);
 //   Portable plain C++ with the AVX2 path's summation order (the two agree bit for bit).
 // Within one path every output is summed in a fixed order that depends only on K, never on M,
