@@ -11,10 +11,11 @@ from Python (argument conversion included). Pruning is one tree from 9 rows x 25
 defaults (paper: about 2 ms); "end to end" includes building the DraftTree and the
 ScoredCandidates lists of all 4,025 candidates.
 
-    python benchmarks/bench_native.py --gemm [--threads 2] [--reps 21]
+    python benchmarks/bench_native.py --gemm [--threads 2] [--reps 21] [--cold] [--paths avx512,avx2]
 
-times only the small-GEMM kernel: G multiply-adds/s of every kernel path this CPU runs
-(avx512 / avx2 / portable) at the SmolLM2-135M target's shapes with bf16 weights, for the row
+times only the small-GEMM kernel: G multiply-adds/s of every vector kernel path this CPU runs
+(avx512 / avx2; --paths portable for the plain loop) at the SmolLM2-135M target's shapes with bf16
+weights (--cold: read from memory on every call, as when decoding a model larger than the caches), for the row
 counts of a plain step (1), draft trees (4..33) and a prompt chunk (64), beside torch's float32
 GEMM on a large product (2048 x 576 @ 576 x 1536) timed in the same loop. The arms alternate
 rep by rep (order reversed every other rep), so load drifts on a shared machine hit all alike;
@@ -182,10 +183,14 @@ GEMM_SHAPES = (("q_proj-ish: 576 -> 1536", 576, 1536), ("down_proj: 1536 -> 576"
 GEMM_ROWS = (1, 4, 5, 9, 17, 33, 64)
 
 
-def bench_gemm(threads: int, reps: int, paths: list[str] | None = None, rows=GEMM_ROWS, shapes=GEMM_SHAPES) -> None:
+def bench_gemm(threads: int, reps: int, paths: list[str] | None = None, cold: bool = False, rows=GEMM_ROWS,
+               shapes=GEMM_SHAPES) -> None:
     """Prints a Markdown table: the native kernel per path and torch's large float32 GEMM, interleaved.
     paths: kernel paths to time, best first (default: every vector path this CPU runs; the portable loop
-    only where there is none, as it calls libm's fmaf on x86 and runs ~100x slower there)."""
+    only where there is none, as it calls libm's fmaf on x86 and runs ~100x slower there).
+    cold: cycle through copies of each weight matrix (>= 128 MB in all), so every call reads its weights
+    from memory as a decoding step of a model larger than the caches does; otherwise one matrix stays
+    in cache (the 49152-row LM head never fits: it is read from memory either way)."""
     import torch
     from dart_core import _native
     torch.set_num_threads(threads)
@@ -210,7 +215,9 @@ def bench_gemm(threads: int, reps: int, paths: list[str] | None = None, rows=GEM
     lines = []
     try:
         for name, K, N in shapes:
-            w = torch.randn(N, K).bfloat16().view(torch.uint16).numpy()
+            w0 = torch.randn(N, K).bfloat16().view(torch.uint16).numpy()
+            ws = [w0] + [w0.copy() for _ in range(-(-(128 << 20) // w0.nbytes) - 1 if cold else 0)]
+            turn = [0]
             for M in rows:
                 x = rng.standard_normal((M, K)).astype(np.float32)
                 y = np.empty((M, N), np.float32)
@@ -219,10 +226,12 @@ def bench_gemm(threads: int, reps: int, paths: list[str] | None = None, rows=GEM
 
                 def native_arm(path):
                     _native.small_gemm_set_path(path)
-                    _native.small_gemm(x, w, y, threads)   # warm: weights and x in cache as in a model's loop
+                    if not cold:
+                        _native.small_gemm(x, w0, y, threads)   # warm: weights and x in cache
                     t0 = time.perf_counter()
                     for _ in range(inner):
-                        _native.small_gemm(x, w, y, threads)
+                        _native.small_gemm(x, ws[turn[0] % len(ws)], y, threads)
+                        turn[0] += 1
                     return (time.perf_counter() - t0) / inner
 
                 arms = [*paths, "torch"]
@@ -240,7 +249,8 @@ def bench_gemm(threads: int, reps: int, paths: list[str] | None = None, rows=GEM
                              + f" | {torch_rate:.1f} | {'-' if vs_avx2 is None else f'{vs_avx2:.2f}'} | {vs_torch:.2f} |")
     finally:
         _native.small_gemm_set_path(before)
-    print(f"\nsmall GEMM y = x @ w.T, bf16 weights, float32 x and y, {threads} threads (torch.set_num_threads({threads}));"
+    print(f"\nsmall GEMM y = x @ w.T, bf16 weights ({'read from memory' if cold else 'in cache'}), float32 x and y,"
+          f" {threads} threads (torch.set_num_threads({threads}));"
           f" G multiply-adds/s, median of {reps} interleaved reps; torch = float32 2048 x 576 @ 576 x 1536 in the same loop"
           f" (overall median {torch_macs / statistics.median(torch_times) / 1e9:.1f}); ratios = medians of per-rep ratios\n")
     print("| shape | M | " + " | ".join(paths) + " | torch large | " + f"{paths[0]} / avx2 | {paths[0]} / torch large |")
@@ -261,11 +271,13 @@ def main() -> None:
     ap.add_argument("--gemm", action="store_true", help="time only the small-GEMM kernel paths against torch")
     ap.add_argument("--threads", type=int, default=2, help="--gemm: kernel and torch threads")
     ap.add_argument("--reps", type=int, default=21, help="--gemm: interleaved repetitions per shape")
+    ap.add_argument("--cold", action="store_true", help="--gemm: weights read from memory on every call "
+                                                         "(as in decoding a model larger than the caches)")
     ap.add_argument("--paths", default=None, help="--gemm: kernel paths, comma-separated, best first "
                                                   "(default: every vector path this CPU runs)")
     args = ap.parse_args()
     if args.gemm:
-        bench_gemm(args.threads, args.reps, args.paths.split(",") if args.paths else None)
+        bench_gemm(args.threads, args.reps, args.paths.split(",") if args.paths else None, args.cold)
         return
     rng = np.random.default_rng(0)
     store = NgramStore.open(args.table)
