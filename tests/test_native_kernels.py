@@ -366,6 +366,60 @@ def test_native_decoder_edge_sizes_match_a_float64_reference(gemm_path, q_len, b
         np.testing.assert_allclose(got, ref, atol=2e-4, rtol=2e-4)
 
 
+@pytest.mark.parametrize("bf16", [False, True])
+def test_native_decoder_tree_rows_equal_plain_steps_bit_for_bit(gemm_path, bf16):
+    """Verifying a tree and decoding its paths one token at a time give the same bits on every path:
+    the projections (row-independent GEMM) and the attention (the softmax sum ignores masked keys and
+    does not depend on which cache slot an ancestor sits in)."""
+    hidden, heads, kv_heads, D, inter, eps, start, n_layers = 40, 4, 2, 16, 72, 1e-6, 37, 2
+    parents = [-1, 0, 1, 0, 3, 1, 2, 4, 4]
+    depth = [0] * len(parents)
+    for i, par in enumerate(parents[1:], 1):
+        depth[i] = depth[par] + 1
+    rng = np.random.default_rng(5 + bf16)
+    f32 = lambda *shape, s=0.3: (rng.standard_normal(shape) * s).astype(np.float32)   # noqa: E731
+    dec = _native.Decoder(hidden, heads, kv_heads, D, inter, eps, bf16)
+    for _ in range(n_layers):
+        w = {"q": f32(heads * D, hidden), "k": f32(kv_heads * D, hidden), "v": f32(kv_heads * D, hidden),
+             "o": f32(hidden, heads * D), "gate": f32(inter, hidden), "up": f32(inter, hidden),
+             "down": f32(hidden, inter), "in_norm": 1 + f32(hidden), "post_norm": 1 + f32(hidden)}
+        dec.add_layer({n: bf16_bits(torch.from_numpy(a)) if bf16 and a.ndim == 2 else a for n, a in w.items()})
+    capacity = start + len(parents)
+
+    def rope_tables(positions):
+        angles = np.asarray(positions)[:, None] * (10000.0 ** (-np.arange(D // 2) / (D // 2)))[None, :]
+        return (np.ascontiguousarray(np.tile(np.cos(angles), 2), dtype=np.float32),
+                np.ascontiguousarray(np.tile(np.sin(angles), 2), dtype=np.float32))
+
+    keys = [np.zeros((kv_heads, capacity, D), np.float32) for _ in range(n_layers)]
+    values = [np.zeros((kv_heads, capacity, D), np.float32) for _ in range(n_layers)]
+    prefix = f32(start, hidden, s=1.0)
+    dec.run(prefix, *rope_tables(np.arange(start)), None, 0, _native.DecoderCache(keys, values), 0, n_layers, 2)
+    nodes = f32(len(parents), hidden, s=1.0)   # the hidden states entering layer 0 of each tree node
+
+    tree_keys, tree_values = [k.copy() for k in keys], [v.copy() for v in values]
+    allowed = np.zeros((len(parents), capacity), np.bool_)
+    allowed[:, :start] = True
+    for i in range(len(parents)):
+        a = i
+        while a >= 0:
+            allowed[i, start + a] = True
+            a = parents[a]
+    h_tree = nodes.copy()
+    dec.run(h_tree, *rope_tables(start + np.array(depth)), allowed, start,
+            _native.DecoderCache(tree_keys, tree_values), 0, n_layers, 2)
+
+    for leaf in (2, 7, 8, 6, 5):
+        path = [leaf]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        cache = _native.DecoderCache([k.copy() for k in keys], [v.copy() for v in values])
+        for d, node in enumerate(reversed(path)):   # one plain step per node, root first
+            h = nodes[node:node + 1].copy()
+            dec.run(h, *rope_tables([start + d]), None, start + d, cache, 0, n_layers, 2)
+            assert np.array_equal(h[0], h_tree[node]), f"{gemm_path}: node {node} of the path to {leaf}"
+
+
 def test_decoder_refuses_an_odd_head_dim():
     # RoPE rotates the two halves of each head; an odd head_dim would leave the last element unrotated.
     with pytest.raises(ValueError, match=r"head_dim 5 is odd.*even"):

@@ -83,26 +83,53 @@ __attribute__((target("avx2,fma"))) inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(pow2));
 }
 
-// p[j] = exp(s[j] - mx) (0 where s[j] is -inf); returns the sum.
+// p[j] = exp(s[j] - mx) (0 where s[j] is -inf); returns the sum. The value of p[j] and the sum depend
+// only on the nonzero numerators in j order, so a tree row, whose masked siblings and later nodes are
+// 0s, gets the same bits as the plain decoding step at the same position (whose keys are its prefix and
+// ancestors, in another cache slot each): every element goes through exp8 (the tail too, padded), and
+// the k-th nonzero numerator is added to lane k % 8 of the sum (adding a 0 changes nothing), lanes
+// reduced in a fixed order. Lanes by cache slot would put an ancestor in a different lane in the tree.
+__attribute__((target("avx2,fma"))) inline __m256 numerators8(const float* src, __m256 m) {
+  const __m256 v = _mm256_loadu_ps(src), ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  return _mm256_and_ps(exp8(_mm256_sub_ps(v, m)), _mm256_cmp_ps(v, ninf, _CMP_NEQ_OQ));
+}
 __attribute__((target("avx2,fma"))) float softmax_numerators_avx2(const float* s, float mx, float* p, int64_t n) {
-  const __m256 m = _mm256_set1_ps(mx), ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-  __m256 acc = _mm256_setzero_ps();
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    const __m256 v = _mm256_loadu_ps(s + j);
-    const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(v, m)), _mm256_cmp_ps(v, ninf, _CMP_NEQ_OQ));
-    _mm256_storeu_ps(p + j, e);
-    acc = _mm256_add_ps(acc, e);
+  const __m256 m = _mm256_set1_ps(mx);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  __m256 acc = _mm256_setzero_ps();   // lane l: the nonzero numerators of rank l, l + 8, ...
+  int64_t rank = 0;
+  alignas(32) float in[8], e[8], lanes[8];
+  for (int64_t j = 0; j < n; j += 8) {
+    const int64_t len = std::min<int64_t>(8, n - j);
+    __m256 v;
+    if (len == 8) {
+      v = numerators8(s + j, m);
+    } else {   // the tail, padded with -inf (numerator 0)
+      std::fill(in, in + 8, -std::numeric_limits<float>::infinity());
+      std::copy(s + j, s + n, in);
+      v = numerators8(in, m);
+    }
+    if (len == 8) {
+      _mm256_storeu_ps(p + j, v);
+    } else {
+      _mm256_store_ps(e, v);
+      std::copy(e, e + len, p + j);
+    }
+    const int zeros = _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_EQ_OQ));
+    if (zeros == 0) {   // 8 nonzero: element i goes to lane (rank + i) % 8
+      const __m256i from = _mm256_and_si256(_mm256_sub_epi32(lane, _mm256_set1_epi32(static_cast<int>(rank & 7))),
+                                            _mm256_set1_epi32(7));
+      acc = _mm256_add_ps(acc, _mm256_permutevar8x32_ps(v, from));
+      rank += 8;
+    } else {
+      _mm256_store_ps(lanes, acc);
+      for (int64_t i = j; i < j + len; ++i)
+        if (p[i] != 0.f) lanes[rank++ & 7] += p[i];
+      acc = _mm256_load_ps(lanes);
+    }
   }
-  alignas(32) float lanes[8];
   _mm256_store_ps(lanes, acc);
-  float total = 0.f;
-  for (float l : lanes) total += l;
-  for (; j < n; ++j) {
-    p[j] = std::isinf(s[j]) ? 0.f : std::exp(s[j] - mx);
-    total += p[j];
-  }
-  return total;
+  return ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
 }
 
 // g[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u.
