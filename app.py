@@ -40,7 +40,7 @@ import gradio as gr  # noqa: E402
 
 from dart_core.engine.trace_stats import step_for_token  # noqa: E402
 from dart_core.loading import BASELINE, EngineFactory  # noqa: E402
-from dart_core.ui import viz  # noqa: E402
+from dart_core.ui import teaching, viz  # noqa: E402
 from dart_core.ui.narration import narrate_step  # noqa: E402
 from dart_core.ui.record import RunRecord, label_of, save_export  # noqa: E402
 from dart_core.ui.session import Comparison, RunSettings, StepSession, check_prompt_length  # noqa: E402
@@ -60,11 +60,18 @@ TIME_LIMIT, MEMORY_LIMIT = "time limit", "memory limit"   # stop reasons of runs
 STOPPED_IN_QUEUE = ("**Stopped** before it started: **Stop** was pressed while this {what} waited in the queue, "
                     "so no engine ran. Press the button again to start it.")
 
+#: Guided examples: (kind, prompt, one question for a class to try with it).
 EXAMPLES = [
-    ("Chat", "Give three tips for staying healthy."),
-    ("Code", "Write a Python function that checks whether a string is a palindrome."),
+    ("Chat", "Give three tips for staying healthy.",
+     "Set the **DART N-gram weight** to 0 (Settings, *Paper's trees*): what happens to τ, and to the shape of "
+     "the pruned tree?"),
+    ("Code", "Write a Python function that checks whether a string is a palindrome.",
+     "Code repeats names from the prompt: compare DART's and EAGLE-3's τ here with the chat example's. "
+     "Which engine gains more, and why?"),
     ("Math", "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-             "How many clips did Natalia sell altogether in April and May?"),
+             "How many clips did Natalia sell altogether in April and May?",
+     "Run it with *Fastest on this machine*, then with *Paper's trees*: the paper's trees accept more tokens "
+     "per step, but are they faster here, and what does *Why this speed?* say about it?"),
 ]
 
 INTRO = """\
@@ -139,6 +146,8 @@ class TabState:
         self.dropped: str | None = None    # why the server released this tab's run (shown on the next request)
         self.last_used = time.monotonic()
         self.active = 0                    # requests of this tab in progress (never dropped meanwhile)
+        self.frame = FRAME_ALL             # the step view: the whole step, or one stage of the round (FRAMES)
+        self.show_pruned = False           # the tree view also draws the candidates the pruner dropped
 
     def __deepcopy__(self, memo: dict) -> "TabState":
         return self  # gr.State deep-copies initial values; each tab's instance is built fresh by TabState()
@@ -213,6 +222,16 @@ SETTING_NAMES = ("max_new_tokens",) + tuple(KNOBS) + ("tree",)
 SIZE_KNOBS = tuple(name for name, knob in KNOBS.items() if knob.sizes_tree)
 #: the tree-mode control's choices: (shown, value)
 TREE_CHOICES = [("auto (measured on this machine)", "auto"), ("fixed (sliders)", "fixed")]
+#: the two tree presets: "fastest" = automatic trees (sized by this machine's measured costs), "paper" = the
+#: paper's fixed trees (DART budget 60, EAGLE-3 60 / 7 / 10: the engines' base tree configs)
+PRESETS = {"fastest": "Fastest on this machine", "paper": "Paper's trees"}
+#: the step view: the whole step, or one stage of the round (dart_core.ui.teaching.round_frames keys)
+FRAME_ALL = "all"
+FRAMES = [("Whole step", FRAME_ALL), ("1 · drafted", "drafted"), ("2 · pruned", "pruned"),
+          ("3 · checked", "checked"), ("4 · accepted", "accepted"), ("5 · committed", "committed")]
+FRAME_KEYS = [k for _, k in FRAMES]
+#: the what-if's draft cost (x one plain step) before a run has measured one
+WHATIF_DRAFT_RATIO = 0.1
 
 
 def _fmt_metrics(m, name: str, run, baseline: str) -> str:
@@ -262,6 +281,52 @@ def _empty_fig(message: str):
     return fig
 
 
+def _expected_dart(rates: Any, preset: str) -> str:
+    """DART's expected speed under a preset, from its AutoTree's ``rates()`` (expected tokens/s per setting,
+    best first, the plain step included): the best setting ("fastest") or budget 60 ("paper") over a plain step."""
+    if not rates:
+        return ""
+    plain = next((r for r in rates if getattr(r.get("choice"), "plain", False)), None)
+    if preset == "fastest":
+        row = rates[0]
+    else:
+        row = next((r for r in rates if (getattr(r.get("choice"), "settings", None) or {}).get("budget")
+                    == viz.PAPER_BUDGET), None)
+    if plain is None or row is None or not float(plain["tokens_per_s"]):
+        return ""
+    return (f"DART expected {float(row['tokens_per_s']) / float(plain['tokens_per_s']):.2f}× "
+            f"({row['label']}) by this machine's cost model")
+
+
+#: The page's linking script (a gr.HTML's js_on_load, so it runs wherever the page is served): hovering a node of
+#: a draft tree outlines the answer token it stands for. A tree figure's layout.meta says which answer element
+#: each answer position starts at (Visualiser._linked); its markers' customdata is [kind, index, position].
+LINK_JS = """
+const bound = new WeakSet();
+function tokenEls(engine) { return document.querySelectorAll('#answer-' + engine + ' .token'); }
+function clear() { document.querySelectorAll('.token.dart-linked').forEach(e => e.classList.remove('dart-linked')); }
+function bind(gd) {
+  if (bound.has(gd) || typeof gd.on !== 'function') return;
+  bound.add(gd);
+  gd.on('plotly_hover', ev => {
+    clear();
+    const meta = (gd.layout && gd.layout.meta) || {};
+    const pt = ev && ev.points && ev.points[0];
+    const cd = pt && pt.customdata;
+    if (!meta.engine || !Array.isArray(cd) || cd.length < 3) return;
+    const first = (meta.token_elements || {})[String(cd[2])];
+    const el = first === undefined ? null : tokenEls(meta.engine)[first];
+    if (el) { el.classList.add('dart-linked'); el.scrollIntoView({block: 'nearest'}); }
+  });
+  gd.on('plotly_unhover', clear);
+}
+function scan() { document.querySelectorAll('[id^="tree-"] .js-plotly-plot').forEach(bind); }
+new MutationObserver(scan).observe(document.body, {childList: true, subtree: true});
+scan();
+"""
+LINK_CSS = ".token.dart-linked { outline: 3px solid #E69F00; outline-offset: 1px; }"
+
+
 class Visualiser:
     """Builds the Blocks page for one loaded target and its engines; handlers are plain methods."""
 
@@ -291,6 +356,8 @@ class Visualiser:
         # latest run's (they learn from every step), else ones of its own; and that view, as last drawn
         self._autos: dict[str, Any] = {}
         self._cost_view: dict | None = None
+        self._dart_rates: Any = None                 # DART's AutoTree rates() as last drawn (the presets' note)
+        self._preset_runs: dict[str, dict] = {}      # preset -> its latest run's speeds on this server
         self._cost_lock = threading.Lock()
         self._tabs: dict[str, TabState] = {}     # session hash -> tab, so an unload can release it at once
         self._held: dict[int, TabState] = {}     # tabs that may hold memory, least recently used first
@@ -412,18 +479,21 @@ class Visualiser:
                 costs = self.factory.costs
                 autos = self._view_autos()
                 rates = autos["dart"].rates() if "dart" in autos else None
+                self._dart_rates = rates
                 others = {label_of(s): autos[s].rates()[0]["label"] for s in self.view_slots
                           if s != "dart" and s in autos}
                 out = {self.cost_text: viz.tree_cost_text(costs, rates, others=others),
                        self.cost_verify_plot: viz.verify_cost_figure(costs),
                        self.cost_rate_plot: (viz.budget_rate_figure(rates) if rates
-                                             else _empty_fig("DART is not loaded: no budget to weigh"))}
+                                             else _empty_fig("DART is not loaded: no budget to weigh")),
+                       self.preset_note: self.preset_text(rates=rates)}
             except Exception as exc:  # noqa: BLE001 - the rest of the page works without this view
                 logger.exception("the cost-of-a-tree view failed")
                 why = f"{type(exc).__name__}: {exc}"
                 out = {self.cost_text: f"⚠ The cost view could not be drawn ({why}; details in the server log).",
                        self.cost_verify_plot: _empty_fig("no cost model"),
-                       self.cost_rate_plot: _empty_fig("no cost model")}
+                       self.cost_rate_plot: _empty_fig("no cost model"),
+                       self.preset_note: self.preset_text()}
             self._cost_view = out
         return out
 
@@ -434,8 +504,63 @@ class Visualiser:
         if view is None and space.on_zerogpu():
             return {self.cost_text: "The cost of a tree on this machine is measured at the first run.",
                     self.cost_verify_plot: _empty_fig("run a prompt to measure the cost of a tree"),
-                    self.cost_rate_plot: _empty_fig("run a prompt to measure the cost of a tree")}
+                    self.cost_rate_plot: _empty_fig("run a prompt to measure the cost of a tree"),
+                    self.preset_note: self.preset_text()}
         return view if view is not None else self.render_costs()
+
+    # ------------------------------------------------------------------ why this speed
+    def _measured_points(self, record: RunRecord | None) -> list[dict]:
+        """This run's point per speculative engine for the what-if: acceptance, verify and draft cost."""
+        points = []
+        if record is None:
+            return points
+        costs = self.factory.costs
+        metrics = record.metrics()
+        for s in self.view_slots:
+            run = record.runs.get(s)
+            if run is None or not run.traces:
+                continue
+            point = teaching.measured_point(run.traces, costs)
+            point["label"] = f"{run.label} (this run)"
+            if s in metrics and metrics[s].speedup:
+                point["speedup"] = float(metrics[s].speedup)
+            points.append(point)
+        return points
+
+    def render_why(self, record: RunRecord | None, whatif: dict | None = None) -> dict:
+        """The *Why this speed?* panel: expected speedup against acceptance and verify cost, this run's measured
+        points on it, the GPU regime the paper reports marked, and ``whatif`` (the sliders' point) explained."""
+        try:
+            points = self._measured_points(record)
+            shown = list(points)
+            if whatif is not None:
+                shown.append({**whatif, "label": "your what-if"})
+            fig = teaching.whatif_figure(measured=shown or None)
+            if whatif is not None:
+                text = teaching.whatif_text(whatif["alpha"], whatif["verify_ratio"], whatif.get("draft_ratio", 0.1),
+                                            whatif.get("depth", 4))
+            elif points:
+                p0 = points[0]
+                text = (f"**{p0['label']}:** " + teaching.whatif_text(p0["alpha"], p0["verify_ratio"],
+                                                                        p0["draft_ratio"], p0.get("depth", 4)))
+            else:
+                text = "Run a prompt to place this machine's measured point on the map."
+        except Exception as exc:  # noqa: BLE001 - the rest of the page works without this panel
+            logger.exception("the why panel failed")
+            fig, text = _empty_fig("no cost model"), f"⚠ This panel could not be drawn ({type(exc).__name__}: {exc})."
+        return {self.why_plot: fig, self.why_text: text}
+
+    def whatif_changed(self, tab: TabState | None, alpha: float, verify_ratio: float, depth: float) -> dict:
+        """The what-if sliders moved: place that point, with the draft cost this run measured (DART's, else
+        EAGLE-3's; a tenth of a step before any run)."""
+        record = tab.record if isinstance(tab, TabState) else None
+        try:
+            points = self._measured_points(record)
+        except Exception:  # noqa: BLE001 - no cost model: the default draft cost still answers the what-if
+            points = []
+        draft = float(points[0]["draft_ratio"]) if points else WHATIF_DRAFT_RATIO
+        return self.render_why(record, {"alpha": float(alpha), "verify_ratio": float(verify_ratio),
+                                        "depth": int(depth), "draft_ratio": draft})
 
     def _tree_note(self, mode: str) -> str:
         e = self.factory.eagle3_tree_base
@@ -491,9 +616,11 @@ class Visualiser:
         return f"⚠ **{label_of(slot)} is unavailable** (see the note at the top of the page for how to add it)."
 
     def render_step_views(self, record: RunRecord | None, position: float | int | None,
-                          latest: bool = False) -> dict:
+                          latest: bool = False, frame: str = FRAME_ALL, show_pruned: bool = False) -> dict:
         """Tree, score scatter and narration per speculative engine for the step that produced answer
-        token ``position`` (``latest``: each engine's last step, for step-once mode)."""
+        token ``position`` (``latest``: each engine's last step, for step-once mode). ``frame``: the whole step,
+        or one stage of the round (FRAMES: drafted, pruned, checked, accepted, committed) with its sentence;
+        ``show_pruned``: the tree also draws the candidates the pruner dropped, faded, where they would hang."""
         out: dict = {}
         for s in self.view_slots:
             run = record.runs.get(s) if record is not None else None
@@ -519,18 +646,62 @@ class Visualiser:
             chosen = run.tree_label(k)   # the automatic tree's setting for this step (None: a fixed tree)
             auto = f" (auto: {chosen})" if chosen else ""
             score_label = "combined score" if s == "dart" else ("cumulative log-prob" if s == "eagle3" else None)
-            out[self.tree_plot[s]] = viz.tree_figure(st, record.decode, score_label=score_label,
-                                                     title=f"{run.label} step {st.step}: {st.accepted_drafts} of "
-                                                           f"{st.tree.num_drafted} drafts accepted + 1 target "
-                                                           f"token{auto}")
-            out[self.scatter_plot[s]] = viz.score_scatter(st, record.decode, score_label=score_label,
-                                                          title=f"{run.label} step {st.step}: every scored candidate")
             text = narrate_step(st, record.decode, s).text
             if chosen:
                 text = (f"*Tree size (auto): **{chosen}**, the setting with the most expected tokens per second "
                         f"by this machine's costs and the head's acceptance so far.*\n\n{text}")
+            if frame in FRAME_KEYS and frame != FRAME_ALL:
+                frames = teaching.round_frames(st, record.decode, engine=s, score_label=score_label)
+                i = next((j for j, f in enumerate(frames) if f.key == frame), 0)
+                fig = frames[i].figure
+                text = (f"**Stage {i + 1} of {len(frames)}: {frames[i].title}.** {frames[i].sentence}\n\n"
+                        f"<details><summary>The whole step in words</summary>\n\n{text}\n</details>")
+            else:
+                # short lines: a tree column is a third of an 800 px window
+                sub = f"{st.accepted_drafts} of {st.tree.num_drafted} drafts accepted + 1 target token"
+                fig = viz.tree_figure(st, record.decode, score_label=score_label, show_pruned=show_pruned,
+                                      title=dict(text=f"{run.label} step {st.step}",
+                                                 subtitle=dict(text=sub + (f"<br>tree{auto}" if chosen else ""))))
+            out[self.tree_plot[s]] = self._linked(fig, s, record, st)
+            out[self.scatter_plot[s]] = viz.score_scatter(st, record.decode, score_label=score_label,
+                                                          title=f"{run.label} step {st.step}: every scored candidate")
             out[self.step_text[s]] = text
         return out
+
+    def _linked(self, fig, engine: str, record: RunRecord, st) -> Any:
+        """Tell the page's hover script (LINK_JS) which answer token each tree node stands for: the figure's
+        ``layout.meta`` maps answer positions near this step to the index of their first element in the
+        answer box (the box draws a token as one element per non-empty line, none for a bare newline)."""
+        spans = record.spans(engine)
+        first, elements = {}, 0
+        hi = int(st.position) + int(max(st.tree.depths, default=0)) + 2
+        for i, (text, _) in enumerate(spans[:hi]):
+            n = sum(1 for piece in str(text).split("\n") if piece)
+            if i >= int(st.position) - 1 and n:
+                first[str(i)] = elements
+            elements += n
+        fig.update_layout(meta={"engine": engine, "token_elements": first})
+        return fig
+
+    def render_timing(self, record: RunRecord | None, marks: dict[str, int] | None = None):
+        """The stage-timing chart; ``marks``: engine label -> the step the step view shows (marked)."""
+        if record is None or not any(r.traces for r in record.runs.values()):
+            return _empty_fig("run a prompt to see stage timings")
+        return viz.timing_figure({r.label: r.traces for r in record.runs.values() if r.traces}, mark=marks or None)
+
+    def _marks(self, record: RunRecord | None, position: float | int | None, latest: bool = False) -> dict[str, int]:
+        """Engine label -> the step number the step view shows for answer token ``position``."""
+        marks: dict[str, int] = {}
+        if record is None:
+            return marks
+        for s in self.view_slots:
+            run = record.runs.get(s)
+            if run is None or not run.traces:
+                continue
+            k = len(run.traces) - 1 if latest else step_for_token(run.traces, int(position or 0))
+            if k is not None:
+                marks[run.label] = int(run.traces[k].step)
+        return marks
 
     def render_summary(self, record: RunRecord | None, position: int | None = None) -> dict:
         out: dict = {}
@@ -541,7 +712,7 @@ class Visualiser:
                         out[p] = _empty_fig("run a prompt to see acceptance")
             out[self.slider] = gr.Slider(minimum=0, maximum=1, value=0)
             return out
-        out[self.timing_plot] = viz.timing_figure({r.label: r.traces for r in record.runs.values() if r.traces})
+        out[self.timing_plot] = self.render_timing(record, self._marks(record, position))
         for s in self.view_slots:
             run = record.runs.get(s)
             if run is None or not run.traces:
@@ -550,9 +721,6 @@ class Visualiser:
                 continue
             figs = viz.acceptance_figures(run.traces, name=run.label)
             for p, f in zip(self.acc_plots[s], figs):
-                # three plots share a row: legends go above the plot so the bars keep the width
-                f.update_layout(legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0),
-                                margin=dict(t=110), title=dict(font=dict(size=14)))
                 out[p] = f
         top = max(record.max_position(), 1)
         out[self.slider] = gr.Slider(minimum=0, maximum=top, value=min(self._default_position(record)
@@ -569,14 +737,20 @@ class Visualiser:
                 return int(best.position)
         return 1
 
-    def render_all(self, record: RunRecord | None, position: int | None = None, latest: bool = False) -> dict:
+    def render_all(self, record: RunRecord | None, position: int | None = None, latest: bool = False,
+                   tab: TabState | None = None) -> dict:
         out = self.render_answers(record)
-        summary = self.render_summary(record, position)
-        out.update(summary)
         pos = position
         if pos is None and record is not None:
             pos = self._default_position(record)
-        out.update(self.render_step_views(record, pos, latest=latest))
+        out.update(self.render_summary(record, pos))
+        if latest:
+            out[self.timing_plot] = self.render_timing(record, self._marks(record, pos, latest=True))
+        frame, pruned = (tab.frame, tab.show_pruned) if tab is not None else (FRAME_ALL, False)
+        out.update(self.render_step_views(record, pos, latest=latest, frame=frame, show_pruned=pruned))
+        out[self.frame] = frame
+        out[self.show_pruned] = pruned
+        out.update(self.render_why(record))
         return out
 
     # ------------------------------------------------------------------ handlers
@@ -601,6 +775,7 @@ class Visualiser:
     def _run(self, tab: TabState, prompt: str, values: tuple, queued_at: float) -> Iterator[dict]:
         self._touch(tab)
         tab.close_step_session()  # a full run replaces a half-stepped one
+        tab.frame = FRAME_ALL     # a run shows whole steps; step once shows a round stage by stage
         try:
             settings = self._settings(values)
             config = self._config(settings)
@@ -644,7 +819,8 @@ class Visualiser:
                 logger.exception("run failed")
                 cmp.stop("error")
                 yield {self.tab: tab, self.status: f"⚠ **Internal error:** {type(exc).__name__}: {exc} "
-                                                   "(details in the server log)", **self.render_all(cmp.record)}
+                                                   "(details in the server log)",
+                       **self.render_all(cmp.record, tab=tab)}
                 return
         finally:
             cmp.close()   # a run closed early (the visitor left) gives its engines back too
@@ -671,7 +847,8 @@ class Visualiser:
         if settings.tree == "auto" and self.view_slots:
             status += " Tree sizes were chosen automatically (see *Cost of a tree*)."
         self.note_engines(cmp.engines)   # their AutoTrees learned from this run: the cost view shows them
-        yield {self.tab: tab, self.status: status, **self.render_all(cmp.record), **self.render_costs()}
+        self._note_preset_run(settings, cmp.record)
+        yield {self.tab: tab, self.status: status, **self.render_all(cmp.record, tab=tab), **self.render_costs()}
 
     def step_once(self, tab: TabState | None, prompt: str, *values, request: gr.Request | None = None) -> dict:
         """Advance every engine by one speculative round and narrate it; starts a new session when the
@@ -705,14 +882,16 @@ class Visualiser:
             return {self.tab: tab, self.status: f"⚠ **Cannot step:** {exc}"}
         sess.step()
         tab.record = sess.comparison.record
+        tab.frame = FRAME_KEYS[1]   # each round starts at its first stage: the drafted candidates
         self._fit_memory(tab)
         done = (" All engines finished; the next click starts over." if sess.done else
                 " Before the next click, predict: how many of the head's drafted tokens will the target accept?")
         status = (f"**Step-once mode**, round {sess.rounds}: each engine made one speculative step "
-                  f"(the first round includes the prefill).{done} The narration under each tree explains it.")
+                  f"(the first round includes the prefill).{done} Click **Next stage ▶** under the step view to "
+                  "walk through the round: drafted, pruned, checked, accepted, committed.")
         if warn:
             status += f" ({warn})"
-        out = {self.tab: tab, self.status: status, **self.render_all(sess.comparison.record, latest=True),
+        out = {self.tab: tab, self.status: status, **self.render_all(sess.comparison.record, latest=True, tab=tab),
                **self.render_costs()}
         latest = [sess.comparison.record.runs[s].traces[-1].position for s in self.view_slots
                   if s in sess.comparison.record.runs and sess.comparison.record.runs[s].traces]
@@ -725,11 +904,100 @@ class Visualiser:
         record = tab.record if isinstance(tab, TabState) else None
         if record is not None:
             self._touch(tab)    # a tab being looked at is not the least recently used one
-        out = self.render_step_views(record, position)
+        frame, pruned = (tab.frame, tab.show_pruned) if isinstance(tab, TabState) else (FRAME_ALL, False)
+        out = self.render_step_views(record, position, frame=frame, show_pruned=pruned)
+        out[self.timing_plot] = self.render_timing(record, self._marks(record, position))
         if record is None and isinstance(tab, TabState) and tab.dropped:
             for s in self.view_slots:
                 out[self.step_text[s]] = f"⚠ {tab.dropped[0].upper()}{tab.dropped[1:]}. Run the prompt again."
         return out
+
+    def select_token(self, tab: TabState | None, position: int) -> dict:
+        """A token of an answer was clicked: every engine shows the step that produced answer token
+        ``position`` (the slider moves there too)."""
+        record = tab.record if isinstance(tab, TabState) else None
+        top = max(record.max_position(), 1) if record is not None else 1
+        pos = min(max(int(position), 0), top)
+        return {self.slider: gr.Slider(minimum=0, maximum=top, value=pos), **self.show_step(tab, pos)}
+
+    def _select_token_ui(self, tab: TabState | None, evt: gr.SelectData) -> dict:
+        index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
+        return self.select_token(tab, int(index or 0))
+
+    def view_changed(self, tab: TabState | None, position: float, frame: str, show_pruned: bool) -> dict:
+        """The step view's stage or its *show pruned candidates* box changed: redraw the step views."""
+        if isinstance(tab, TabState):
+            tab.frame = frame if frame in FRAME_KEYS else FRAME_ALL
+            tab.show_pruned = bool(show_pruned)
+        return self.show_step(tab, position)
+
+    def next_frame(self, tab: TabState | None, position: float, frame: str) -> dict:
+        """*Next stage*: the round's next stage (after the last, the whole step; from the whole step, stage 1)."""
+        i = FRAME_KEYS.index(frame) if frame in FRAME_KEYS else 0
+        nxt = FRAME_KEYS[(i + 1) % len(FRAME_KEYS)]
+        show_pruned = tab.show_pruned if isinstance(tab, TabState) else False
+        return {self.frame: nxt, **self.view_changed(tab, position, nxt, show_pruned)}
+
+    # ------------------------------------------------------------------ tree presets
+    def _paper_values(self) -> dict[str, float]:
+        """The paper's trees: every tree knob at its base config value (DART budget 60, EAGLE-3 60 / 7 / 10)."""
+        base = {"dart": self.factory.dart_pruning, "eagle3": self.factory.eagle3_tree_base}
+        return {name: knob.default_for(base[knob.engine]) for name, knob in KNOBS.items() if knob.engine}
+
+    def preset_of(self, settings: RunSettings) -> str | None:
+        """Which preset ``settings`` is: "fastest" (automatic trees), "paper" (fixed at the paper's trees), else
+        None (custom sliders)."""
+        if settings.tree == "auto":
+            return "fastest"
+        paper = self._paper_values()
+        same = all(getattr(settings, name, None) in (None, value) for name, value in paper.items())
+        return "paper" if same else None
+
+    def apply_preset(self, name: str) -> dict:
+        """A preset button: set the tree-size control and the tree sliders, and say what it does here."""
+        out: dict = {}
+        if name == "paper":
+            out[self.controls.tree] = "fixed"
+            for knob, value in self._paper_values().items():
+                out[getattr(self.controls, knob)] = gr.Slider(value=value, interactive=True)
+            out[self.tree_note] = self._tree_note("fixed")
+        else:
+            out[self.controls.tree] = "auto"
+            for knob in SIZE_KNOBS:
+                out[getattr(self.controls, knob)] = gr.Slider(interactive=False)
+            out[self.tree_note] = self._tree_note("auto")
+        out[self.preset_note] = self.preset_text(selected=name)
+        return out
+
+    def _note_preset_run(self, settings: RunSettings, record: RunRecord) -> None:
+        """Remember a finished run's speed under its preset, for the presets' note."""
+        preset = self.preset_of(settings)
+        if preset is None:
+            return
+        metrics = record.metrics()
+        speeds = {record.runs[s].label: (metrics[s].speedup, metrics[s].tau) for s in record.speculative
+                  if s in metrics and metrics[s].speedup and not record.runs[s].error}
+        if speeds:
+            self._preset_runs[preset] = {"speeds": speeds, "tokens": max(m.tokens for m in metrics.values()),
+                                         "prompt": (record.prompt or "")[:40]}
+
+    def preset_text(self, selected: str | None = None, rates: Any = None) -> str:
+        """Each preset's speed on this machine: measured by the latest run on this server with that preset (vs
+        the vanilla baseline of the same run), and DART's expected speed by the cost and acceptance models."""
+        rates = rates if rates is not None else self._dart_rates
+        lines = []
+        for key, label in PRESETS.items():
+            mark = "▶ " if key == selected else ""
+            run = self._preset_runs.get(key)
+            if run:
+                speeds = ", ".join(f"{name} **{sp:.2f}×** (τ {tau:.2f})" if tau is not None else
+                                   f"{name} **{sp:.2f}×**" for name, (sp, tau) in run["speeds"].items())
+                measured = f"measured here: {speeds} vs vanilla ({run['tokens']} tokens, last run)"
+            else:
+                measured = "not run on this server yet: press **Run** to measure it"
+            expected = _expected_dart(rates, key)
+            lines.append(f"{mark}**{label}**: {measured}{'; ' + expected if expected else ''}.")
+        return "  \n".join(lines)
 
     def stop(self, tab: TabState | None) -> str:
         if isinstance(tab, TabState):
@@ -793,7 +1061,7 @@ class Visualiser:
         missing = [label_of(s) for s in record.runs if s not in self.shown]
         if missing:
             status += f" (engines this page has no column for: {', '.join(missing)})"
-        return {self.tab: tab, self.status: status, **self.render_all(record)}
+        return {self.tab: tab, self.status: status, **self.render_all(record, tab=tab)}
 
     # Gradio injects gr.Request only into positional parameters, so the wired handlers take it first.
     def _run_ui(self, request: gr.Request, tab: TabState | None, prompt: str, *values) -> Iterator[dict]:
@@ -838,14 +1106,24 @@ class Visualiser:
                 with gr.Column(scale=3):
                     self.prompt = gr.Textbox(label="Prompt", lines=3, elem_id="prompt",
                                              placeholder="Ask something, or pick an example…")
-                    gr.Examples([[p] for _, p in EXAMPLES], inputs=[self.prompt],
-                                example_labels=[f"{k}: {p[:48]}…" for k, p in EXAMPLES], label="Examples")
+                    with gr.Row():
+                        example_btns = [gr.Button(f"{kind} example", size="sm", elem_id=f"example-{kind.lower()}")
+                                        for kind, _, _ in EXAMPLES]
+                    self.guide = gr.Markdown("Pick a guided example (each comes with one question to try), or "
+                                             "type your own prompt.", elem_id="guide")
                 with gr.Column(scale=1, min_width=200):
                     run_btn = gr.Button("Run ▶", variant="primary", elem_id="run-btn")
                     step_btn = gr.Button("Step once", elem_id="step-btn")
                     with gr.Row():
                         stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
                         clear_btn = gr.Button("Clear", elem_id="clear-btn")
+            with gr.Row(visible=bool(self.view_slots), equal_height=False):
+                preset_btns = {key: gr.Button(label, size="sm", elem_id=f"preset-{key}", scale=0, min_width=200)
+                               for key, label in PRESETS.items()}
+                self.preset_note = gr.Markdown(self.preset_text(), elem_id="preset-note")
+            gr.Markdown("*Fastest on this machine* sizes each tree from what a verify costs here, so on a few CPU "
+                        "cores the trees stay small. *Paper's trees* show the big pruned trees DART was designed "
+                        "for, and what they cost on this machine.", elem_id="preset-help")
             with gr.Accordion("Settings", open=False):
                 m = self.max_new_tokens    # --max-new-tokens, capped by the serving limits
                 base_p = self.factory.dart_pruning
@@ -880,42 +1158,74 @@ class Visualiser:
             with gr.Row(equal_height=False):
                 for s in self.shown:
                     with gr.Column(min_width=260):
+                        # one span per token (not combined): a click's index is the answer position
                         self.answer[s] = gr.HighlightedText(
                             label=label_of(s), visible=s in self.available, color_map=viz.SPAN_COLORS, show_legend=False,
-                            show_inline_category=False, combine_adjacent=True, elem_id=f"answer-{s}")
+                            show_inline_category=False, combine_adjacent=False, elem_id=f"answer-{s}")
                         self.metrics[s] = gr.Markdown(self._unavailable_text(s) if s in self.factory.unavailable
                                                       else "", elem_id=f"metrics-{s}")
 
             gr.Markdown("### Step view\nThe engines' steps cover different stretches of text, so the slider picks an "
-                        "**answer token**; each engine shows the step that produced it. Hover over a node for its "
-                        "scores and the target's own choice.")
+                        "**answer token** (or click a token in any answer); each engine shows the step that produced "
+                        "it. Hover over a node for its scores and the target's own choice: its token is outlined in "
+                        "the answer.")
             self.slider = gr.Slider(0, 1, value=0, step=1, label="Answer token position", elem_id="step-slider")
+            with gr.Row(equal_height=True):
+                self.frame = gr.Radio(FRAMES, value=FRAME_ALL, label="The round, stage by stage", elem_id="frame",
+                                      scale=4)
+                next_btn = gr.Button("Next stage ▶", elem_id="next-frame", scale=1, min_width=140)
+                self.show_pruned = gr.Checkbox(False, label="Show pruned candidates (faded, where they would hang)",
+                                               elem_id="show-pruned", scale=2)
+            gr.HTML("", js_on_load=LINK_JS, css_template=LINK_CSS, elem_id="link-script", container=False,
+                    padding=False, apply_default_css=False)
             self.tree_plot: dict[str, gr.Plot] = {}
             self.scatter_plot: dict[str, gr.Plot] = {}
             self.step_text: dict[str, gr.Markdown] = {}
             with gr.Row(equal_height=False):
                 for s in self.view_slots:
-                    with gr.Column(min_width=320):
-                        self.tree_plot[s] = gr.Plot(label=f"{label_of(s)}: draft tree", elem_id=f"tree-{s}")
+                    with gr.Column(min_width=420):   # narrower windows stack the engines
+                        # plots show no Gradio label: the label's badge would cover the figure's own title
+                        self.tree_plot[s] = gr.Plot(show_label=False, label=f"{label_of(s)}: draft tree",
+                                                    elem_id=f"tree-{s}")
                         self.step_text[s] = gr.Markdown(elem_id=f"narration-{s}")
-                        self.scatter_plot[s] = gr.Plot(label=f"{label_of(s)}: candidate scores",
+                        self.scatter_plot[s] = gr.Plot(show_label=False, label=f"{label_of(s)}: candidate scores",
                                                        elem_id=f"scores-{s}")
             gr.Markdown("### Stage timings\nEngine work only (draft forward, tree build, verify, commit). "
                         "Acceptance is not speedup: compare tokens per step with the cost of each step.")
-            self.timing_plot = gr.Plot(label="Stage timings", elem_id="timing-plot")
+            self.timing_plot = gr.Plot(show_label=False, label="Stage timings", elem_id="timing-plot")
             gr.Markdown("### Cost of a tree\nWhat verifying a tree costs on this machine (measured at start, refined "
                         "by every step) and what the automatic chooser expects each DART budget to earn: the "
                         "reason *auto* picks the tree sizes it picks. Drawn again after each run.")
             self.cost_text = gr.Markdown(elem_id="cost-text")
             with gr.Row(equal_height=False):
-                self.cost_verify_plot = gr.Plot(label="Verify time by tree size", elem_id="cost-verify")
-                self.cost_rate_plot = gr.Plot(label="DART: expected tokens/s by budget", elem_id="cost-rate",
+                self.cost_verify_plot = gr.Plot(show_label=False, label="Verify time by tree size",
+                                                elem_id="cost-verify", min_width=420)
+                self.cost_rate_plot = gr.Plot(show_label=False, label="DART: expected tokens/s by budget",
+                                              elem_id="cost-rate", min_width=420,
                                               visible="dart" in self.available)
+            gr.Markdown("### Why this speed?\nA step pays when the tokens it gains (τ, set by how often the target "
+                        "agrees with the head) outweigh what it costs (the verify of the tree and the draft, in units "
+                        "of one plain step). On a GPU the verify of a few dozen nodes costs about as much as one "
+                        "token, so big trees pay and the paper reports 2-3×; on a few CPU cores each node costs "
+                        "compute, so only small trees pay. Move the sliders to ask *what if*.")
+            with gr.Row(equal_height=False):
+                with gr.Column(scale=3, min_width=420):
+                    self.why_plot = gr.Plot(show_label=False, label="Expected speedup by acceptance and verify cost",
+                                            elem_id="why-plot")
+                with gr.Column(scale=2, min_width=260):
+                    self.why_text = gr.Markdown(elem_id="why-text")
+                    why_alpha = gr.Slider(0.0, 0.95, value=0.5, step=0.05, label="What if: acceptance rate per token",
+                                          elem_id="why-alpha")
+                    why_ratio = gr.Slider(1.0, 4.0, value=1.5, step=0.05,
+                                          label="What if: verify cost of the tree (× one token)", elem_id="why-ratio")
+                    why_depth = gr.Slider(1, 8, value=4, step=1, label="What if: draft depth (tokens)",
+                                          elem_id="why-depth")
             gr.Markdown("### Acceptance")
             self.acc_plots: dict[str, list[gr.Plot]] = {}
             for s in self.view_slots:
                 with gr.Row():
-                    self.acc_plots[s] = [gr.Plot(label=f"{label_of(s)}: {what}", elem_id=f"acc-{s}-{i}")
+                    self.acc_plots[s] = [gr.Plot(show_label=False, label=f"{label_of(s)}: {what}",
+                                                 elem_id=f"acc-{s}-{i}", min_width=380)
                                          for i, what in enumerate(("acceptance length per step", "histogram",
                                                                    "acceptance per depth"))]
             with gr.Accordion("Export and replay", open=False):
@@ -930,9 +1240,10 @@ class Visualiser:
                            + list(self.answer.values()) + list(self.metrics.values())
                            + list(self.tree_plot.values()) + list(self.scatter_plot.values())
                            + list(self.step_text.values()) + [p for ps in self.acc_plots.values() for p in ps]
-                           + [self.cost_text, self.cost_verify_plot, self.cost_rate_plot])
+                           + [self.cost_text, self.cost_verify_plot, self.cost_rate_plot, self.preset_note]
+                           + [self.frame, self.show_pruned, self.why_plot, self.why_text])
             view_outputs = list(self.tree_plot.values()) + list(self.scatter_plot.values()) + list(
-                self.step_text.values())
+                self.step_text.values()) + [self.timing_plot]
             # Runs and step-once share one queue slot: the engines share the target (each run leases its own
             # engines and caches, so the slot bounds the work, not correctness). While waiting, Gradio shows the
             # visitor their place in the queue on the outputs.
@@ -951,13 +1262,36 @@ class Visualiser:
                               trigger_mode="always_last", show_progress="hidden")
             self.slider.release(self.show_step, [self.tab, self.slider], view_outputs, api_name=False,
                                 trigger_mode="always_last", show_progress="hidden")
+            for s in self.shown:   # a click on an answer token selects its step in every engine
+                self.answer[s].select(self._select_token_ui, [self.tab], view_outputs + [self.slider],
+                                      api_name=False, show_progress="hidden")
+            self.frame.input(self.view_changed, [self.tab, self.slider, self.frame, self.show_pruned], view_outputs,
+                             api_name=False, show_progress="hidden")
+            self.show_pruned.input(self.view_changed, [self.tab, self.slider, self.frame, self.show_pruned],
+                                   view_outputs, api_name=False, show_progress="hidden")
+            next_btn.click(self.next_frame, [self.tab, self.slider, self.frame], view_outputs + [self.frame],
+                           api_name=False, show_progress="hidden")
+            preset_outputs = ([self.controls.tree, self.tree_note, self.preset_note]
+                              + [getattr(self.controls, n) for n in KNOBS if KNOBS[n].engine])
+            for key, btn in preset_btns.items():
+                btn.click(lambda key=key: self.apply_preset(key), None, preset_outputs, api_name=False,
+                          queue=False, show_progress="hidden")
+            for (kind, prompt, question), btn in zip(EXAMPLES, example_btns):
+                btn.click(lambda prompt=prompt, kind=kind, question=question:
+                          {self.prompt: prompt, self.guide: f"**{kind} example. Try this:** {question}"},
+                          None, [self.prompt, self.guide], api_name=False, queue=False, show_progress="hidden")
+            for w in (why_alpha, why_ratio, why_depth):
+                w.release(self.whatif_changed, [self.tab, why_alpha, why_ratio, why_depth],
+                          [self.why_plot, self.why_text], api_name=False, show_progress="hidden")
             export_btn.click(self.export, [self.tab], [self.export_file, self.status], api_name="export")
             replay_file.upload(self._replay_ui, [self.tab, replay_file], run_outputs, api_name="replay")
             tree_mode.change(self.tree_mode_changed, [tree_mode],
                              [self.tree_note] + [getattr(self.controls, n) for n in SIZE_KNOBS], api_name=False,
                              queue=False, show_progress="hidden")
-            demo.load(self.cost_view, None, [self.cost_text, self.cost_verify_plot, self.cost_rate_plot],
-                      api_name=False, show_progress="hidden")
+            demo.load(self.cost_view, None, [self.cost_text, self.cost_verify_plot, self.cost_rate_plot,
+                                             self.preset_note], api_name=False, show_progress="hidden")
+            demo.load(lambda: self.render_why(None), None, [self.why_plot, self.why_text], api_name=False,
+                      show_progress="hidden")
             demo.unload(self._on_unload)
             self.run_event = run_evt
         return demo

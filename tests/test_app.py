@@ -132,7 +132,7 @@ def test_auto_run_names_each_steps_tree_and_draws_the_cost_view(vis):
     assert len(run.tree_labels) == len(run.traces) and all(run.tree_labels)
     first = vis.show_step(final[vis.tab], 1)          # token 1: DART's first step
     assert f"Tree size (auto): **{run.tree_labels[0]}**," in first[vis.step_text["dart"]]
-    assert f"(auto: {run.tree_labels[0]})" in first[vis.tree_plot["dart"]].layout.title.text
+    assert f"(auto: {run.tree_labels[0]})" in first[vis.tree_plot["dart"]].layout.title.subtitle.text
     assert "identical to the baseline" in final[vis.metrics["dart"]]
     # the cost view: verify ms by nodes, DART's tokens/s by budget, and the sentence, from this run's AutoTrees
     assert vis._autos["dart"].name == "dart" and final[vis.cost_verify_plot].data
@@ -484,3 +484,112 @@ def test_gradio_client_on_the_bundled_defaults(bundled_fp32):
             assert "identical to the baseline" in text
     finally:
         v.demo.close()
+
+
+# ---------------------------------------------------------------------------------------------- teaching
+def test_tree_presets_set_the_controls_and_report_each_measured_speed(vis):
+    paper = vis.apply_preset("paper")
+    assert paper[vis.controls.tree] == "fixed" and "sliders apply" in paper[vis.tree_note]
+    assert paper[vis.controls.budget].value == vis.factory.dart_pruning.budget == 60
+    e = vis.factory.eagle3_tree_base
+    assert (paper[vis.controls.eagle3_total_token].value, paper[vis.controls.eagle3_depth].value,
+            paper[vis.controls.eagle3_top_k].value) == (e.total_token, e.depth, e.top_k) == (60, 7, 10)
+    fastest = vis.apply_preset("fastest")
+    assert fastest[vis.controls.tree] == "auto" and fastest[vis.controls.budget].interactive is False
+    # which preset a run's settings are: auto trees, the paper's fixed trees, or neither (custom sliders)
+    paper_values = tuple(paper[getattr(vis.controls, n)].value if n in app.KNOBS and app.KNOBS[n].engine else v
+                         for n, v in zip(app.SETTING_NAMES, VALUES))
+    assert vis.preset_of(vis._settings(paper_values + ("fixed",))) == "paper"
+    assert vis.preset_of(vis._settings(VALUES + ("auto",))) == "fastest"
+    assert vis.preset_of(vis._settings(VALUES + ("fixed",))) is None
+    vis._preset_runs.clear()
+    assert vis.preset_text().count("not run on this server yet") == 2
+    # a run under a preset is measured against the same run's vanilla and shown beside that preset
+    final = list(vis.run(None, PROMPT, *paper_values, "fixed"))[-1]
+    assert final[vis.status].startswith("✓ **Done")
+    text = final[vis.preset_note]
+    paper_line = next(line for line in text.split("\n") if "Paper's trees" in line)
+    assert "measured here: DART **" in paper_line and "EAGLE-3 **" in paper_line, paper_line
+    speed = final[vis.tab].record.metrics()["dart"].speedup
+    assert f"DART **{speed:.2f}×**" in paper_line
+    assert "not run on this server yet" in next(line for line in text.split("\n") if "Fastest" in line)
+
+
+def test_clicking_an_answer_token_selects_its_step_in_every_engine(vis):
+    from dart_core.engine.trace_stats import step_for_token
+    tab = list(vis.run(None, PROMPT, *VALUES))[-1][vis.tab]
+    for pos in (1, 5, 11):
+        out = vis.select_token(tab, pos)
+        assert out[vis.slider].value == pos
+        for s in ("dart", "eagle3"):
+            traces = tab.record.runs[s].traces
+            st = traces[step_for_token(traces, pos)]
+            assert out[vis.tree_plot[s]].layout.title.text.endswith(f"step {st.step}")
+        # the timing chart marks the selected steps
+        assert out[vis.timing_plot].layout.shapes or any("selected" in (a.text or "")
+                                                         for a in out[vis.timing_plot].layout.annotations)
+    assert vis.select_token(tab, 10_000)[vis.slider].value == tab.record.max_position()   # clamped, not an error
+    assert "prefill" in vis.select_token(tab, -3)[vis.step_text["dart"]]
+
+
+def test_tree_nodes_name_the_answer_token_they_stand_for(vis):
+    """The page's hover script outlines a node's token in the answer: each marker's customdata ends with its
+    answer position, and the figure's meta maps that position to the answer box's element."""
+    tab = list(vis.run(None, PROMPT, *VALUES))[-1][vis.tab]
+    run = tab.record.runs["dart"]
+    st = next(t for t in run.traces if t.accepted_drafts >= 1) if any(t.accepted_drafts for t in run.traces) \
+        else run.traces[0]
+    fig = vis.show_step(tab, int(st.position))[vis.tree_plot["dart"]]
+    meta = fig.layout.meta
+    assert meta["engine"] == "dart" and str(int(st.position)) in meta["token_elements"]
+    spans = tab.record.spans("dart")
+    # element index = the answer box's non-empty lines before that token (a bare newline draws nothing)
+    for pos, first in meta["token_elements"].items():
+        assert first == sum(sum(1 for piece in text.split("\n") if piece) for text, _ in spans[:int(pos)])
+    bonus = [d for t in fig.data for d in (t.customdata or []) if d is not None and d[0] == "bonus"]
+    assert bonus and bonus[0][2] == st.position + st.accepted_drafts
+
+
+def test_step_once_walks_the_round_stage_by_stage(vis):
+    out = vis.step_once(None, PROMPT, *VALUES, "fixed")   # a fixed budget of 16: the pruner drops candidates
+    tab = out[vis.tab]
+    assert out[vis.frame] == "drafted" and out[vis.step_text["dart"]].startswith("**Stage 1 of 5")
+    assert "Next stage" in out[vis.status]
+    seen = []
+    frame = "drafted"
+    for _ in range(5):
+        nxt = vis.next_frame(tab, out[vis.slider].value, frame)
+        frame = nxt[vis.frame]
+        seen.append(frame)
+        if frame != "all":
+            assert nxt[vis.step_text["dart"]].startswith(f"**Stage {app.FRAME_KEYS.index(frame)} of 5")
+            assert nxt[vis.tree_plot["dart"]].data
+    assert seen == ["pruned", "checked", "accepted", "committed", "all"]
+    # the whole step again, with the candidates the pruner dropped drawn faded where they would hang
+    whole = vis.view_changed(tab, out[vis.slider].value, "all", True)
+    kinds = {d[0] for t in whole[vis.tree_plot["dart"]].data for d in (t.customdata or []) if d is not None}
+    assert "candidate" in kinds and tab.show_pruned
+    plain = vis.view_changed(tab, out[vis.slider].value, "all", False)
+    assert "candidate" not in {d[0] for t in plain[vis.tree_plot["dart"]].data for d in (t.customdata or [])
+                               if d is not None}
+    assert vis.view_changed(tab, 1, "no such stage", False)[vis.tree_plot["dart"]].data   # the whole step
+    assert tab.frame == "all"
+
+
+def test_why_panel_places_this_run_on_the_speedup_map(vis):
+    empty = vis.render_why(None)
+    assert "Run a prompt" in empty[vis.why_text] and empty[vis.why_plot].data
+    final = list(vis.run(None, PROMPT, *VALUES))[-1]
+    text, fig = final[vis.why_text], final[vis.why_plot]
+    assert text.startswith("**DART (this run):**") and "τ" in text, text
+    names = " ".join(t.name or "" for t in fig.data)
+    assert "DART (this run)" in names and "EAGLE-3 (this run)" in names
+    what = vis.whatif_changed(final[vis.tab], 0.8, 1.1, 4)
+    assert "your what-if" in " ".join(t.name or "" for t in what[vis.why_plot].data)
+    assert what[vis.why_text]
+
+
+def test_guided_examples_each_ask_one_question():
+    assert [k for k, _, _ in app.EXAMPLES] == ["Chat", "Code", "Math"]
+    for _, prompt, question in app.EXAMPLES:
+        assert prompt.strip() and question.rstrip().endswith("?") and len(question) < 240

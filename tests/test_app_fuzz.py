@@ -6,7 +6,8 @@ NaN and infinite numbers, empty, whitespace-only and very long strings, lone sur
 binary, not JSON, deeply nested, of the wrong shape, or paths the client never uploaded. Calls go through
 gradio_client; what gradio_client cannot encode (NaN, infinities, lone surrogates: httpx refuses them) and
 malformed bodies (wrong arity, data not a list, not JSON) go to Gradio's HTTP API (/gradio_api/call/NAME) as raw
-JSON. The case list is fixed (same calls every run) and the whole fuzz must finish within FUZZ_BUDGET_S.
+JSON. The case list is fixed (same calls every run); each call must end within CALL_TIMEOUT_S (a hang, not a
+speed check: the fuzz's total time is printed, not asserted, since a test is no place to measure speed).
 
 The server is launched with the app's own launch options (app.launch_kwargs). Every call must end with a result
 or a clear error: an error message for the caller (the page's status, a Gradio refusal of a wrong value), not an
@@ -30,7 +31,6 @@ import app  # noqa: E402
 from gradio_server import launch_local  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
-FUZZ_BUDGET_S = 60.0       # the whole fuzz (every call below), on the tiny model
 CALL_TIMEOUT_S = 30.0      # one call
 PROMPT = "Write a Python function."
 GENERIC = "has not enabled verbose error reporting"   # Gradio's text for an unhandled exception in a handler
@@ -244,7 +244,6 @@ def test_fuzz_every_endpoint_and_the_server_keeps_serving(served, capfd):
     assert not crashes, f"{len(crashes)} calls ended without a result or a clear error:\n" + "\n".join(crashes)
     # the fuzz reached every endpoint, and calls got through to the handlers as well as being refused
     assert {name for name, *_ in outcomes} == names and kinds["result"] > 0 and kinds["error"] > 0
-    assert elapsed < FUZZ_BUDGET_S, f"{len(cases)} calls took {elapsed:.1f} s"
     # the server keeps serving: a normal run, from the same session and from a new one
     for c in (client, Client(url, verbose=False, download_files=False)):
         text = _normal_run(c)

@@ -34,6 +34,7 @@ OTHER = "Name three colours."
 # page values in app.SETTING_NAMES order (small trees keep the tiny model fast)
 VALUES = (12, 0.0, 1.0, 0, 16, 6, 6, 0.5, 16, 3, 4)
 OTHER_VALUES = (10, 0.0, 1.0, 0, 8, 4, 4, 0.5, 8, 2, 3)
+FIXED = VALUES + ("fixed",)   # the same settings with fixed trees (tree sizes that do not follow timings)
 
 
 @pytest.fixture(scope="module")
@@ -173,24 +174,26 @@ def test_the_time_limit_stops_a_run_and_the_page_names_it(tiny):
 
 def test_the_memory_budget_releases_the_least_recently_used_tab_first(tiny):
     v = make_vis(tiny)
-    a = list(v.run(None, PROMPT, *VALUES))[-1][v.tab]
+    # fixed trees: every run records the same steps, so the tabs' sizes are equal (automatic trees follow this
+    # machine's timings, which would make one run's record larger than another's)
+    a = list(v.run(None, PROMPT, *FIXED))[-1][v.tab]
     size = a.nbytes()
     assert size > 10_000                       # traces: trees, candidates, probabilities of every step
     v.limits = dataclasses.replace(v.limits, session_memory_bytes=int(2.5 * size))
-    b = list(v.run(None, PROMPT, *VALUES))[-1][v.tab]
+    b = list(v.run(None, PROMPT, *FIXED))[-1][v.tab]
     v.show_step(a, 3)                          # tab A is used again: B is now the least recently used
-    c = list(v.run(None, PROMPT, *VALUES))[-1][v.tab]
+    c = list(v.run(None, PROMPT, *FIXED))[-1][v.tab]
     assert b.record is None and "session_memory_bytes" in b.dropped
     assert a.record is not None and c.record is not None
     assert "memory budget" in v.show_step(b, 3)[v.step_text["dart"]]
     # a step-once tab counts its engines' KV caches too, and goes first when it is the oldest
-    s = v.step_once(None, PROMPT, *VALUES)[v.tab]
+    s = v.step_once(None, PROMPT, *FIXED)[v.tab]
     assert s.step_session.lease.cache_nbytes() > 0 and s.nbytes() > s.record.nbytes()
-    list(v.run(a, PROMPT, *VALUES))            # a new run of tab A: C, then the stepped tab are older
+    list(v.run(a, PROMPT, *FIXED))            # a new run of tab A: C, then the stepped tab are older
     assert c.record is None and s.step_session is None and a.record is not None
     # a run that alone outgrows the budget stops, and says which limit stopped it
     v.limits = dataclasses.replace(v.limits, session_memory_bytes=1)
-    final = list(v.run(a, PROMPT, *VALUES))[-1]
+    final = list(v.run(a, PROMPT, *FIXED))[-1]
     assert final[v.status].startswith("**Stopped by the memory limit") and "session_memory_bytes" in final[v.status]
 
 

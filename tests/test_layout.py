@@ -6,7 +6,7 @@ those under ``if TYPE_CHECKING:``. Rules:
 - ``engine`` imports nothing of dart_core outside ``engine`` but ``config``;
 - ``models`` never import ``api``, ``ui``, ``bench``, ``drafters`` or ``training``;
 - a drafter never imports another drafter's module (``drafters/pruning`` is DART's);
-- ``ui`` imports no gradio (the page is ``app.py``), and only the figures (``ui/viz``, ``bench/report``) import plotly;
+- ``ui`` imports no gradio (the page is ``app.py``), and only the figures (``ui/viz``, ``ui/teaching``, ``bench/report``) import plotly;
 - nothing imports ``training`` but its command line (``dart_core/training/cli.py`` and ``training/`` itself);
 - no module imports itself through others (no cycles).
 """
@@ -112,9 +112,9 @@ def test_ui_imports_no_gradio():
 
 
 def test_only_the_figures_draw():
-    """plotly stays in the modules that draw (ui/viz, the benchmark report): the session, its record, the
-    narration, the loading and the trace analytics (engine/trace_stats) compute without it."""
-    drawing = {"dart_core.ui.viz", "dart_core.bench.report"}
+    """plotly stays in the modules that draw (ui/viz, ui/teaching, the benchmark report): the session, its record,
+    the narration, the loading and the trace analytics (engine/trace_stats) compute without it."""
+    drawing = {"dart_core.ui.viz", "dart_core.ui.teaching", "dart_core.bench.report"}
     assert _violations(GRAPH, lambda m: m not in drawing, lambda d: d == "plotly") == []
     for mod in ("dart_core.ui.session", "dart_core.ui.record", "dart_core.ui.narration", "dart_core.loading"):
         assert "dart_core.ui.viz" not in GRAPH[mod], mod

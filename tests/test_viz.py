@@ -424,7 +424,7 @@ def test_score_scatter_without_candidates(lookup_run):
     fig = viz.score_scatter(lookup_run.traces[0])
     check_chart(fig)
     assert sum(len(t.x) for t in fig.data) == 0
-    assert any("scored no candidates" in a.text for a in fig.layout.annotations)
+    assert any("no candidates scored" in a.text for a in fig.layout.annotations)
 
 
 # ---------------------------------------------------------------------------------------------- timings, acceptance

@@ -29,7 +29,7 @@ from ..engine.trace_stats import TraceLike, acceptance_metrics, as_step, as_step
 from .narration import narrate_step
 from .record import label_of
 from .viz import (NODE_STATES, OKABE_ITO, SCORE_COLORSCALE, _decoder, _score_name, _token_hover, _token_label,
-                  tree_layout)
+                  page_layout, tree_layout)
 
 # ---------------------------------------------------------------------------------------------- constants
 #: Frame keys, in the order a teacher clicks through them.
@@ -101,19 +101,14 @@ def _q(decode: Callable[[list[int]], str], toks: Sequence[int]) -> str:
 
 def _style(fig: go.Figure, title: str, *, height: int, xaxis: dict | None = None, yaxis: dict | None = None,
            legend_rows: int = 1) -> go.Figure:
-    """Title on top (automargin), legend below the plot area anchored to the container's bottom."""
-    bottom = 60 + 26 * max(legend_rows, 1)
-    fig.update_layout(
-        title=dict(text=_title(title), automargin=True, x=0.02, xanchor="left", font=dict(size=15)),
-        legend=dict(orientation="h", yref="container", y=0, yanchor="bottom", x=0, xanchor="left",
-                    font=dict(size=11)),
-        showlegend=True, margin=dict(l=40, r=20, t=60, b=bottom), height=int(height + bottom),
-        plot_bgcolor="#FFFFFF", hovermode="closest")
+    """viz's page layout (title at the container's top, legend under the x-axis title), ``height`` px of plot
+    plus room for ``legend_rows`` legend rows."""
+    layout: dict = dict(height=int(height + 60 + 26 * max(legend_rows, 1)), hovermode="closest")
     if xaxis is not None:
-        fig.update_layout(xaxis=xaxis)
+        layout["xaxis"] = xaxis
     if yaxis is not None:
-        fig.update_layout(yaxis=yaxis)
-    return fig
+        layout["yaxis"] = yaxis
+    return page_layout(fig, _title(title), left=40, **layout)
 
 
 def _tree_axes(xs: Sequence[float], ys: Sequence[float]) -> tuple[dict, dict]:

@@ -122,7 +122,7 @@ def _fmt(v: float | None, digits: int = 3) -> str:
 TITLE_PX = 48
 
 
-def _page_layout(fig: go.Figure, title: str | Mapping[str, Any], *, top: int = TITLE_PX, left: int = 60,
+def page_layout(fig: go.Figure, title: str | Mapping[str, Any], *, top: int = TITLE_PX, left: int = 60,
                  right: int = 20, **layout: Any) -> go.Figure:
     """The one layout every figure here shares, safe at any width (gr.Plot sizes a figure to its container):
 
@@ -355,8 +355,9 @@ def _legend_proxy(state: str, group: str | None = None) -> go.Scatter:
 
 def tree_figure(step: TraceLike, tokenizer: Decoder = None, *, show_pruned: bool = False,
                 max_pruned_per_node: int = 5, score_label: str | None = None,
-                title: str | None = None) -> go.Figure:
-    """The verified draft tree of one step, x = depth, best siblings on top.
+                title: str | Mapping[str, Any] | None = None) -> go.Figure:
+    """The verified draft tree of one step, x = depth, best siblings on top. ``title``: its text, or a plotly
+    title dict (e.g. with a ``subtitle``).
 
     Node fill = the drafter's score (colour bar); border colour and marker symbol = state.
     The accepted path is drawn thick blue, ending in the target's bonus token (purple star).
@@ -509,12 +510,12 @@ def tree_figure(step: TraceLike, tokenizer: Decoder = None, *, show_pruned: bool
     max_x = int(max(xs)) if len(xs) else 1
     rows = float(max(ys)) + 1 if len(ys) else 1
     # Height: the rows, plus the title and (under the plot) the legend, up to five rows of entries when narrow.
-    _page_layout(
+    page_layout(
         fig, title or (f"Step {st.step}: {st.accepted_drafts} of {tree.num_drafted} drafted tokens accepted "
                        f"+ 1 from the target ({st.mode})"),
-        left=50, xaxis=dict(title="depth (= position after the root)", tickmode="linear", tick0=0, dtick=1,
+        left=50, xaxis=dict(title="depth after the root", tickmode="linear", tick0=0, dtick=1,
                             range=[-0.4, max_x + 0.9], zeroline=False),
-        yaxis=dict(title="siblings, best score on top", autorange="reversed", showticklabels=False,
+        yaxis=dict(title="siblings, best on top", autorange="reversed", showticklabels=False,
                    zeroline=False, showgrid=False),
         height=int(max(440, 260 + 26 * rows)), hovermode="closest")
     if coloraxis_used:
@@ -557,13 +558,13 @@ def score_scatter(step: TraceLike, tokenizer: Decoder = None, *, score_label: st
             hovertext=hovers, hoverinfo="text", customdata=idx, legendgroup=g))
     note = None
     if c is None:
-        note = "this drafter scored no candidates (e.g. prompt lookup)"
+        note = "no candidates scored in this step<br>(a plain step, or prompt lookup)"
     elif not _has_ngram(st):
-        note = "no N-gram term in this trace: every candidate sits at 0"
+        note = "no N-gram term in this trace:<br>every candidate sits at 0"
     if note:
         fig.add_annotation(text=note, xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False,
                            font=dict(color="#555555"))
-    _page_layout(fig, title or f"Step {st.step}: candidate scores ({len(groups)} scored)",
+    page_layout(fig, title or f"Step {st.step}: candidate scores ({len(groups)} scored)",
                  xaxis=dict(title="logit term (weighted log draft probability)"),
                  yaxis=dict(title="N-gram term (weighted log N-gram prob.)"), height=480, hovermode="closest")
     return fig
@@ -662,7 +663,7 @@ def timing_figure(steps_by_engine: Mapping[str, Sequence[TraceLike]], *, title: 
     fig.update_yaxes(title_text="ms (all steps)", row=last, col=1,
                      range=[0, 1.45 * top_total] if top_total > 0 else None)
     top = TITLE_PX + (TIMING_SUBTITLE_PX if names else TIMING_SUBTITLE_PX // 2)
-    _page_layout(fig, title or "Stage times (engine work only) and tokens per step", top=top, barmode="stack",
+    page_layout(fig, title or "Stage times (engine work only) and tokens per step", top=top, barmode="stack",
                  height=top + plot_px + TIMING_BOTTOM_PX)
     return fig
 
@@ -700,7 +701,7 @@ def acceptance_figures(steps: Sequence[TraceLike], *, name: str | None = None) -
         per_step.add_trace(go.Scatter(x=[xs[0] - 0.5, xs[-1] + 0.5], y=[tau, tau], mode="lines",
                                       name=f"\u03c4 = {tau:.2f} (mean acceptance length)",
                                       line=dict(color=OKABE_ITO["black"], dash="dash"), hoverinfo="skip"))
-    _page_layout(per_step, dict(text=f"{prefix}acceptance length per step",
+    page_layout(per_step, dict(text=f"{prefix}acceptance length per step",
                                     subtitle=dict(text=f"\u03c4 = {tau:.2f} (mean tokens per step)")), top=ACCEPTANCE_TOP,
                  barmode="stack",
                  xaxis=dict(title="step"), yaxis=dict(title="tokens (accepted + bonus)"), height=ACCEPTANCE_HEIGHT)
@@ -710,9 +711,9 @@ def acceptance_figures(steps: Sequence[TraceLike], *, name: str | None = None) -
     hist.add_trace(go.Bar(x=hx, y=[m["histogram"][k] for k in hx], name="steps",
                           marker=dict(color=OKABE_ITO["blue"]),
                           hovertemplate="%{y} steps emitted %{x} tokens<extra></extra>"))
-    _page_layout(hist, dict(text=f"{prefix}acceptance length histogram",
+    page_layout(hist, dict(text=f"{prefix}acceptance length histogram",
                                 subtitle=dict(text=f"{m['steps']} steps")), top=ACCEPTANCE_TOP,
-                 xaxis=dict(title="acceptance length (tokens per step, bonus included)", dtick=1),
+                 xaxis=dict(title="tokens per step (bonus included)", dtick=1),
                  yaxis=dict(title="steps"), height=ACCEPTANCE_HEIGHT)
 
     depth = go.Figure()
@@ -722,7 +723,7 @@ def acceptance_figures(steps: Sequence[TraceLike], *, name: str | None = None) -
     depth.add_trace(go.Bar(x=dx, y=m["per_depth_given_drafted"], name="of steps whose tree reached that depth",
                            marker=dict(color=OKABE_ITO["sky_blue"], pattern=dict(shape="/")),
                            hovertemplate="depth %{x}: %{y:.1%} of steps that drafted it<extra></extra>"))
-    _page_layout(depth, dict(text=f"{prefix}acceptance rate per depth", subtitle=dict(
+    page_layout(depth, dict(text=f"{prefix}acceptance rate per depth", subtitle=dict(
                      text=f"draft acceptance rate {m['draft_acceptance_rate']:.1%}")), top=ACCEPTANCE_TOP, barmode="group",
                  xaxis=dict(title="tree depth", dtick=1),
                  yaxis=dict(title="steps reaching the depth", range=[0, 1.05], tickformat=".0%"),
@@ -761,8 +762,8 @@ def verify_cost_figure(costs: Any, *, max_nodes: int = 64, title: str | None = N
                              marker=dict(color=OKABE_ITO["black"], symbol="diamond", size=9),
                              hovertemplate="%{x} nodes: %{y:.2f} ms<extra>measured</extra>"))
     ratio = verify_ratio(costs)
-    _page_layout(fig, dict(text=title or f"verify ms by tree size here ({RATIO_NODES} nodes: "
-                                         f"{ratio:.1f}\u00d7 one token)", font=dict(size=15)),
+    page_layout(fig, dict(text=title or "verify ms by tree size here", font=dict(size=15),
+                          subtitle=dict(text=f"{RATIO_NODES} nodes: {ratio:.1f}\u00d7 one token")),
                  xaxis=dict(title="tree nodes verified (root included)"),
                  yaxis=dict(title="ms per verify", rangemode="tozero"), height=360)
     return fig
@@ -824,9 +825,9 @@ def budget_rate_figure(rates: Sequence[Mapping[str, Any]], *, paper_budget: int 
                                  marker=dict(symbol="star", size=16, color=OKABE_ITO["orange"],
                                              line=dict(color=OKABE_ITO["black"], width=1)),
                                  hovertemplate=f"{name}: %{{y:.1f}} tokens/s<extra></extra>"))
-    _page_layout(fig, dict(text=title or "DART: expected tokens/s by tree budget (this machine's costs)",
-                           font=dict(size=15)),
-                 xaxis=dict(title="DART tree budget (drafted nodes, root excluded)", rangemode="tozero"),
+    page_layout(fig, dict(text=title or "DART: expected tokens/s by budget", font=dict(size=15),
+                          subtitle=dict(text="from this machine's costs")),
+                 xaxis=dict(title="budget (drafted nodes, root excluded)", rangemode="tozero"),
                  yaxis=dict(title="expected tokens/s", rangemode="tozero"), height=400)
     return fig
 
