@@ -13,6 +13,11 @@ ids, the forward); the cache is rolled back to the prefix between calls. Prints 
 median ms of each and their ratio: the speculative step must accept more than
 ``ratio`` tokens on average to beat vanilla decoding. A measurement, not a test: no
 thresholds.
+
+``--prefill N`` also times the prefill of an N-token prompt (e.g. 2000: RAG, summaries) and gives its rate in
+multiply-adds per second (the decoder layers' weights times N, plus causal attention), beside the rate torch's own
+large float32 GEMM reaches in the same run (``--gemm-rows`` x K @ K x N at the target's hidden sizes): the ratio
+says how close the prompt runs to this machine's GEMM speed.
 """
 from __future__ import annotations
 
@@ -56,6 +61,49 @@ def time_verify(session, tree: DraftTree, prefix_len: int, device: torch.device)
     dt = time.perf_counter() - t0
     session.truncate(prefix_len)        # drop the verified nodes: back to the prefix
     return dt
+
+
+def large_gemm_rate(k: int, n: int, rows: int = 2048, reps: int = 7) -> float:
+    """Multiply-adds per second of torch's float32 ``[rows, k] @ [k, n]`` on this machine (median of ``reps``)."""
+    a, b = torch.randn(rows, k), torch.randn(k, n)
+    a @ b
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return rows * k * n / statistics.median(times)
+
+
+def prefill_macs(target, n: int) -> float:
+    """Multiply-adds of a prefill of ``n`` tokens: every decoder-layer weight once per token (the LM head runs for
+    the last position only) plus causal attention (q.k and p.v over n(n+1)/2 pairs per head and layer)."""
+    cfg = target.model.config
+    layers = target.model.model.layers
+    linear = sum(m.weight.numel() for layer in layers for m in layer.modules() if isinstance(m, torch.nn.Linear))
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    attention = 2 * len(layers) * cfg.num_attention_heads * head_dim * n * (n + 1) / 2
+    return n * linear + attention + cfg.hidden_size * target.vocab_size
+
+
+def measure_prefill(model: str | None, dtype: str, device: str, n: int, reps: int, seed: int,
+                    backends: list[str]) -> list[dict]:
+    """The prefill of one random ``n``-token prompt per backend, median of ``reps`` (interleaved)."""
+    target = load_target(model, dtype=dtype, device=device)
+    prompt = np.random.default_rng(seed).integers(0, target.vocab_size, size=n).tolist()
+    times: dict[str, list[float]] = {b: [] for b in backends}
+    for rep in range(reps + 1):          # the first round warms up
+        for b in backends:
+            target.set_fast_forward(b == "native")
+            session = target.new_session(n + 1)
+            t0 = time.perf_counter()
+            session.prefill(prompt)
+            if rep:
+                times[b].append(time.perf_counter() - t0)
+            del session
+    macs = prefill_macs(target, n)
+    return [{"dtype": dtype_name(target.dtype), "backend": b, "tokens": n, "median_s": statistics.median(times[b]),
+             "macs": macs, "macs_per_s": macs / statistics.median(times[b])} for b in backends]
 
 
 def measure(model: str | None, dtype: str, device: str, prefix: int, sizes: list[int], max_depth: int,
@@ -113,6 +161,10 @@ def main(argv=None) -> int:
     p.add_argument("--backends", default="native",
                    help="comma-separated target forward paths to compare: hf, native (default: native, "
                         "the path sessions use on a CPU)")
+    p.add_argument("--prefill", type=int, default=0,
+                   help="also time the prefill of a prompt of this many tokens (e.g. 2000; 0 = skip)")
+    p.add_argument("--prefill-reps", type=int, default=3)
+    p.add_argument("--gemm-rows", type=int, default=2048, help="rows of torch's large reference GEMM")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
     try:
@@ -151,8 +203,28 @@ def main(argv=None) -> int:
                     vs = f"{base / t['median_ms']:.2f}x"
                 print(f"| {r['dtype']} | {r['backend']} | {t['nodes']} | {t['max_depth']} | {r['one_token_ms']:.1f} | "
                       f"{t['median_ms']:.1f} | {t['ratio']:.2f}x | {vs} |", flush=True)
+    prefills = []
+    if args.prefill > 0:
+        from dart_core import _native
+        probe = load_target(args.base_model_name_or_path, dtype="float32", device=args.device)
+        cfg = probe.model.config
+        gemm = large_gemm_rate(cfg.hidden_size, cfg.intermediate_size, args.gemm_rows)
+        del probe
+        path = _native.small_gemm_path() if hasattr(_native, "small_gemm_path") else "?"
+        print(f"\n# prefill of {args.prefill} tokens; torch float32 GEMM {args.gemm_rows}x{cfg.hidden_size} @ "
+              f"{cfg.hidden_size}x{cfg.intermediate_size}: {gemm / 1e9:.1f} G multiply-adds/s; native GEMM path {path}")
+        print("| dtype | backend | prefill s | tokens/s | G multiply-adds/s | share of the large GEMM's rate |")
+        print("|---|---|---:|---:|---:|---:|")
+        for dtype in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
+            for r in measure_prefill(args.base_model_name_or_path, dtype, args.device, args.prefill,
+                                     args.prefill_reps, args.seed, backends):
+                r["gemm_macs_per_s"] = gemm
+                prefills.append(r)
+                print(f"| {r['dtype']} | {r['backend']} | {r['median_s']:.2f} | {r['tokens'] / r['median_s']:.0f} | "
+                      f"{r['macs_per_s'] / 1e9:.1f} | {r['macs_per_s'] / gemm:.0%} |", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": machine, "results": results}, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps({"machine": machine, "results": results, "prefill": prefills},
+                                              indent=1) + "\n")
     return 0
 
 

@@ -209,3 +209,29 @@ def test_a_tree_larger_than_one_native_chunk(tiny_target):
         ref_logits, ref_aux = reference_forward(tiny_target, prompt + tree.tokens[tree.path_to(i)].tolist())
         assert_near(out.logits[i], ref_logits[-1])
         assert_near(out.aux[i], ref_aux[-1])
+
+
+@pytest.mark.parametrize("n", [1, 255, 256, 257, 513])
+def test_prefill_chunks_give_the_same_bits_at_every_chunk_size(tiny_target, monkeypatch, n):
+    """A prompt runs in chunks of PREFILL_ROWS positions (native path): the chunk size must not change a bit of
+    the logits, the aux states or what a later step computes from the cache (each row's GEMM and softmax are
+    independent of the rows beside it), at and around the chunk boundaries."""
+    from dart_core.models import fast_forward
+
+    if tiny_target.fast is None:
+        pytest.skip("the HF path does not chunk prompts")
+    rng = np.random.default_rng(n)
+    prompt = rng.integers(0, tiny_target.vocab_size, size=n).tolist()
+    nxt = rng.integers(0, tiny_target.vocab_size, size=2).tolist()
+    outs = []
+    for rows in (fast_forward.PREFILL_ROWS, fast_forward.NATIVE_MAX_ROWS, 7):
+        monkeypatch.setattr(fast_forward, "PREFILL_ROWS", rows)
+        session = tiny_target.new_session(n + 4)
+        first = session.prefill(prompt, want_aux=True)
+        then = session.prefill(nxt)
+        outs.append((first.logits, first.aux, then.logits))
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other):
+            assert torch.equal(a, b)
+    ref, _ = reference_forward(tiny_target, prompt + nxt)
+    assert_near(outs[0][2][-1], ref[-1])

@@ -39,6 +39,8 @@ except ImportError:  # the extension is built by `pip install -e .`; without it 
 FAST_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 NATIVE_MAX_ROWS = 64   # positions per native call; longer inputs run in chunks (measured: a 100-token prompt
                        # in 64-row chunks took 208 ms against 314 ms for torch ops with BLAS on widened weights)
+PREFILL_ROWS = 256     # a causal prompt's chunk: the GEMM holds its rate up to 256 rows, and a quarter of the
+                       # chunks is a quarter of the parallel regions (each a wait for both cores on a busy machine)
 
 
 def _float_vector(t: torch.Tensor | None) -> np.ndarray | None:
@@ -122,8 +124,8 @@ class FastForward:
         the hidden states entering those layers at every position, concatenated -> [q, len(ids) * H].
 
         ``allowed``: bool [q, length + q], True where a new position may attend; None = causal.
-        Inputs longer than ``NATIVE_MAX_ROWS`` (prompts) run in chunks of that many positions, each
-        attending to the cache the chunks before it wrote.
+        Longer inputs run in chunks (``PREFILL_ROWS`` positions for a causal prompt, ``NATIVE_MAX_ROWS`` with a
+        mask), each attending to the cache the chunks before it wrote.
         """
         q = int(input_ids.numel())
         start = cache.length
@@ -132,8 +134,9 @@ class FastForward:
                                  "would overflow it (raise max_length)")
         ids, pos = input_ids.view(-1), position_ids.view(-1)
         logits, aux = [], []
-        for a in range(0, q, NATIVE_MAX_ROWS):
-            b = min(q, a + NATIVE_MAX_ROWS)
+        rows = NATIVE_MAX_ROWS if allowed is not None else PREFILL_ROWS   # trees keep to 64 rows
+        for a in range(0, q, rows):
+            b = min(q, a + rows)
             # A chunk's rows see keys up to their own positions only (tree nodes follow their ancestors).
             sub = None if allowed is None else allowed[a:b, :start + b].contiguous()
             want_logits = not last_only or b == q
