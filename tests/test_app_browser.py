@@ -31,20 +31,8 @@ PROMPT = "Write a Python function that checks whether a string is a palindrome."
 
 def _browser_or_skip():
     """Playwright's sync API and the chromium binary, or skip (fail under CI=true)."""
-    in_ci = os.environ.get("CI", "").lower() == "true"
-    problem = None
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        problem = "playwright is not installed: pip install playwright"
-        sync_playwright = None
-    if problem is None and not Path(CHROMIUM).is_file():
-        problem = f"no chromium at {CHROMIUM}: apt-get install -y chromium (or set DART_CHROMIUM)"
-    if problem:
-        if in_ci:
-            pytest.fail(f"browser test cannot run under CI=true: {problem}")
-        pytest.skip(problem)
-    return sync_playwright
+    from plot_layout import browser_or_skip
+    return browser_or_skip()
 
 
 def app_module():

@@ -19,26 +19,7 @@ from dart_core.ui.teaching import (FRAME_KEYS, GPU_ALPHA_RANGE, GPU_VERIFY_RATIO
 
 
 # ---------------------------------------------------------------------------------------------- traces
-def hand_trace(mode: str = "greedy") -> StepTrace:
-    """Root 10 -> {11 -> {13, 14}, 12 -> {15}}; the target accepts 11, 13, then says 99 (bonus).
-    Candidates add two pruned ones: 16 under the root and 17 under 13 (as in tests/test_viz.py)."""
-    tree = DraftTree.from_parents([10, 11, 12, 13, 14, 15], [-1, 0, 0, 1, 1, 2],
-                                  [0.0, -0.1, -0.5, -0.3, -0.9, -0.8])
-    cands = ScoredCandidates()
-    rows = [  # token, parent, depth, logit, ngram, kept, node
-        (11, -1, 1, -0.1, 0.0, True, 1), (12, -1, 1, -0.5, 0.0, True, 2), (16, -1, 1, -2.0, 0.0, False, -1),
-        (13, 0, 2, -0.1, -0.1, True, 3), (14, 0, 2, -0.5, -0.3, True, 4), (15, 1, 2, -0.1, -0.2, True, 5),
-        (17, 3, 3, -0.6, -0.6, False, -1)]
-    score: dict[int, float] = {}
-    for i, (tok, par, dep, lt, nt, kept, node) in enumerate(rows):
-        score[i] = (0.0 if par < 0 else score[par]) + lt + nt
-        cands.append(token=tok, parent=par, depth=dep, logit_term=lt, ngram_term=nt, score=score[i],
-                     kept=kept, node=node)
-    return StepTrace(step=1, position=1, tree=tree, accepted_nodes=[0, 1, 3], emitted_tokens=[11, 13, 99],
-                     bonus_token=99, node_target_prob=[1.0, 0.9, 0.2, 0.8, 0.1, 0.3],
-                     node_target_argmax=[11, 13, 7, 99, 5, 6],
-                     timings={"draft_forward": 0.001, "tree_build": 0.002, "verify": 0.004, "commit": 0.0005},
-                     candidates=cands, mode=mode)
+from test_viz import hand_trace  # noqa: E402  (the hand-made trace both figure tests draw)
 
 
 def lookup_trace() -> StepTrace:

@@ -97,9 +97,9 @@ def all_runs(lookup_run, dart_run, oracle_run):
     return {"prompt_lookup": lookup_run, "dart": dart_run, "oracle": oracle_run}
 
 
-def hand_trace() -> StepTrace:
+def hand_trace(mode: str = "greedy") -> StepTrace:
     """Root 10 -> {11 -> {13, 14}, 12 -> {15}}; the target accepts 11, 13, then says 99 (bonus).
-    Candidates add two pruned ones: 16 under the root and 17 under 13."""
+    Candidates add two pruned ones: 16 under the root and 17 under 13. (tests/test_teaching.py uses it too.)"""
     tree = DraftTree.from_parents([10, 11, 12, 13, 14, 15], [-1, 0, 0, 1, 1, 2],
                                   [0.0, -0.1, -0.5, -0.3, -0.9, -0.8])
     cands = ScoredCandidates()
@@ -116,7 +116,7 @@ def hand_trace() -> StepTrace:
                      bonus_token=99, node_target_prob=[1.0, 0.9, 0.2, 0.8, 0.1, 0.3],
                      node_target_argmax=[11, 13, 7, 99, 5, 6],
                      timings={"draft_forward": 0.001, "tree_build": 0.002, "verify": 0.004, "commit": 0.0005},
-                     candidates=cands)
+                     candidates=cands, mode=mode)
 
 
 def decode_fn(ids):
@@ -605,7 +605,7 @@ def test_verify_cost_figure_shows_measured_points_and_the_curve():
     assert list(by_name["measured"].x) == sorted(STEEP) and by_name["measured"].y[-1] == pytest.approx(68.0)
     curve = by_name["interpolated"]
     assert list(curve.x) == list(range(1, 65)) and curve.y[1] == pytest.approx(6.0)   # 2 nodes: between 1 and 3
-    assert fig.layout.xaxis.title.text and fig.layout.yaxis.title.text and "7.4" in fig.layout.title.text
+    assert fig.layout.xaxis.title.text and fig.layout.yaxis.title.text and "7.4" in fig.layout.title.subtitle.text
 
 
 def test_budget_rate_figure_marks_the_choice_the_plain_step_and_the_papers_budget():

@@ -29,7 +29,7 @@ from ..engine.trace_stats import TraceLike, acceptance_metrics, as_step, as_step
 from .narration import narrate_step
 from .record import label_of
 from .viz import (NODE_STATES, OKABE_ITO, SCORE_COLORSCALE, _decoder, _score_name, _token_hover, _token_label,
-                  page_layout, tree_layout)
+                  edge_lines, page_layout, tree_layout)
 
 # ---------------------------------------------------------------------------------------------- constants
 #: Frame keys, in the order a teacher clicks through them.
@@ -111,6 +111,15 @@ def _style(fig: go.Figure, title: str, *, height: int, xaxis: dict | None = None
     return page_layout(fig, _title(title), left=40, **layout)
 
 
+def _root_node(tokens, xs, ys, decode) -> go.Scatter:
+    """The root (the last committed token): a white square."""
+    return _nodes([0], xs, ys, name=NODE_STATES["root"][0],
+                  marker=dict(color="#FFFFFF", symbol="square", size=18, line=dict(color=OKABE_ITO["black"], width=3)),
+                  text=[_token_label(tokens[0], decode, limit=10)],
+                  hover=[f"{_token_hover(tokens[0], decode)}  root: the last committed token"],
+                  customdata=[["node", 0]])
+
+
 def _tree_axes(xs: Sequence[float], ys: Sequence[float]) -> tuple[dict, dict]:
     max_x = max(xs) if len(xs) else 1.0
     xaxis = dict(title=dict(text="depth (position after the root)", standoff=4), tickmode="linear", tick0=0,
@@ -122,17 +131,6 @@ def _tree_axes(xs: Sequence[float], ys: Sequence[float]) -> tuple[dict, dict]:
 def _tree_height(ys: Sequence[float], per_row: int = 26) -> int:
     rows = (max(ys) + 1) if len(ys) else 1
     return int(max(260, 90 + per_row * rows))
-
-
-def _edges(pairs: Sequence[tuple[int, int]], xs, ys, *, name: str, color: str, width: float,
-           dash: str = "solid", legend: bool = False, opacity: float = 1.0) -> go.Scatter:
-    ex: list[float | None] = []
-    ey: list[float | None] = []
-    for a, b in pairs:
-        ex += [float(xs[a]), float(xs[b]), None]
-        ey += [float(ys[a]), float(ys[b]), None]
-    return go.Scatter(x=ex, y=ey, mode="lines", name=name, line=dict(color=color, width=width, dash=dash),
-                      opacity=opacity, hoverinfo="skip", showlegend=legend)
 
 
 def _nodes(idx: Sequence[int], xs, ys, *, name: str, marker: dict, text: Sequence[str] | None = None,
@@ -222,7 +220,7 @@ def _candidate_figure(st: StepTrace, view: _CandidateView, decode, score_name: s
     labels = [_token_label(t, decode, limit=10) for t in view.tok]
     hovers = [""] + [_candidate_hover(view, j, decode, score_name) for j in range(1, n)]
     if not pruned_stage:
-        fig.add_trace(_edges(kept_edges + other_edges, xs, ys, name="drafted edge", color="#BBBBBB", width=1.2))
+        fig.add_trace(edge_lines(kept_edges + other_edges, xs, ys, name="drafted edge", color="#BBBBBB", width=1.2))
         idx = list(range(1, n))
         fig.add_trace(_nodes(idx, xs, ys, name=f"scored candidate (fill = {score_name})",
                              marker=dict(color=[view.score[j] for j in idx], coloraxis="coloraxis",
@@ -230,9 +228,9 @@ def _candidate_figure(st: StepTrace, view: _CandidateView, decode, score_name: s
                              text=[labels[j] for j in idx], hover=[hovers[j] for j in idx],
                              customdata=[["candidate", view.cand[j]] for j in idx]))
     else:
-        fig.add_trace(_edges(other_edges, xs, ys, name="pruned edge", color=OKABE_ITO["grey"], width=1.0,
+        fig.add_trace(edge_lines(other_edges, xs, ys, name="pruned edge", color=OKABE_ITO["grey"], width=1.0,
                              dash="dot", opacity=0.35))
-        fig.add_trace(_edges(kept_edges, xs, ys, name="kept edge", color=OKABE_ITO["black"], width=2.0))
+        fig.add_trace(edge_lines(kept_edges, xs, ys, name="kept edge", color=OKABE_ITO["black"], width=2.0))
         pr = [j for j in range(1, n) if not view.kept[j]]
         kp = [j for j in range(1, n) if view.kept[j]]
         if pr:
@@ -270,7 +268,7 @@ def _checked_figure(st: StepTrace, decode, title: str) -> go.Figure:
     argmax = _ints(st.node_target_argmax)
     tokens = _ints(tree.tokens)
     fig = go.Figure()
-    fig.add_trace(_edges([(parents[i], i) for i in range(1, n)], xs, ys, name="draft tree edge", color="#BBBBBB",
+    fig.add_trace(edge_lines([(parents[i], i) for i in range(1, n)], xs, ys, name="draft tree edge", color="#BBBBBB",
                          width=1.4))
 
     def label(i: int) -> str:
@@ -318,11 +316,11 @@ def _accepted_figure(st: StepTrace, decode, title: str) -> go.Figure:
     path = [int(a) for a in st.accepted_nodes]
     on_path = set(path)
     fig = go.Figure()
-    fig.add_trace(_edges([(parents[i], i) for i in range(1, n) if i not in on_path], xs, ys,
+    fig.add_trace(edge_lines([(parents[i], i) for i in range(1, n) if i not in on_path], xs, ys,
                          name="rejected branch", color="#CCCCCC", width=1.2))
-    fig.add_trace(_edges(list(zip(path[:-1], path[1:])), xs, ys, name="accepted path", color=OKABE_ITO["blue"],
+    fig.add_trace(edge_lines(list(zip(path[:-1], path[1:])), xs, ys, name="accepted path", color=OKABE_ITO["blue"],
                          width=6.0, legend=True))
-    fig.add_trace(_edges([(path[-1], n)], xs, ys, name="bonus: the target's own token", width=3.0,
+    fig.add_trace(edge_lines([(path[-1], n)], xs, ys, name="bonus: the target's own token", width=3.0,
                          color=NODE_STATES["bonus"][1], dash="dash"))
     rej = [i for i in range(1, n) if i not in on_path]
     if rej:
@@ -337,12 +335,7 @@ def _accepted_figure(st: StepTrace, decode, title: str) -> go.Figure:
                              text=[f"<b>{_token_label(tokens[i], decode, limit=10)}</b>" for i in acc],
                              hover=[f"{_token_hover(tokens[i], decode)}  node {i}: accepted" for i in acc],
                              customdata=[["node", i] for i in acc]))
-    fig.add_trace(_nodes([0], xs, ys, name=NODE_STATES["root"][0],
-                         marker=dict(color="#FFFFFF", symbol="square", size=18,
-                                     line=dict(color=OKABE_ITO["black"], width=3)),
-                         text=[_token_label(tokens[0], decode, limit=10)],
-                         hover=[f"{_token_hover(tokens[0], decode)}  root: the last committed token"],
-                         customdata=[["node", 0]]))
+    fig.add_trace(_root_node(tokens, xs, ys, decode))
     label, color, symbol = NODE_STATES["bonus"]
     fig.add_trace(_nodes([n], xs, ys, name=label,
                          marker=dict(color=color, symbol=symbol, size=20, line=dict(color="#000000", width=1.5)),
@@ -567,7 +560,7 @@ def _plain_tree_figure(st: StepTrace, decode, title: str) -> go.Figure:
     xs, ys = tree_layout(parents, _floats(tree.scores))
     tokens = _ints(tree.tokens)
     fig = go.Figure()
-    fig.add_trace(_edges([(parents[i], i) for i in range(1, n)], xs, ys, name="draft edge", color="#BBBBBB",
+    fig.add_trace(edge_lines([(parents[i], i) for i in range(1, n)], xs, ys, name="draft edge", color="#BBBBBB",
                          width=1.4))
     if n > 1:
         idx = list(range(1, n))
@@ -577,12 +570,7 @@ def _plain_tree_figure(st: StepTrace, decode, title: str) -> go.Figure:
                              text=[_token_label(tokens[i], decode, limit=10) for i in idx],
                              hover=[f"{_token_hover(tokens[i], decode)}  node {i}, depth {int(tree.depths[i])}"
                                     for i in idx], customdata=[["node", i] for i in idx]))
-    fig.add_trace(_nodes([0], xs, ys, name=NODE_STATES["root"][0],
-                         marker=dict(color="#FFFFFF", symbol="square", size=18,
-                                     line=dict(color=OKABE_ITO["black"], width=3)),
-                         text=[_token_label(tokens[0], decode, limit=10)],
-                         hover=[f"{_token_hover(tokens[0], decode)}  root: the last committed token"],
-                         customdata=[["node", 0]]))
+    fig.add_trace(_root_node(tokens, xs, ys, decode))
     xaxis, yaxis = _tree_axes(xs, ys)
     return _style(fig, title, height=_tree_height(ys), xaxis=xaxis, yaxis=yaxis, legend_rows=1)
 

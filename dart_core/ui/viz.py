@@ -346,6 +346,18 @@ def _node_hover(d: dict[str, Any], decode) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- tree figure
+def edge_lines(pairs: Sequence[tuple[int, int]], xs, ys, *, name: str, color: str, width: float,
+               dash: str = "solid", legend: bool = False, opacity: float = 1.0) -> go.Scatter:
+    """One line trace for the tree edges ``pairs`` (parent, child) at layout positions ``xs``, ``ys``."""
+    ex: list[float | None] = []
+    ey: list[float | None] = []
+    for a, b in pairs:
+        ex += [float(xs[a]), float(xs[b]), None]
+        ey += [float(ys[a]), float(ys[b]), None]
+    return go.Scatter(x=ex, y=ey, mode="lines", name=name, line=dict(color=color, width=width, dash=dash),
+                      opacity=opacity, hoverinfo="skip", showlegend=legend)
+
+
 def _legend_proxy(state: str, group: str | None = None) -> go.Scatter:
     label, color, symbol = NODE_STATES[state]
     return go.Scatter(x=[None], y=[None], mode="markers", name=label, legendgroup=group or state,
@@ -421,25 +433,16 @@ def tree_figure(step: TraceLike, tokenizer: Decoder = None, *, show_pruned: bool
     fig = go.Figure()
 
     # Edges: plain, pruned, accepted path, bonus (drawn under the nodes).
-    def edge_trace(pairs: list[tuple[int, int]], name: str, color: str, width: float, dash: str,
-                   legend: bool) -> go.Scatter:
-        ex: list[float | None] = []
-        ey: list[float | None] = []
-        for a, b in pairs:
-            ex += [float(xs[a]), float(xs[b]), None]
-            ey += [float(ys[a]), float(ys[b]), None]
-        return go.Scatter(x=ex, y=ey, mode="lines", name=name, line=dict(color=color, width=width, dash=dash),
-                          hoverinfo="skip", showlegend=legend)
-
     on_path = set(zip(accepted[:-1], accepted[1:]))
     plain = [(parents[i], i) for i in range(1, n) if (parents[i], i) not in on_path]
-    fig.add_trace(edge_trace(plain, "draft tree edge", "#BBBBBB", 1.2, "solid", False))
+    fig.add_trace(edge_lines(plain, xs, ys, name="draft tree edge", color="#BBBBBB", width=1.2))
     if pruned:
-        fig.add_trace(edge_trace([(parents[n + 1 + k], n + 1 + k) for k in range(len(pruned))],
-                                 "pruned edge", OKABE_ITO["grey"], 1.0, "dot", False))
-    fig.add_trace(edge_trace(sorted(on_path), "accepted path", OKABE_ITO["blue"], 5.0, "solid", True))
-    fig.add_trace(edge_trace([(last, bonus_idx)], "target's own token (bonus)", OKABE_ITO["reddish_purple"],
-                             3.0, "dash", True))
+        fig.add_trace(edge_lines([(parents[n + 1 + k], n + 1 + k) for k in range(len(pruned))], xs, ys,
+                                 name="pruned edge", color=OKABE_ITO["grey"], width=1.0, dash="dot"))
+    fig.add_trace(edge_lines(sorted(on_path), xs, ys, name="accepted path", color=OKABE_ITO["blue"], width=5.0,
+                             legend=True))
+    fig.add_trace(edge_lines([(last, bonus_idx)], xs, ys, name="target's own token (bonus)",
+                             color=OKABE_ITO["reddish_purple"], width=3.0, dash="dash", legend=True))
 
     coloraxis_used = False
     view = _StepView(st, score_label)
