@@ -227,8 +227,7 @@ TREE_CHOICES = [("auto (measured on this machine)", "auto"), ("fixed (sliders)",
 PRESETS = {"fastest": "Fastest on this machine", "paper": "Paper's trees"}
 #: the step view: the whole step, or one stage of the round (dart_core.ui.teaching.round_frames keys)
 FRAME_ALL = "all"
-FRAMES = [("Whole step", FRAME_ALL), ("1 · drafted", "drafted"), ("2 · pruned", "pruned"),
-          ("3 · checked", "checked"), ("4 · accepted", "accepted"), ("5 · committed", "committed")]
+FRAMES = [("Whole step", FRAME_ALL)] + [(f"{i} · {key}", key) for i, key in enumerate(teaching.FRAME_KEYS, 1)]
 FRAME_KEYS = [k for _, k in FRAMES]
 #: the what-if's draft cost (x one plain step) before a run has measured one
 WHATIF_DRAFT_RATIO = 0.1
@@ -281,17 +280,19 @@ def _empty_fig(message: str):
     return fig
 
 
+def _shown_step(run, position: int, latest: bool) -> int | None:
+    """Index of the step of ``run`` the step view shows: the one that produced answer token ``position``, or
+    with ``latest`` the last one (step-once mode); None when no step did (the prefill's token, or past the end)."""
+    return len(run.traces) - 1 if latest else step_for_token(run.traces, position)
+
+
 def _expected_dart(rates: Any, preset: str) -> str:
     """DART's expected speed under a preset, from its AutoTree's ``rates()`` (expected tokens/s per setting,
     best first, the plain step included): the best setting ("fastest") or budget 60 ("paper") over a plain step."""
     if not rates:
         return ""
-    plain = next((r for r in rates if getattr(r.get("choice"), "plain", False)), None)
-    if preset == "fastest":
-        row = rates[0]
-    else:
-        row = next((r for r in rates if (getattr(r.get("choice"), "settings", None) or {}).get("budget")
-                    == viz.PAPER_BUDGET), None)
+    rows, plain = viz.budget_rows(rates)
+    row = rates[0] if preset == "fastest" else next((r for b, r in rows if b == viz.PAPER_BUDGET), None)
     if plain is None or row is None or not float(plain["tokens_per_s"]):
         return ""
     return (f"DART expected {float(row['tokens_per_s']) / float(plain['tokens_per_s']):.2f}× "
@@ -529,16 +530,26 @@ class Visualiser:
 
     def render_why(self, record: RunRecord | None, whatif: dict | None = None) -> dict:
         """The *Why this speed?* panel: expected speedup against acceptance and verify cost, this run's measured
-        points on it, the GPU regime the paper reports marked, and ``whatif`` (the sliders' point) explained."""
+        points on it, the GPU regime the paper reports marked, and ``whatif`` (the sliders' alpha, verify_ratio
+        and depth) explained, at the draft cost this run measured (DART's, else EAGLE-3's; WHATIF_DRAFT_RATIO
+        before any run)."""
         try:
-            points = self._measured_points(record)
+            try:
+                points = self._measured_points(record)
+            except Exception:  # noqa: BLE001 - no cost model: a what-if still answers, at the default draft cost
+                if whatif is None:
+                    raise
+                logger.debug("no measured points for the what-if", exc_info=True)
+                points = []
             shown = list(points)
             if whatif is not None:
-                shown.append({**whatif, "label": "your what-if"})
+                whatif = {"draft_ratio": float(points[0]["draft_ratio"]) if points else WHATIF_DRAFT_RATIO,
+                          **whatif, "label": "your what-if"}
+                shown.append(whatif)
             fig = teaching.whatif_figure(measured=shown or None)
             if whatif is not None:
-                text = teaching.whatif_text(whatif["alpha"], whatif["verify_ratio"], whatif.get("draft_ratio", 0.1),
-                                            whatif.get("depth", 4))
+                text = teaching.whatif_text(whatif["alpha"], whatif["verify_ratio"], whatif["draft_ratio"],
+                                            whatif["depth"])
             elif points:
                 p0 = points[0]
                 text = (f"**{p0['label']}:** " + teaching.whatif_text(p0["alpha"], p0["verify_ratio"],
@@ -551,16 +562,10 @@ class Visualiser:
         return {self.why_plot: fig, self.why_text: text}
 
     def whatif_changed(self, tab: TabState | None, alpha: float, verify_ratio: float, depth: float) -> dict:
-        """The what-if sliders moved: place that point, with the draft cost this run measured (DART's, else
-        EAGLE-3's; a tenth of a step before any run)."""
+        """The what-if sliders moved: place that point on the map."""
         record = tab.record if isinstance(tab, TabState) else None
-        try:
-            points = self._measured_points(record)
-        except Exception:  # noqa: BLE001 - no cost model: the default draft cost still answers the what-if
-            points = []
-        draft = float(points[0]["draft_ratio"]) if points else WHATIF_DRAFT_RATIO
         return self.render_why(record, {"alpha": float(alpha), "verify_ratio": float(verify_ratio),
-                                        "depth": int(depth), "draft_ratio": draft})
+                                        "depth": int(depth)})
 
     def _tree_note(self, mode: str) -> str:
         e = self.factory.eagle3_tree_base
@@ -632,7 +637,7 @@ class Visualiser:
                 out[self.step_text[s]] = why
                 continue
             pos = int(position or 0)
-            k = len(run.traces) - 1 if latest else step_for_token(run.traces, pos)
+            k = _shown_step(run, pos, latest)
             if k is None:
                 if pos == 0:
                     msg = f"Token 0 came from the prefill (the target's first token), before any {run.label} step."
@@ -698,12 +703,12 @@ class Visualiser:
             run = record.runs.get(s)
             if run is None or not run.traces:
                 continue
-            k = len(run.traces) - 1 if latest else step_for_token(run.traces, int(position or 0))
+            k = _shown_step(run, int(position or 0), latest)
             if k is not None:
                 marks[run.label] = int(run.traces[k].step)
         return marks
 
-    def render_summary(self, record: RunRecord | None, position: int | None = None) -> dict:
+    def render_summary(self, record: RunRecord | None, position: int | None = None, latest: bool = False) -> dict:
         out: dict = {}
         if record is None or not any(r.traces for r in record.runs.values()):
             out[self.timing_plot] = _empty_fig("run a prompt to see stage timings")
@@ -712,7 +717,7 @@ class Visualiser:
                         out[p] = _empty_fig("run a prompt to see acceptance")
             out[self.slider] = gr.Slider(minimum=0, maximum=1, value=0)
             return out
-        out[self.timing_plot] = self.render_timing(record, self._marks(record, position))
+        out[self.timing_plot] = self.render_timing(record, self._marks(record, position, latest))
         for s in self.view_slots:
             run = record.runs.get(s)
             if run is None or not run.traces:
@@ -743,9 +748,7 @@ class Visualiser:
         pos = position
         if pos is None and record is not None:
             pos = self._default_position(record)
-        out.update(self.render_summary(record, pos))
-        if latest:
-            out[self.timing_plot] = self.render_timing(record, self._marks(record, pos, latest=True))
+        out.update(self.render_summary(record, pos, latest))
         frame, pruned = (tab.frame, tab.show_pruned) if tab is not None else (FRAME_ALL, False)
         out.update(self.render_step_views(record, pos, latest=latest, frame=frame, show_pruned=pruned))
         out[self.frame] = frame
@@ -955,17 +958,11 @@ class Visualiser:
 
     def apply_preset(self, name: str) -> dict:
         """A preset button: set the tree-size control and the tree sliders, and say what it does here."""
-        out: dict = {}
+        mode = "fixed" if name == "paper" else "auto"
+        out = {self.controls.tree: mode, **self.tree_mode_changed(mode)}
         if name == "paper":
-            out[self.controls.tree] = "fixed"
             for knob, value in self._paper_values().items():
                 out[getattr(self.controls, knob)] = gr.Slider(value=value, interactive=True)
-            out[self.tree_note] = self._tree_note("fixed")
-        else:
-            out[self.controls.tree] = "auto"
-            for knob in SIZE_KNOBS:
-                out[getattr(self.controls, knob)] = gr.Slider(interactive=False)
-            out[self.tree_note] = self._tree_note("auto")
         out[self.preset_note] = self.preset_text(selected=name)
         return out
 
@@ -978,8 +975,7 @@ class Visualiser:
         speeds = {record.runs[s].label: (metrics[s].speedup, metrics[s].tau) for s in record.speculative
                   if s in metrics and metrics[s].speedup and not record.runs[s].error}
         if speeds:
-            self._preset_runs[preset] = {"speeds": speeds, "tokens": max(m.tokens for m in metrics.values()),
-                                         "prompt": (record.prompt or "")[:40]}
+            self._preset_runs[preset] = {"speeds": speeds, "tokens": max(m.tokens for m in metrics.values())}
 
     def preset_text(self, selected: str | None = None, rates: Any = None) -> str:
         """Each preset's speed on this machine: measured by the latest run on this server with that preset (vs

@@ -28,8 +28,8 @@ from ..engine.trace import StepTrace
 from ..engine.trace_stats import TraceLike, acceptance_metrics, as_step, as_steps, candidate_nodes
 from .narration import narrate_step
 from .record import label_of
-from .viz import (NODE_STATES, OKABE_ITO, SCORE_COLORSCALE, _decoder, _score_name, _token_hover, _token_label,
-                  edge_lines, page_layout, tree_layout)
+from .viz import (NODE_STATES, OKABE_ITO, SCORE_COLORSCALE, _decoder, _floats, _ints, _score_name, _token_hover,
+                  _token_label, edge_lines, page_layout, tree_layout)
 
 # ---------------------------------------------------------------------------------------------- constants
 #: Frame keys, in the order a teacher clicks through them.
@@ -66,14 +66,6 @@ class RoundFrame(NamedTuple):
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def _ints(x: Any) -> list[int]:
-    return [int(v) for v in np.asarray(x, dtype=np.int64).reshape(-1)]
-
-
-def _floats(x: Any) -> list[float]:
-    return [float(v) for v in np.asarray(x, dtype=np.float64).reshape(-1)]
-
-
 def _plural(n: int, word: str, plural: str | None = None) -> str:
     return f"{n} {word if n == 1 else (plural or word + 's')}"
 

@@ -218,6 +218,11 @@ def _optional_candidate_field(c: Any, *names: str) -> list[float] | None:
     return None
 
 
+def _rank_lines(rank: int, of: int, sibling_rank: int, siblings: int, score_name: str) -> list[str]:
+    """A scored candidate's rank by score among all candidates and among its parent's, as hover lines."""
+    return [f"rank {rank} of {of} by {score_name}", f"rank {sibling_rank} of {siblings} among its parent's candidates"]
+
+
 class _StepView:
     """Per-step values that every node's details share, computed once per figure."""
 
@@ -269,8 +274,7 @@ class _StepView:
         """Hover lines with candidate ``ci``'s rank among all candidates and among its parent's."""
         if ci is None or self.st.candidates is None:
             return []
-        return [f"rank {self.rank[ci]} of {len(self.rank)} by {self.score_name}",
-                f"rank {self.sibling_rank[ci]} of {self.siblings[ci]} among its parent's candidates"]
+        return _rank_lines(self.rank[ci], len(self.rank), self.sibling_rank[ci], self.siblings[ci], self.score_name)
 
     def details(self, node: int, decode: Callable[[list[int]], str] | None) -> dict[str, Any]:
         st, tree = self.st, self.st.tree
@@ -334,8 +338,7 @@ def _node_hover(d: dict[str, Any], decode) -> str:
     if d["state"] != "root":
         lines.append(f"{d['score_name']}: {_fmt(d['score'])}")
         if d["rank"] is not None:
-            lines += [f"rank {d['rank']} of {d['candidates']} by {d['score_name']}",
-                      f"rank {d['sibling_rank']} of {d['siblings']} among its parent's candidates"]
+            lines += _rank_lines(d["rank"], d["candidates"], d["sibling_rank"], d["siblings"], d["score_name"])
         lines += [f"{label}: {_fmt(d[key])}" for key, label in _HOVER_TERMS if d[key] is not None]
         if d["target_choice"] is not None:
             same = " (this token)" if d["matches_target"] else ""
@@ -772,7 +775,7 @@ def verify_cost_figure(costs: Any, *, max_nodes: int = 64, title: str | None = N
     return fig
 
 
-def _budget_rows(rates: Sequence[Mapping[str, Any]]) -> tuple[list[tuple[int, Mapping[str, Any]]], Mapping | None]:
+def budget_rows(rates: Sequence[Mapping[str, Any]]) -> tuple[list[tuple[int, Mapping[str, Any]]], Mapping | None]:
     """(budget, row) of the drafting rows, by budget, and the plain-step row (None if absent)."""
     rows, plain = [], None
     for r in rates:
@@ -792,7 +795,7 @@ def budget_rate_figure(rates: Sequence[Mapping[str, Any]], *, paper_budget: int 
     """Expected tokens/s against DART's tree budget, from an AutoTree's ``rates()`` (best first): the curve,
     the plain target step's rate as a horizontal reference, the best budget (what the chooser picks) and the
     paper's budget marked."""
-    rows, plain = _budget_rows(rates)
+    rows, plain = budget_rows(rates)
     best = rates[0] if rates else None
     fig = go.Figure()
     if rows:
@@ -856,7 +859,7 @@ def tree_cost_text(costs: Any, rates: Sequence[Mapping[str, Any]] | None = None,
             f"one token ({ratio:.1f}\u00d7): {why}.")
     if rates:
         best = rates[0]
-        rows, plain = _budget_rows(rates)
+        rows, plain = budget_rows(rates)
         if getattr(best.get("choice"), "plain", False):
             text += (f" DART's chooser takes **plain steps** ({float(best['tokens_per_s']):.1f} tokens/s): no tree is "
                      "expected to pay for its draft and verify here, so it drafts only now and then to keep learning.")
