@@ -14,6 +14,11 @@ median ms of each and their ratio: the speculative step must accept more than
 ``ratio`` tokens on average to beat vanilla decoding. A measurement, not a test: no
 thresholds.
 
+``--lm-head-first-rows all,4`` times each tree once per setting (interleaved): how many rows of the LM head a
+verify computes at once (the engine's ``LM_HEAD_FIRST_ROWS``; ``all`` = every node, as before the LM head ran on
+request). Rows an acceptance walk reads past them cost another LM head call in the engine's verify stage, which
+this script does not run. ``--lm-head`` also times the LM head alone by row count.
+
 ``--prefill N`` also times the prefill of an N-token prompt (e.g. 2000: RAG, summaries) and gives its rate in
 multiply-adds per second (the decoder layers' weights times N, plus causal attention), beside the rate torch's own
 large float32 GEMM reaches in the same run (``--gemm-rows`` x K @ K x N at the target's hidden sizes): the ratio
@@ -37,6 +42,10 @@ from dart_core.config import dtype_name  # noqa: E402
 from dart_core.hardware import describe_machine  # noqa: E402
 from dart_core.models.loader import load_target  # noqa: E402
 from dart_core.engine.tree import DraftTree  # noqa: E402
+from dart_core.models import target as target_module  # noqa: E402
+
+ALL_ROWS = 1 << 30   # --lm-head-first-rows all
+LM_HEAD_ROWS = (1, 2, 3, 4, 5, 9, 17)
 
 
 def random_tree(n: int, vocab: int, max_depth: int, rng: np.random.Generator) -> DraftTree:
@@ -111,8 +120,8 @@ def measure_prefill(model: str | None, dtype: str, device: str, n: int, reps: in
 
 
 def measure(model: str | None, dtype: str, device: str, prefix: int, sizes: list[int], max_depth: int,
-            reps: int, warmup: int, seed: int, backends: list[str]) -> list[dict]:
-    """One result per backend, all timed in one interleaved loop on one loaded target."""
+            reps: int, warmup: int, seed: int, backends: list[str], head_rows: list[int]) -> list[dict]:
+    """One result per backend and LM-head setting, all timed in one interleaved loop on one loaded target."""
     target = load_target(model, dtype=dtype, device=device)
     rng = np.random.default_rng(seed)
     vocab = target.vocab_size
@@ -127,26 +136,49 @@ def measure(model: str | None, dtype: str, device: str, prefix: int, sizes: list
         sessions[b] = target.new_session(prefix + max(sizes) + 1)
         sessions[b].prefill(prompt)
     dev = target.device
-    times: dict[tuple[str, int], list[float]] = {(b, n): [] for b in backends for n in trees}
-    for rep in range(warmup + reps):  # interleaved: load drifts hit every arm alike
-        for b in backends:
-            target.set_fast_forward(b == "native")
-            for n, tree in trees.items():
-                dt = time_verify(sessions[b], tree, prefix, dev)
-                if rep >= warmup:
-                    times[(b, n)].append(dt)
+    arms = [(b, r) for b in backends for r in (head_rows if b == "native" else head_rows[:1])]
+    times: dict[tuple, list[float]] = {(*arm, n): [] for arm in arms for n in trees}
+    default_rows = target_module.LM_HEAD_FIRST_ROWS
+    try:
+        for rep in range(warmup + reps):  # interleaved: load drifts hit every arm alike
+            for b, r in arms:
+                target.set_fast_forward(b == "native")
+                target_module.LM_HEAD_FIRST_ROWS = r
+                for n, tree in trees.items():
+                    dt = time_verify(sessions[b], tree, prefix, dev)
+                    if rep >= warmup:
+                        times[(b, r, n)].append(dt)
+    finally:
+        target_module.LM_HEAD_FIRST_ROWS = default_rows
     out = []
-    for b in backends:
-        one_ms = 1000 * statistics.median(times[(b, 1)])
-        r = {"dtype": dtype_name(target.dtype), "backend": b, "device": str(dev),
-             "model": target.name, "prefix": prefix, "one_token_ms": one_ms, "trees": {}}
+    for b, r in arms:
+        one_ms = 1000 * statistics.median(times[(b, r, 1)])
+        res = {"dtype": dtype_name(target.dtype), "backend": b, "device": str(dev), "model": target.name,
+               "prefix": prefix, "lm_head_first_rows": "all" if r >= ALL_ROWS or b == "hf" else r,
+               "one_token_ms": one_ms, "trees": {}}
         for n in sizes:
-            ms = 1000 * statistics.median(times[(b, n)])
-            r["trees"][n] = {"nodes": n, "max_depth": int(trees[n].max_depth), "median_ms": ms,
-                             "ratio": ms / one_ms}
-        out.append(r)
+            ms = 1000 * statistics.median(times[(b, r, n)])
+            res["trees"][n] = {"nodes": n, "max_depth": int(trees[n].max_depth), "median_ms": ms,
+                               "ratio": ms / one_ms}
+        out.append(res)
     del sessions, target
     return out
+
+
+def measure_lm_head(model: str | None, dtype: str, device: str, rows: list[int], reps: int) -> dict[int, float]:
+    """Median ms of the native LM head alone (final-normed hidden rows -> logits) by row count, interleaved."""
+    target = load_target(model, dtype=dtype, device=device)
+    if target.fast is None:
+        raise SystemExit(f"--lm-head needs the native path: {target.fast_unavailable_reason}")
+    hidden = {r: torch.randn(r, target.hidden_size) for r in rows}
+    times: dict[int, list[float]] = {r: [] for r in rows}
+    for rep in range(reps + 2):
+        for r in rows:
+            t0 = time.perf_counter()
+            target.fast.lm_head(hidden[r])
+            if rep >= 2:
+                times[r].append(time.perf_counter() - t0)
+    return {r: 1000 * statistics.median(times[r]) for r in rows}
 
 
 def main(argv=None) -> int:
@@ -165,6 +197,10 @@ def main(argv=None) -> int:
     p.add_argument("--backends", default="native",
                    help="comma-separated target forward paths to compare: hf, native (default: native, "
                         "the path sessions use on a CPU)")
+    p.add_argument("--lm-head-first-rows", default=None,
+                   help="comma-separated LM head rows a verify computes at once, 'all' = every node (default: the "
+                        f"engine's {target_module.LM_HEAD_FIRST_ROWS})")
+    p.add_argument("--lm-head", action="store_true", help="also time the LM head alone at 1..17 rows")
     p.add_argument("--prefill", type=int, default=0,
                    help="also time the prefill of a prompt of this many tokens (e.g. 2000; 0 = skip)")
     p.add_argument("--prefill-reps", type=int, default=3)
@@ -182,6 +218,15 @@ def main(argv=None) -> int:
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if not backends or any(b not in ("hf", "native") for b in backends):
         p.error(f"--backends takes hf and/or native, got {args.backends!r}")
+    head_rows = [target_module.LM_HEAD_FIRST_ROWS]
+    if args.lm_head_first_rows:
+        try:
+            head_rows = [ALL_ROWS if x.strip() == "all" else int(x) for x in args.lm_head_first_rows.split(",")
+                         if x.strip()]
+        except ValueError:
+            p.error(f"--lm-head-first-rows takes integers and 'all', got {args.lm_head_first_rows!r}")
+        if not head_rows or min(head_rows) < 1:
+            p.error("--lm-head-first-rows values must be >= 1 (the root's row is always computed)")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
@@ -189,12 +234,13 @@ def main(argv=None) -> int:
     print(f"# tree verification cost: {machine['cpu_model']}"
           + (f", {machine['gpu']}" if machine.get("gpu") else "")
           + f", {machine['torch_threads']} threads, load average {machine['load_average']}, prefix {args.prefix}")
-    print("| dtype | backend | nodes | max depth | 1-token step ms | tree ms | ratio to 1 token | speedup over hf |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print("| dtype | backend | LM head rows first | nodes | max depth | 1-token step ms | tree ms | ratio to 1 token "
+          "| speedup over hf |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     results = []
     for dtype in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
-        rs = measure(args.base_model_name_or_path, dtype, args.device, args.prefix, sizes, args.max_depth, args.reps, args.warmup,
-                     args.seed, backends)
+        rs = measure(args.base_model_name_or_path, dtype, args.device, args.prefix, sizes, args.max_depth,
+                     args.reps, args.warmup, args.seed, backends, head_rows)
         results.extend(rs)
         hf = next((r for r in rs if r["backend"] == "hf"), None)
         for r in rs:
@@ -205,8 +251,17 @@ def main(argv=None) -> int:
                 if hf is not None and r is not hf:
                     base = hf["one_token_ms"] if n == 1 else hf["trees"][n]["median_ms"]
                     vs = f"{base / t['median_ms']:.2f}x"
-                print(f"| {r['dtype']} | {r['backend']} | {t['nodes']} | {t['max_depth']} | {r['one_token_ms']:.1f} | "
-                      f"{t['median_ms']:.1f} | {t['ratio']:.2f}x | {vs} |", flush=True)
+                print(f"| {r['dtype']} | {r['backend']} | {r['lm_head_first_rows']} | {t['nodes']} | {t['max_depth']} "
+                      f"| {r['one_token_ms']:.1f} | {t['median_ms']:.1f} | {t['ratio']:.2f}x | {vs} |", flush=True)
+    heads = {}
+    if args.lm_head:
+        print("\n# the LM head alone (native path): ms by rows")
+        print("| dtype | " + " | ".join(f"{r} rows" for r in LM_HEAD_ROWS) + " |")
+        print("|---|" + "---:|" * len(LM_HEAD_ROWS))
+        for dtype in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
+            ms = measure_lm_head(args.base_model_name_or_path, dtype, args.device, list(LM_HEAD_ROWS), args.reps)
+            heads[dtype] = ms
+            print(f"| {dtype} | " + " | ".join(f"{ms[r]:.2f}" for r in LM_HEAD_ROWS) + " |", flush=True)
     prefills = []
     if args.prefill > 0:
         from dart_core import _native
@@ -224,8 +279,8 @@ def main(argv=None) -> int:
                       f"{r['macs_per_s'] / 1e9:.1f} | {r['gemm']['shape']} | {gemm / 1e9:.1f} | "
                       f"{r['macs_per_s'] / gemm:.0%} |", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": machine, "results": results, "prefill": prefills},
-                                              indent=1) + "\n")
+        Path(args.json).write_text(json.dumps({"machine": machine, "results": results, "lm_head_ms": heads,
+                                               "prefill": prefills}, indent=1) + "\n")
     return 0
 
 

@@ -327,14 +327,7 @@ def test_busy_machine_refuses_unless_allowed(tiny_dir, questions_file, tmp_path,
 
 
 def _tune_tree():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "tune_tree.py"
-    spec = importlib.util.spec_from_file_location("tune_tree", path)
-    tune_tree = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tune_tree)
-    return tune_tree
+    return _bench_script("tune_tree")
 
 
 def test_tune_tree_arm_parsing():
@@ -354,6 +347,40 @@ def test_tune_tree_arm_parsing():
     assert args.eagle3_trees == [(2, 1, 1), (3, 2, 1), (4, 2, 2), (6, 3, 2), (8, 3, 3), (12, 4, 4)]
     assert tune_tree.build_parser().parse_args(["--no-auto"]).auto is False
 
+
+
+def _bench_script(name: str):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tree_cost_times_each_lm_head_setting(tiny_dir, tmp_path, capsys):
+    """benchmarks/tree_cost.py: one arm per --lm-head-first-rows value (timed interleaved, the engine's value
+    restored after), the LM head alone by rows, and clear errors for bad values."""
+    from dart_core.models import target as target_module
+
+    tree_cost = _bench_script("tree_cost")
+    out = tmp_path / "cost.json"
+    default = target_module.LM_HEAD_FIRST_ROWS
+    assert tree_cost.main(["--base-model-name-or-path", str(tiny_dir), "--dtypes", "float32", "--nodes", "3,5",
+                           "--prefix", "4", "--reps", "1", "--warmup", "0", "--lm-head-first-rows", "all,2",
+                           "--lm-head", "--json", str(out)]) == 0
+    assert target_module.LM_HEAD_FIRST_ROWS == default
+    res = json.loads(out.read_text())
+    assert [r["lm_head_first_rows"] for r in res["results"]] == ["all", 2]
+    assert all(set(r["trees"]) == {"3", "5"} for r in res["results"])
+    assert set(res["lm_head_ms"]["float32"]) == {str(r) for r in tree_cost.LM_HEAD_ROWS}
+    assert "| float32 | native | all | 5 |" in capsys.readouterr().out
+    for bad, needle in (("0", ">= 1"), ("four", "integers and 'all'")):
+        with pytest.raises(SystemExit):
+            tree_cost.main(["--base-model-name-or-path", str(tiny_dir), "--lm-head-first-rows", bad])
+        assert needle in capsys.readouterr().err
 
 # ------------------------------------------------------------------------------------------- automatic trees
 @pytest.fixture(scope="module")

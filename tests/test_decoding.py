@@ -303,3 +303,31 @@ def test_trace_records_every_stage(tiny):
     for t in out.traces:
         assert set(t.timings) == {"draft_forward", "tree_build", "verify", "commit"}
         assert len(t.node_target_prob) == len(t.tree) == len(t.node_target_argmax)
+
+
+def test_the_walk_runs_the_lm_head_only_where_it_reads(tiny, monkeypatch):
+    """On the lean path a step computes the target's logits at the nodes its walk visits (and the few the verify
+    computes first), not at every node; the trace's per-node choices are computed when read, and agree with the
+    walk: along the accepted path each node's choice is the next accepted token, then the bonus."""
+    if tiny.fast is None:
+        pytest.skip("the HF forward computes every row")
+    prompt = [10, 11, 12, 13, 10, 11]
+    ref = SpeculativeEngine(tiny).generate(prompt, GenerationConfig(max_new_tokens=24))
+    top = ref.tokens[:4]
+    engine = SpeculativeEngine(tiny, FixedTreeDrafter(first_level=top[:3], second_level=top[1:4]))
+    rows: list[int] = []
+    head = tiny.fast.lm_head
+    monkeypatch.setattr(tiny.fast, "lm_head", lambda h: (rows.append(int(h.shape[0])), head(h))[1])
+    out = engine.generate(prompt, GenerationConfig(max_new_tokens=24))
+    assert out.tokens == ref.tokens
+    nodes = sum(len(t.tree) for t in out.traces)
+    assert out.stats.steps > 1 and 0 < sum(rows) < nodes
+    during = sum(rows)
+    for t in out.traces:   # read after the run: computed now, from the kept hidden states
+        path = t.accepted_nodes
+        for a, b in zip(path, path[1:]):
+            assert t.node_target_argmax[a] == int(t.tree.tokens[b])
+        assert t.node_target_argmax[path[-1]] == t.bonus_token
+        assert len(list(t.node_target_argmax)) == len(t.tree) and len(list(t.node_target_prob)) == len(t.tree)
+        assert all(0.0 <= p <= 1.0 for p in t.node_target_prob)
+    assert sum(rows) > during

@@ -59,7 +59,7 @@ def test_verify_matches_token_by_token_decoding(tiny_target):
     session.prefill(prompt)
     tree = random_tree(rng, 15, vocab, root=int(rng.integers(0, vocab)))
     out = session.verify(tree, want_aux=True)
-    assert out.logits.shape == (15, vocab) and out.aux.shape == (15, 3 * tiny_target.hidden_size)
+    assert out.logits.all().shape == (15, vocab) and out.aux.shape == (15, 3 * tiny_target.hidden_size)
     for i in range(len(tree)):
         seq = prompt + tree.tokens[tree.path_to(i)].tolist()
         ref_logits, ref_aux = reference_forward(tiny_target, seq)
@@ -204,7 +204,7 @@ def test_a_tree_larger_than_one_native_chunk(tiny_target):
     session.prefill(prompt)
     tree = random_tree(rng, NATIVE_MAX_ROWS + 9, vocab, root=int(rng.integers(0, vocab)))
     out = session.verify(tree, want_aux=True)
-    assert out.logits.shape[0] == len(tree) and out.aux.shape[0] == len(tree)
+    assert out.logits.all().shape[0] == len(tree) and out.aux.shape[0] == len(tree)
     for i in (1, NATIVE_MAX_ROWS - 1, NATIVE_MAX_ROWS, len(tree) - 1):
         ref_logits, ref_aux = reference_forward(tiny_target, prompt + tree.tokens[tree.path_to(i)].tolist())
         assert_near(out.logits[i], ref_logits[-1])
@@ -235,3 +235,60 @@ def test_prefill_chunks_give_the_same_bits_at_every_chunk_size(tiny_target, monk
             assert torch.equal(a, b)
     ref, _ = reference_forward(tiny_target, prompt + nxt)
     assert_near(outs[0][2][-1], ref[-1])
+
+
+# ---------------------------------------------------------------- the LM head on request (NodeLogits)
+def test_verify_runs_the_lm_head_for_the_likeliest_rows_only(tiny_target):
+    """A verify computes the root's and the likeliest nodes' logits (LM_HEAD_FIRST_ROWS in all); any other row
+    is computed when asked for, equal bit for bit to the same row computed with the whole tree."""
+    from dart_core.models.target import LM_HEAD_FIRST_ROWS
+
+    rng = np.random.default_rng(7)
+    vocab = tiny_target.vocab_size
+    prompt = rng.integers(0, vocab, size=9).tolist()
+    tree = random_tree(rng, 11, vocab, root=int(rng.integers(0, vocab)))
+    session = tiny_target.new_session(32)
+    session.prefill(prompt)
+    out = session.verify(tree)
+    logits = out.logits
+    assert len(logits) == len(tree)
+    if not logits.lazy:   # the HF forward computed every row
+        assert tiny_target.fast is None
+        return
+    assert logits.rows_computed == LM_HEAD_FIRST_ROWS and logits.head_calls == 1
+    late = logits.row(len(tree) - 1)                       # not among the first rows: one more call
+    assert logits.rows_computed == LM_HEAD_FIRST_ROWS + 1 and logits.head_calls == 2
+    logits.row(0)                                          # already there: no call
+    assert logits.head_calls == 2
+    every = logits.all()                                   # the rest in one call
+    assert logits.head_calls == 3 and logits.rows_computed == len(tree)
+    assert torch.equal(late, every[-1])
+    # the same tree with every row in one LM head call: the same bits
+    again = tiny_target.new_session(32)
+    again.prefill(prompt)
+    full = tiny_target.forward(again.cache, torch.from_numpy(tree.tokens),
+                               torch.from_numpy(tree.depths) + len(prompt),
+                               torch.cat([torch.ones(len(tree), len(prompt), dtype=torch.bool),
+                                          torch.from_numpy(tree.ancestor_mask())], dim=1), want_aux=False)
+    assert torch.equal(every, full.logits)
+    logits.release()
+    assert torch.equal(logits.row(3), full.logits[3])       # computed again from the kept hidden states
+    for i in range(len(tree)):
+        ref, _ = reference_forward(tiny_target, prompt + tree.tokens[tree.path_to(i)].tolist())
+        assert_near(logits[i], ref[-1])
+
+
+def test_node_logits_edges(tiny_target):
+    session = tiny_target.new_session(16)
+    session.prefill([3, 4, 5])
+    out = session.verify(DraftTree.root_only(6))            # a plain step: one row, computed by verify
+    logits = out.logits
+    assert len(logits) == 1 and logits.rows([]).shape == (0, tiny_target.vocab_size)
+    assert logits.all().shape == (1, tiny_target.vocab_size)
+    assert logits.rows([0, 0]).shape == (2, tiny_target.vocab_size)   # a node asked twice: one row, twice
+    if logits.lazy:
+        assert logits.rows_computed == 1 and logits.head_calls == 1
+    with pytest.raises(IndexError, match="node 1 is not in a tree of 1 nodes"):
+        logits.row(1)
+    with pytest.raises(IndexError, match="node -1"):
+        logits.rows([-1])

@@ -113,3 +113,50 @@ def test_step_trace_round_trips_through_json():
     d["version"] = 999
     with pytest.raises(ValueError, match="version"):
         StepTrace.from_dict(d)
+
+
+# ---------------------------------------------------------------- the rows a verify computes first
+def test_likeliest_grows_from_the_root_by_score():
+    t = small_tree()   # scores: 1 -0.1, 2 -0.5, 3 -0.3, 4 -0.2, 5 -0.9, 6 -0.4
+    assert t.likeliest(1) == [0] and t.likeliest(0) == [0]
+    assert t.likeliest(2) == [0, 1]
+    assert t.likeliest(4) == [0, 1, 4, 3]
+    assert t.likeliest(5) == [0, 1, 4, 3, 6]          # 6 (-0.4) only once its parent 3 is taken
+    assert t.likeliest(100) == [0, 1, 4, 3, 6, 2, 5]  # every node, ancestors first
+    assert DraftTree.root_only(5).likeliest(4) == [0]
+    # equal scores: lower index first
+    flat = DraftTree.from_parents([1, 2, 3, 4], [-1, 0, 0, 1])
+    assert flat.likeliest(3) == [0, 1, 2]
+
+
+def test_on_request_computes_missing_values_once():
+    from dart_core.engine.trace import OnRequest
+
+    calls = []
+
+    def compute(nodes):
+        calls.append(list(nodes))
+        return [10 * i for i in nodes]
+
+    lazy = OnRequest(4, compute, holds_nbytes=100)
+    assert len(lazy) == 4 and calls == []
+    assert lazy[2] == 20 and lazy[-1] == 30 and calls == [[2], [3]]
+    assert list(lazy) == [0, 10, 20, 30] and calls[-1] == [0, 1]   # the rest in one call
+    assert lazy == [0, 10, 20, 30] and [0, 10, 20, 30] == lazy and lazy[1:3] == [10, 20]
+    assert np.asarray(lazy).tolist() == [0, 10, 20, 30] and len(calls) == 3
+    assert lazy.nbytes >= 100
+    with pytest.raises(IndexError, match="node 4"):
+        lazy[4]
+
+
+def test_a_trace_with_values_on_request_exports_plain_lists():
+    from dart_core.engine.trace import OnRequest
+
+    t = small_tree()
+    st = StepTrace(step=1, position=0, tree=t, accepted_nodes=[0, 1], emitted_tokens=[8, 10], bonus_token=10,
+                   node_target_prob=OnRequest(len(t), lambda nodes: [0.5] * len(nodes)),
+                   node_target_argmax=OnRequest(len(t), lambda nodes: [8] * len(nodes)),
+                   timings={"draft_forward": 0.0, "tree_build": 0.0, "verify": 0.0, "commit": 0.0})
+    back = StepTrace.from_json(st.to_json())
+    assert back.node_target_prob == [0.5] * 7 and back.node_target_argmax == [8] * 7
+    assert st.node_target_prob == back.node_target_prob and st.node_target_argmax == back.node_target_argmax

@@ -6,6 +6,10 @@
 
 Vanilla decoding is this very loop with a root-only tree, so speculative and plain
 decoding share every line that could make their outputs differ.
+
+Stages as timed: *verify* is the target's forward over the tree plus the acceptance walk, which reads the
+target's logits at the nodes it visits (on the lean CPU path the LM head runs for those rows only);
+*commit* keeps the accepted path's K/V and hands the step to the drafter.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ import torch
 from ..config import ConfigError, GenerationConfig
 from .protocol import AcceptedStep, Drafter, Proposal
 from .sampling import accept_greedy, accept_sampling, warp_probs
-from .trace import STAGES, StepTrace
+from .trace import STAGES, OnRequest, StepTrace
 from .tree import DraftTree
 
 if TYPE_CHECKING:  # the engine runs any target with TargetModel's methods; models sit above it
@@ -183,18 +187,16 @@ class SpeculativeEngine:
             self._sync(config)
             t1 = time.perf_counter()
             vout = session.verify(tree, want_aux=want_aux)
+            logits = vout.logits   # NodeLogits: rows computed as the walk reads them
+            children = tree.children()
+            target_argmax = _node_target_argmax(logits)
+            if config.greedy:
+                acc = accept_greedy(tree, target_argmax, children)
+            else:
+                acc = accept_sampling(tree, _node_probs(logits, config), children, generator)
             self._sync(config)
             t2 = time.perf_counter()
 
-            children = tree.children()
-            if config.greedy:
-                target_argmax = vout.logits.argmax(-1).tolist()
-                acc = accept_greedy(tree, target_argmax, children)
-                node_probs = None
-            else:
-                node_probs = warp_probs(vout.logits, config.temperature, config.top_k, config.top_p)
-                target_argmax = node_probs.argmax(-1).tolist()
-                acc = accept_sampling(tree, node_probs, children, generator)
             emitted = [int(tree.tokens[n]) for n in acc.accepted_nodes[1:]] + [acc.bonus_token]
             session.commit(acc.accepted_nodes)
             if drafter is not None:
@@ -223,9 +225,13 @@ class SpeculativeEngine:
             trace = StepTrace(
                 step=stats.steps, position=position, tree=tree, accepted_nodes=acc.accepted_nodes,
                 emitted_tokens=emitted, bonus_token=acc.bonus_token,
-                node_target_prob=_node_target_probs(tree, vout.logits, node_probs),
+                node_target_prob=_node_target_probs(tree, logits, config),
                 node_target_argmax=target_argmax, timings=timings, candidates=candidates,
                 mode="greedy" if config.greedy else "sampling", stop_reason=stop)
+            logits.release()   # a row is V floats; the page's late reads compute theirs again
+            if not logits.lazy:  # every row exists already: record the lists now rather than keep the logits
+                trace.node_target_prob = list(trace.node_target_prob)
+                trace.node_target_argmax = list(trace.node_target_argmax)
             traces.append(trace)
             if step_done is not None:
                 step_done(trace)
@@ -269,15 +275,36 @@ class SpeculativeEngine:
         return self.target.tokenizer.decode(list(tokens[:cut]), skip_special_tokens=True)
 
 
-def _node_target_probs(tree: DraftTree, logits: torch.Tensor, probs: torch.Tensor | None) -> list[float]:
-    """Per node, the target's probability of the node's token at its parent (root: 1.0)."""
-    if len(tree) == 1:
-        return [1.0]
-    parents = torch.from_numpy(tree.parents[1:])
-    toks = torch.from_numpy(tree.tokens[1:])
-    if probs is None:  # greedy: report the plain softmax (temperature 1)
-        rows = logits[parents]
-        p = torch.exp(rows.gather(1, toks.view(-1, 1)).view(-1) - torch.logsumexp(rows, dim=-1))
-    else:
-        p = probs[parents].gather(1, toks.view(-1, 1)).view(-1)
-    return [1.0] + p.tolist()
+# Each step's lists are made by a function of that step's logits (a lambda in the loop would read whichever
+# step's logits the loop variable holds when a list is read later).
+def _node_target_argmax(logits) -> OnRequest:
+    """Per node, the target's most likely next token; computed when first read."""
+    return OnRequest(len(logits), lambda nodes: logits.rows(nodes).argmax(-1).tolist(), holds_nbytes=logits.nbytes)
+
+
+def _node_probs(logits, config: GenerationConfig) -> OnRequest:
+    """Per node, the target's warped distribution [V] (the sampling walk's rows)."""
+    warp = (config.temperature, config.top_k, config.top_p)   # the values now: a config may change later
+    return OnRequest(len(logits), lambda nodes: list(warp_probs(logits.rows(nodes), *warp)))
+
+
+def _node_target_probs(tree: DraftTree, logits, config: GenerationConfig) -> OnRequest:
+    """Per node, the target's probability of the node's token at its parent (root: 1.0): the warped
+    distribution when sampling, the plain softmax (temperature 1) in greedy mode. Computed when first read."""
+    greedy, warp = config.greedy, (config.temperature, config.top_k, config.top_p)
+
+    def compute(nodes: list[int]) -> list[float]:
+        out = [1.0] * len(nodes)
+        drafted = [k for k, n in enumerate(nodes) if n > 0]
+        if drafted:
+            parents = [int(tree.parents[nodes[k]]) for k in drafted]
+            toks = torch.as_tensor([int(tree.tokens[nodes[k]]) for k in drafted]).view(-1, 1)
+            rows = logits.rows(parents)
+            if greedy:
+                p = torch.exp(rows.gather(1, toks).view(-1) - torch.logsumexp(rows, dim=-1))
+            else:
+                p = warp_probs(rows, *warp).gather(1, toks).view(-1)
+            for k, v in zip(drafted, p.tolist()):
+                out[k] = v
+        return out
+    return OnRequest(len(tree), compute)

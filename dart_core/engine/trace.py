@@ -8,8 +8,9 @@ field changes meaning; readers refuse versions they do not know.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -19,6 +20,56 @@ TRACE_VERSION = 1
 
 # The four stages, named the same in traces, the benchmark and the app.
 STAGES = ("draft_forward", "tree_build", "verify", "commit")
+
+
+class OnRequest(Sequence):
+    """A per-node list whose values are computed when first read, the missing ones in one call of
+    ``compute(nodes) -> values``. The engine records the target's choice at every node this way: its walk
+    reads the nodes it visits, and the LM head runs for the others only if someone reads them (the page)."""
+
+    def __init__(self, n: int, compute: Callable[[list[int]], Sequence], holds_nbytes: int = 0):
+        self._n = n
+        self._compute = compute
+        self._values: dict[int, Any] = {}
+        self._holds = holds_nbytes   # what ``compute`` keeps alive (e.g. the nodes' hidden states)
+
+    @property
+    def nbytes(self) -> int:
+        """Estimated bytes held: a boxed value per node and what the computation keeps alive."""
+        return 56 + 36 * self._n + self._holds
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return self.tolist()[i]
+        i = int(i)
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(f"node {i} is not in a tree of {self._n} nodes")
+        if i not in self._values:
+            self._values[i] = self._compute([i])[0]
+        return self._values[i]
+
+    def tolist(self) -> list:
+        missing = [i for i in range(self._n) if i not in self._values]
+        if missing:
+            self._values.update(zip(missing, self._compute(missing)))
+        return [self._values[i] for i in range(self._n)]
+
+    def __iter__(self):
+        return iter(self.tolist())
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.tolist(), dtype=dtype)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, (list, tuple, Sequence)) and self.tolist() == list(other)
+
+    def __repr__(self) -> str:
+        return f"OnRequest({self._n} nodes, {len(self._values)} computed)"
 
 
 @dataclass
@@ -75,6 +126,7 @@ class StepTrace:
     stop_reason       None while decoding continues; "eos", "max_new_tokens" or "max_length" on the last step
     node_target_prob  per node: the target's (warped) probability of the node's token at its parent (root: 1)
     node_target_argmax per node: the target's most likely next token after the node
+                      (both may be :class:`OnRequest` lists from the engine: computed when first read)
     timings           seconds per stage (keys = STAGES)
     """
     step: int
@@ -106,6 +158,8 @@ class StepTrace:
         d["tree"] = self.tree.to_dict()
         d["candidates"] = None if self.candidates is None else self.candidates.to_dict()
         d["timings"] = dict(self.timings)
+        d["node_target_prob"] = [float(p) for p in self.node_target_prob]
+        d["node_target_argmax"] = [int(t) for t in self.node_target_argmax]
         return d
 
     @classmethod

@@ -154,6 +154,20 @@ class DraftTree:
             lst.sort(key=lambda j: (-self.scores[j], j))
         return kids
 
+    def likeliest(self, k: int) -> list[int]:
+        """The root and the k-1 nodes an acceptance walk most likely visits, best first: grown from the root,
+        each time taking the highest-scored child of a node already taken (ties: lower index), so a node comes
+        after its ancestors. Drafters score a node by its whole path, so this follows the likeliest paths."""
+        taken = [0]
+        kids = self.children()
+        candidates: list[int] = list(kids[0])
+        while len(taken) < min(k, len(self)) and candidates:
+            best = min(candidates, key=lambda j: (-self.scores[j], j))
+            candidates.remove(best)
+            taken.append(best)
+            candidates.extend(kids[best])
+        return taken
+
     def leaves(self) -> list[int]:
         has_child = np.zeros(len(self), dtype=bool)
         has_child[self.parents[1:]] = True

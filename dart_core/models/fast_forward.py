@@ -118,38 +118,52 @@ class FastForward:
 
     @torch.inference_mode()
     def forward(self, cache: PreallocatedCache, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                allowed: torch.Tensor | None, aux_layer_ids: tuple[int, ...] | None, last_only: bool
+                allowed: torch.Tensor | None, aux_layer_ids: tuple[int, ...] | None, rows: str = "all"
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits [q, V] (or the last position's [1, V] with ``last_only``) and, with ``aux_layer_ids``,
-        the hidden states entering those layers at every position, concatenated -> [q, len(ids) * H].
+        """``rows="all"``: logits [q, V]; ``"last"``: the last position's logits [1, V]; ``"hidden"``: the
+        final-normed hidden states [q, H] without the LM head (:meth:`lm_head` turns rows of them into logits).
+        With ``aux_layer_ids``, also the hidden states entering those layers at every position, concatenated
+        -> [q, len(ids) * H].
 
         ``allowed``: bool [q, length + q], True where a new position may attend; None = causal.
         Longer inputs run in chunks (``PREFILL_ROWS`` positions for a causal prompt, ``NATIVE_MAX_ROWS`` with a
         mask), each attending to the cache the chunks before it wrote.
         """
+        if rows not in ("all", "last", "hidden"):
+            raise ValueError(f"rows must be 'all', 'last' or 'hidden', got {rows!r}")
         q = int(input_ids.numel())
         start = cache.length
         if start + q > cache.capacity:
             raise CacheFullError(f"KV cache holds {cache.capacity} positions; writing {q} after {start} "
                                  "would overflow it (raise max_length)")
         ids, pos = input_ids.view(-1), position_ids.view(-1)
-        logits, aux = [], []
-        rows = NATIVE_MAX_ROWS if allowed is not None else PREFILL_ROWS   # trees keep to 64 rows
-        for a in range(0, q, rows):
-            b = min(q, a + rows)
+        outs, aux = [], []
+        chunk = NATIVE_MAX_ROWS if allowed is not None else PREFILL_ROWS   # trees keep to 64 rows
+        for a in range(0, q, chunk):
+            b = min(q, a + chunk)
             # A chunk's rows see keys up to their own positions only (tree nodes follow their ancestors).
             sub = None if allowed is None else allowed[a:b, :start + b].contiguous()
-            want_logits = not last_only or b == q
-            lg, ax = self._chunk(cache, ids[a:b], pos[a:b], sub, aux_layer_ids,
-                                 ("last" if last_only else "all") if want_logits else "none")
-            if lg is not None:
-                logits.append(lg)
+            out, ax = self._chunk(cache, ids[a:b], pos[a:b], sub, aux_layer_ids,
+                                  "none" if rows == "last" and b < q else rows)
+            if out is not None:
+                outs.append(out)
             if ax is not None:
                 aux.append(ax)
-        return torch.cat(logits), (torch.cat(aux) if aux else None)
+        return torch.cat(outs), (torch.cat(aux) if aux else None)
 
-    def _chunk(self, cache, ids, pos, allowed, aux_layer_ids, logits_rows: str):
-        """Up to NATIVE_MAX_ROWS positions through every layer; logits of "all", the "last" or "none" rows."""
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [r, V] float32 of final-normed hidden rows [r, H] (``forward(rows="hidden")``). A row's logits
+        do not depend on the other rows (the kernel's summation order is fixed), so a row computed alone equals
+        the same row computed with the whole tree, bit for bit."""
+        h = hidden.float().contiguous()
+        logits = torch.empty(h.shape[0], self.lm_head_array.shape[0], dtype=torch.float32)
+        if h.shape[0]:
+            _native.small_gemm(h.numpy(), self.lm_head_array, logits.numpy(), torch.get_num_threads())
+        return logits
+
+    def _chunk(self, cache, ids, pos, allowed, aux_layer_ids, rows: str):
+        """Up to NATIVE_MAX_ROWS positions through every layer; then the logits of "all" rows or the "last",
+        the final-normed "hidden" states, or "none"."""
         q, start = int(ids.numel()), cache.length
         h = F.embedding(ids, self.embed).float().contiguous()
         cos, sin = self.rotary(h, pos.view(1, -1))
@@ -168,14 +182,12 @@ class FastForward:
                 aux[stop] = h.clone()
         cache.set_length(start + q)
         aux_out = torch.cat([aux[i] for i in aux_layer_ids], dim=-1) if aux_layer_ids is not None else None
-        if logits_rows == "none":
+        if rows == "none":
             return None, aux_out
-        if logits_rows == "last":
+        if rows == "last":
             h = h[-1:]
         h = _rms_norm(h, self.final_norm, self.eps).contiguous()
-        logits = torch.empty(h.shape[0], self.lm_head_array.shape[0], dtype=torch.float32)
-        _native.small_gemm(h.numpy(), self.lm_head_array, logits.numpy(), threads)
-        return logits, aux_out
+        return (h if rows == "hidden" else self.lm_head(h)), aux_out
 
     def _native_cache(self, cache: PreallocatedCache):
         """The cache's buffers bound for the native decoder, once per cache."""

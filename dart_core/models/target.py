@@ -3,7 +3,7 @@
     target  = load_target()                    # weights, tokenizer (shared)
     session = target.new_session(capacity)     # one preallocated KV cache per engine/request
     out     = session.prefill(prompt_ids)      # logits of the last prompt position
-    out     = session.verify(tree)             # logits + aux features of every tree node
+    out     = session.verify(tree)             # logits of every tree node (on request) + aux features
     session.commit(accepted_nodes)             # keep the accepted path's K/V, contiguous
 
 Aux features (for EAGLE-3 and DART heads) are the hidden states *entering* decoder
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 
@@ -24,10 +25,86 @@ from .kv_cache import CacheFullError, PreallocatedCache
 logger = logging.getLogger(__name__)
 
 
+#: LM head rows a verify computes at once: the root and the likeliest nodes. On a CPU the LM head reads its
+#: weights (V x H, a fifth of a small model's) once per call whatever the row count, so its first few rows cost
+#: about the same as one: a walk that goes past them pays another call.
+LM_HEAD_FIRST_ROWS = 4
+
+
 @dataclass
 class ForwardOutput:
-    logits: torch.Tensor        # [q, V] float32: next-token logits of each input position
-    aux: torch.Tensor | None    # [q, 3H] model dtype: aux features, when requested
+    logits: torch.Tensor | "NodeLogits"   # [q, V] float32: next-token logits of each input position
+    aux: torch.Tensor | None              # [q, 3H] model dtype: aux features, when requested
+
+
+class NodeLogits:
+    """The target's next-token logits at each node of a verified tree, each row computed when first asked for.
+
+    An acceptance walk reads the rows of the nodes it visits (the root, then each accepted node), so on the lean
+    CPU path the LM head runs for those rows only, not for every node; ``rows`` computes the missing rows of a
+    request in one call and keeps them until ``release``. The hidden states stay, so any row can be asked for
+    later (the page's tree view shows the target's own token at rejected nodes): a row computed late equals the
+    same row computed with the others, bit for bit. On the HF path the forward already computed every row.
+    """
+
+    def __init__(self, n: int, *, logits: torch.Tensor | None = None, hidden: torch.Tensor | None = None,
+                 head: Callable[[torch.Tensor], torch.Tensor] | None = None):
+        if (logits is None) == (hidden is None or head is None):
+            raise ValueError("NodeLogits needs either all logits or the hidden states and an LM head")
+        self._n = n
+        self._full = logits
+        self._hidden = hidden
+        self._head = head
+        self._rows: dict[int, torch.Tensor] = {}
+        self.rows_computed = 0      # LM head rows run so far (tests and benchmarks read these)
+        self.head_calls = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes kept for later reads once released: the hidden states (lazy), or all logits."""
+        return sum(int(t.nbytes) for t in (self._full, self._hidden) if t is not None)
+
+    @property
+    def lazy(self) -> bool:
+        """True when rows are computed on request (False: every row exists already)."""
+        return self._full is None
+
+    def rows(self, nodes: Sequence[int]) -> torch.Tensor:
+        """Logits [len(nodes), V] float32 of these nodes, in this order."""
+        nodes = [int(i) for i in nodes]
+        bad = [i for i in nodes if not 0 <= i < self._n]
+        if bad:
+            raise IndexError(f"node {bad[0]} is not in a tree of {self._n} nodes")
+        if self._full is not None:
+            return self._full[nodes]
+        missing = sorted(set(nodes) - self._rows.keys())
+        if missing:
+            computed = self._head(self._hidden[missing])
+            self.rows_computed += len(missing)
+            self.head_calls += 1
+            for i, row in zip(missing, computed):
+                self._rows[i] = row
+        if not nodes:
+            return self._head(self._hidden[:0])
+        return torch.stack([self._rows[i] for i in nodes])
+
+    def row(self, node: int) -> torch.Tensor:
+        """Logits [V] of one node."""
+        return self.rows([node])[0]
+
+    def __getitem__(self, node: int) -> torch.Tensor:
+        return self.row(node)
+
+    def all(self) -> torch.Tensor:
+        """Logits [N, V] of every node."""
+        return self.rows(range(self._n))
+
+    def release(self) -> None:
+        """Forget the computed rows (a row is V floats); the hidden states stay, so rows can be computed again."""
+        self._rows.clear()
 
 
 class TargetModel:
@@ -107,20 +184,26 @@ class TargetModel:
 
     @torch.inference_mode()
     def forward(self, cache: PreallocatedCache, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                allowed: torch.Tensor | None, want_aux: bool, last_only: bool = False) -> ForwardOutput:
+                allowed: torch.Tensor | None, want_aux: bool, last_only: bool = False,
+                lazy_logits: bool = False) -> ForwardOutput:
         """One target forward over ``q`` new positions written after the cache's current length.
 
         input_ids, position_ids: [q] int64; allowed: bool [q, length + q], True where a new position may
         attend, or None for causal attention. ``last_only`` computes the last position's logits only
         (the LM head is a large share of a long prompt's cost); aux features cover every position.
+        ``lazy_logits`` returns :class:`NodeLogits` that run the LM head on request (lean path; the HF
+        forward computes every row anyway and wraps them).
         """
         if cache.key_dtype != self.activation_dtype:
             raise RuntimeError(f"this session's cache holds {cache.key_dtype} but the target now runs "
                                f"{self.activation_dtype} activations: make a new session after set_fast_forward()")
         if self.fast is not None:
-            logits, aux = self.fast.forward(cache, input_ids, position_ids, allowed,
-                                            self.aux_layer_ids if want_aux else None, last_only)
-            return ForwardOutput(logits=logits, aux=aux)
+            rows = "last" if last_only else ("hidden" if lazy_logits else "all")
+            out, aux = self.fast.forward(cache, input_ids, position_ids, allowed,
+                                         self.aux_layer_ids if want_aux else None, rows)
+            if lazy_logits:
+                return ForwardOutput(logits=NodeLogits(len(out), hidden=out, head=self.fast.lm_head), aux=aux)
+            return ForwardOutput(logits=out, aux=aux)
         attention_mask = None
         if allowed is not None:
             attention_mask = torch.zeros(allowed.shape, dtype=self.dtype)
@@ -139,7 +222,8 @@ class TargetModel:
         if want_aux:
             hs = out.hidden_states
             aux = torch.cat([hs[i][0] for i in self.aux_layer_ids], dim=-1)
-        return ForwardOutput(logits=out.logits[0].float(), aux=aux)
+        logits = out.logits[0].float()
+        return ForwardOutput(logits=NodeLogits(len(logits), logits=logits) if lazy_logits else logits, aux=aux)
 
 
 class TargetSession:
@@ -185,7 +269,8 @@ class TargetSession:
 
     def verify(self, tree: DraftTree, want_aux: bool = False) -> ForwardOutput:
         """All tree nodes in one forward: node i attends to the prefix, its ancestors and itself,
-        at position ``length + depth(i)``. Returns logits [N, V] (and aux [N, 3H])."""
+        at position ``length + depth(i)``. Returns :class:`NodeLogits` of the N nodes (the root's and the
+        likeliest nodes' rows computed, ``LM_HEAD_FIRST_ROWS`` in all; the rest on request) and aux [N, 3H]."""
         n, prefix = len(tree), self.length
         if prefix + n > self.capacity:
             raise CacheFullError(f"verifying {n} nodes after {prefix} positions would overflow the "
@@ -196,7 +281,8 @@ class TargetSession:
         if n > 1:
             allowed = torch.ones(n, prefix + n, dtype=torch.bool)
             allowed[:, prefix:] = torch.from_numpy(tree.ancestor_mask())
-        out = self.target.forward(self.cache, ids, pos, allowed, want_aux=want_aux)
+        out = self.target.forward(self.cache, ids, pos, allowed, want_aux=want_aux, lazy_logits=True)
+        out.logits.rows(tree.likeliest(LM_HEAD_FIRST_ROWS))
         self._verified_prefix = prefix
         return out
 

@@ -34,7 +34,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 #: Bumped when what the cache holds, or how it is measured, changes.
-COST_MODEL_VERSION = 1
+COST_MODEL_VERSION = 2   # 2: a verify runs the LM head for the likeliest rows only
 #: Tree sizes (nodes, root included) timed at start, in the order they are timed: the ends and the middle
 #: first, so a start-up budget that runs out early still spans 1..64 (the rest fill in between).
 VERIFY_SIZES = (1, 64, 9, 3, 33, 17, 5, 2)
