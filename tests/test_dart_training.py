@@ -121,9 +121,17 @@ def test_cosine_schedule_and_budget_planner():
     assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
     assert all(a >= b for a, b in zip(lrs[9:], lrs[10:])) and lrs[-1] == pytest.approx(1e-4, rel=0.01)
     bp = BudgetPlanner(budget_s=1000, reserve_s=100, calibrate_after=3)
-    assert bp.plan(500, 2, 20, 10.0) == 500               # not calibrated yet
-    assert bp.plan(500, 10, 100, 10.0) == 10 + 80          # (1000 - 100 - 100) / 10 more steps
-    assert bp.plan(50, 10, 100, 10.0) == 50                # never extends the plan
+    assert bp.plan(500, 500, 2, 20, 10.0) == 500           # not calibrated yet
+    assert bp.plan(500, 500, 10, 100, 10.0) == 10 + 80     # (1000 - 100 - 100) / 10 more steps
+    # a slow start fitted 50 steps; at the faster pace since, the plan grows back, up to the ceiling
+    assert bp.plan(50, 500, 10, 100, 10.0) == 90
+    assert bp.plan(50, 60, 10, 100, 10.0) == 60
+    assert bp.plan(89, 500, 10, 100, 10.0) == 89           # within the 2% tolerance: no lr wiggle
+    assert bp.plan(91, 500, 10, 100, 10.0) == 90           # a smaller fit always shrinks (the budget holds)
+    assert bp.plan(500, 500, 10, 950, 10.0) == 10          # out of time: stop now
+    assert bp.pace([30.0, 1.0, 2.0, 3.0]) == 2.0           # the first (start-up) step left out
+    assert BudgetPlanner(budget_s=1, window=2).pace([9.0, 9.0, 1.0, 3.0]) == 2.0 and bp.pace([]) == 0.0
+    assert BudgetPlanner(budget_s=None).plan(500, 500, 10, 100, 10.0) == 500
     assert bp.over(950) and not bp.over(100)
 
 
@@ -231,6 +239,21 @@ def test_train_cli_writes_a_loadable_head_and_resumes(tiny, tmp_path):
     assert summary["steps"] == 4 and len(summary["eval"]["hit@1"]) == 4
     assert "alpaca" in (out / "README.md").read_text()
 
+
+
+def test_a_budget_shorter_than_the_evaluation_stops_after_calibrating(tiny, tmp_path):
+    """--time-budget-min fits the plan from the pace of the first steps: a budget that the final evaluation alone
+    would exceed stops the run once calibrated, with the learning rate schedule fitted to the steps taken."""
+    from dart_core.training.cli import main
+
+    d, t, data, _ = tiny
+    out = tmp_path / "run"
+    assert main(["dart", "--target", str(d), "--data", str(data), "--out", str(out), "--batch-seqs", "2",
+                 "--draft-length", "2", "--draft-vocab-size", "64", "--heldout-permille", "150", "--eval-rows", "2",
+                 "--dtype", "float32", "--no-progress", "--max-steps", "40", "--time-budget-min", "0.2"]) == 0
+    log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in log] == [1, 2, 3] and log[0]["total_steps"] == 40   # the plan before fitting
+    assert json.loads((out / "training_summary.json").read_text())["steps"] == 3
 
 class _RunsCodeWhenUnpickled:
     """A pickled object whose loading calls os.mkdir(path): stands for any code a hostile file could run."""

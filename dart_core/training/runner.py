@@ -494,6 +494,7 @@ def run_training(cfg: BaseTrainConfig, method: TrainMethod) -> dict:
         step, total_steps, elapsed0, epoch, cursor, history = 0, planned, 0.0, 0, 0, []
     budget = BudgetPlanner(cfg.time_budget_min * 60 if cfg.time_budget_min else None,
                            reserve_s=_eval_reserve_s(len(eval_rows)))
+    ceiling = max(total_steps, cfg.max_steps or planned)   # the budget may shorten the plan, never pass this
     budget_fitted = bool(state.get("budget_fitted", False))
     warmup = max(1, int(cfg.warmup_frac * total_steps))
     if state:
@@ -601,13 +602,15 @@ def run_training(cfg: BaseTrainConfig, method: TrainMethod) -> dict:
                                     f"h1@t2 {summ['hit@1'][1] if len(summ['hit@1']) > 1 else 0:.2f} "
                                     f"{dt:.1f}s/step lr {lr:.2e}", refresh=False)
 
-            # Fit the schedule to the time budget (decided by rank 0, shared with every rank).
-            mean_s = float(np.mean(step_times[1:] if len(step_times) > 1 else step_times))
-            new_total = budget.plan(total_steps, step, elapsed, mean_s)
+            # Fit the schedule to the time budget at the recent pace (decided by rank 0, shared with every rank).
+            pace_s = budget.pace(step_times)
+            new_total = budget.plan(total_steps, ceiling, step, elapsed, pace_s)
             new_total = dist.broadcast_int(new_total, device)
-            if new_total < total_steps:
+            if new_total != total_steps:
                 if not budget_fitted:
-                    logger.info("time budget: %.1f s/step -> %d steps instead of %d", mean_s, new_total, total_steps)
+                    logger.info("time budget: %.1f s/step -> %d steps instead of %d", pace_s, new_total, total_steps)
+                    if step < warmup:   # the warmup is a share of the fitted run, not of the epochs plan
+                        warmup = max(1, int(cfg.warmup_frac * new_total))
                 budget_fitted = True
                 total_steps = new_total
                 bar.total = total_steps

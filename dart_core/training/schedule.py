@@ -31,21 +31,35 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 class BudgetPlanner:
     """Fits the number of optimizer steps to a wall-time budget.
 
-    After ``calibrate_after`` steps the mean seconds per step is known; ``plan`` returns the
-    total steps that end the run (final evaluation and save included, ``reserve_s``) within
-    ``budget_s`` of training time. The plan only ever shrinks, so the cosine schedule ends
-    on time instead of being cut off mid-decay.
+    From ``calibrate_after`` steps on, ``plan`` re-fits the total at every step from the recent pace (``pace``:
+    the mean of the last ``window`` steps) so that the run, final evaluation and save included (``reserve_s``),
+    ends within ``budget_s``. A slow start (a busy machine, cold caches) therefore does not fix a short plan for
+    the whole run, and a slowdown later compresses the cosine decay instead of cutting it off. The plan shrinks
+    as soon as the fit is smaller (the budget holds), grows only when the fit is larger by more than
+    ``tolerance`` (timing noise does not wiggle the learning rate), and never passes ``ceiling`` (the plan of
+    ``--epochs`` or ``--max-steps``).
     """
     budget_s: float | None
     reserve_s: float = 120.0
     calibrate_after: int = 3
+    window: int = 32
+    tolerance: float = 0.02
 
-    def plan(self, total_steps: int, step: int, elapsed_s: float, mean_step_s: float) -> int:
-        if self.budget_s is None or step < self.calibrate_after or mean_step_s <= 0:
+    def pace(self, step_times: list[float]) -> float:
+        """Seconds per step lately: the mean of the last ``window`` steps, the first step of a process (start-up
+        work) left out when there are others."""
+        times = step_times[1:] if len(step_times) > 1 else step_times
+        recent = times[-self.window:]
+        return sum(recent) / len(recent) if recent else 0.0
+
+    def plan(self, total_steps: int, ceiling: int, step: int, elapsed_s: float, step_s: float) -> int:
+        if self.budget_s is None or step < self.calibrate_after or step_s <= 0:
             return total_steps
         left = self.budget_s - self.reserve_s - elapsed_s
-        fit = step + max(0, int(left / mean_step_s))
-        return max(step, min(total_steps, fit))
+        fit = max(step, min(ceiling, step + max(0, int(left / step_s))))
+        if fit < total_steps or fit > total_steps * (1 + self.tolerance):
+            return fit
+        return total_steps
 
     def over(self, elapsed_s: float) -> bool:
         return self.budget_s is not None and elapsed_s >= self.budget_s - self.reserve_s
