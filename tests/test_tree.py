@@ -140,13 +140,16 @@ def test_on_request_computes_missing_values_once():
 
     lazy = OnRequest(4, compute, holds_nbytes=100)
     assert len(lazy) == 4 and calls == []
-    assert lazy[2] == 20 and lazy[-1] == 30 and calls == [[2], [3]]
-    assert list(lazy) == [0, 10, 20, 30] and calls[-1] == [0, 1]   # the rest in one call
+    walk = lazy.per_node()                      # a walk computes the nodes it visits, one at a time
+    assert walk[2] == 20 and walk[3] == 30 and walk[2] == 20 and calls == [[2], [3]]
+    assert lazy[0] == 0 and calls[-1] == [0, 1]  # a reader's first read computes the rest in one call
+    assert list(lazy) == [0, 10, 20, 30] and lazy[-1] == 30 and len(calls) == 3
     assert lazy == [0, 10, 20, 30] and [0, 10, 20, 30] == lazy and lazy[1:3] == [10, 20]
     assert np.asarray(lazy).tolist() == [0, 10, 20, 30] and len(calls) == 3
-    assert lazy.nbytes >= 100
-    with pytest.raises(IndexError, match="node 4"):
-        lazy[4]
+    assert lazy.nbytes >= 100 and len(walk) == 4
+    for bad in (lambda: lazy[4], lambda: walk[4], lambda: lazy.at(-1)):
+        with pytest.raises(IndexError, match="node"):
+            bad()
 
 
 def test_a_trace_with_values_on_request_exports_plain_lists():

@@ -190,10 +190,10 @@ class SpeculativeEngine:
             logits = vout.logits   # NodeLogits: rows computed as the walk reads them
             children = tree.children()
             target_argmax = _node_target_argmax(logits)
-            if config.greedy:
-                acc = accept_greedy(tree, target_argmax, children)
+            if config.greedy:   # the walk computes the rows it visits, one at a time past the first ones
+                acc = accept_greedy(tree, target_argmax.per_node(), children)
             else:
-                acc = accept_sampling(tree, _node_probs(logits, config), children, generator)
+                acc = accept_sampling(tree, _node_probs(logits, config).per_node(), children, generator)
             self._sync(config)
             t2 = time.perf_counter()
 

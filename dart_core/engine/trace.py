@@ -23,9 +23,10 @@ STAGES = ("draft_forward", "tree_build", "verify", "commit")
 
 
 class OnRequest(Sequence):
-    """A per-node list whose values are computed when first read, the missing ones in one call of
-    ``compute(nodes) -> values``. The engine records the target's choice at every node this way: its walk
-    reads the nodes it visits, and the LM head runs for the others only if someone reads them (the page)."""
+    """A per-node list whose values are computed when first read, in one call of ``compute(nodes) -> values``
+    for all the missing ones (a reader that reads one node usually reads the rest: the page's tree view).
+    ``at(i)`` computes node i alone: the acceptance walk reads the nodes it visits that way (``per_node()``), so
+    the engine's LM head runs for the other nodes only if someone reads them."""
 
     def __init__(self, n: int, compute: Callable[[list[int]], Sequence], holds_nbytes: int = 0):
         self._n = n
@@ -50,8 +51,21 @@ class OnRequest(Sequence):
         if not 0 <= i < self._n:
             raise IndexError(f"node {i} is not in a tree of {self._n} nodes")
         if i not in self._values:
+            self.tolist()
+        return self._values[i]
+
+    def at(self, i: int):
+        """Node i's value, computing that node alone when it is missing."""
+        i = int(i)
+        if not 0 <= i < self._n:
+            raise IndexError(f"node {i} is not in a tree of {self._n} nodes")
+        if i not in self._values:
             self._values[i] = self._compute([i])[0]
         return self._values[i]
+
+    def per_node(self) -> "_PerNode":
+        """A view whose ``[i]`` computes node i alone (for a walk that visits a few nodes)."""
+        return _PerNode(self)
 
     def tolist(self) -> list:
         missing = [i for i in range(self._n) if i not in self._values]
@@ -70,6 +84,17 @@ class OnRequest(Sequence):
 
     def __repr__(self) -> str:
         return f"OnRequest({self._n} nodes, {len(self._values)} computed)"
+
+
+class _PerNode:
+    def __init__(self, values: OnRequest):
+        self._values = values
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __getitem__(self, i: int):
+        return self._values.at(i)
 
 
 @dataclass
