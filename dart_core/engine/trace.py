@@ -46,22 +46,23 @@ class OnRequest(Sequence):
         if isinstance(i, slice):
             return self.tolist()[i]
         i = int(i)
-        if i < 0:
-            i += self._n
-        if not 0 <= i < self._n:
-            raise IndexError(f"node {i} is not in a tree of {self._n} nodes")
+        i = self._node(i + self._n if i < 0 else i)
         if i not in self._values:
             self.tolist()
         return self._values[i]
 
     def at(self, i: int):
         """Node i's value, computing that node alone when it is missing."""
-        i = int(i)
-        if not 0 <= i < self._n:
-            raise IndexError(f"node {i} is not in a tree of {self._n} nodes")
+        i = self._node(i)
         if i not in self._values:
             self._values[i] = self._compute([i])[0]
         return self._values[i]
+
+    def _node(self, i) -> int:
+        i = int(i)
+        if not 0 <= i < self._n:
+            raise IndexError(f"node {i} is not in a tree of {self._n} nodes")
+        return i
 
     def per_node(self) -> "_PerNode":
         """A view whose ``[i]`` computes node i alone (for a walk that visits a few nodes)."""

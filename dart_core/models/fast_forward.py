@@ -162,8 +162,8 @@ class FastForward:
         return logits
 
     def _chunk(self, cache, ids, pos, allowed, aux_layer_ids, rows: str):
-        """Up to NATIVE_MAX_ROWS positions through every layer; then the logits of "all" rows or the "last",
-        the final-normed "hidden" states, or "none"."""
+        """One chunk of positions (see ``forward``) through every layer; then the logits of "all" rows or the
+        "last", the final-normed "hidden" states, or "none"."""
         q, start = int(ids.numel()), cache.length
         h = F.embedding(ids, self.embed).float().contiguous()
         cos, sin = self.rotary(h, pos.view(1, -1))

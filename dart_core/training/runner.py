@@ -494,7 +494,7 @@ def run_training(cfg: BaseTrainConfig, method: TrainMethod) -> dict:
         step, total_steps, elapsed0, epoch, cursor, history = 0, planned, 0.0, 0, 0, []
     budget = BudgetPlanner(cfg.time_budget_min * 60 if cfg.time_budget_min else None,
                            reserve_s=_eval_reserve_s(len(eval_rows)))
-    ceiling = max(total_steps, cfg.max_steps or planned)   # the budget may shorten the plan, never pass this
+    ceiling = max(total_steps, planned)   # the budget may shorten the plan, never pass this
     budget_fitted = bool(state.get("budget_fitted", False))
     warmup = max(1, int(cfg.warmup_frac * total_steps))
     if state:
