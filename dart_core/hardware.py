@@ -23,7 +23,8 @@ from .config import dtype_name
 logger = logging.getLogger(__name__)
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo; elsewhere what the platform module says)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.lower().startswith("model name"):
@@ -60,7 +61,7 @@ def describe_machine(device: str | torch.device | None = None, dtype: str | torc
     except OSError:  # not available on every platform
         load = None
     info = {
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "cpu_bf16": cpu_supports_bf16(),

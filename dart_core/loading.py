@@ -225,8 +225,8 @@ class EngineFactory:
                 logger.warning("%s", unavailable["eagle3"])
         return cls(target, dart_head=dart_head, ngram=store, eagle3_head=eagle3_head, unavailable=unavailable)
 
-    def _make(self, name: str, settings: "RunSettings") -> tuple[Any, SpeculativeEngine]:
-        target, key = self.target, self.tree_key(name, settings)
+    def _make(self, name: str, settings: "RunSettings") -> SpeculativeEngine:
+        target = self.target
         if name == "dart":
             from .drafters.dart import DartDrafter
             drafter = DartDrafter(self.dart_head, self.ngram, target.eos_token_ids,
@@ -235,14 +235,14 @@ class EngineFactory:
             from .drafters.eagle3 import Eagle3Drafter
             drafter = Eagle3Drafter(self.eagle3_head, settings.eagle3_tree(self.eagle3_tree_base))
         elif name == BASELINE:
-            return key, SpeculativeEngine(target, name=BASELINE)
+            return SpeculativeEngine(target, name=BASELINE)
         else:
             raise ConfigError(f"unknown engine {name!r}; this app runs {self.names}")
         fixed = settings.fixed_sizes(name)
         if fixed is not None:
             from .sizing.auto import make_auto
             drafter = make_auto(drafter, self.costs, fixed)
-        return key, SpeculativeEngine(target, drafter, name=name)
+        return SpeculativeEngine(target, drafter, name=name)
 
     def tree_key(self, name: str, settings: "RunSettings") -> Any:
         """What makes two engines of ``name`` interchangeable: their tree settings (and, with automatic trees,
@@ -270,7 +270,7 @@ class EngineFactory:
                         engines[name] = self._pool.pop(name)[1]
         for name in keys:
             if name not in engines:
-                engines[name] = self._make(name, settings)[1]
+                engines[name] = self._make(name, settings)
         return EngineLease(self, {n: engines[n] for n in keys}, keys, fresh=fresh)
 
     def _check_in(self, lease: "EngineLease") -> None:
@@ -288,7 +288,7 @@ class EngineFactory:
         pooled ones, which stay in the pool for the next checkout. Anything that may run beside other runs
         (the app) takes its engines with :meth:`checkout`."""
         if fresh:
-            return {name: self._make(name, settings)[1] for name in self.names}
+            return {name: self._make(name, settings) for name in self.names}
         lease = self.checkout(settings)
         lease.release()
         return dict(lease.engines)

@@ -126,7 +126,7 @@ def _machine_key(target) -> dict:
     if dev.type == "cuda":
         machine = torch.cuda.get_device_name(dev)
     else:
-        from ..hardware import _cpu_model
+        from ..hardware import cpu_model
         flags = ""
         try:
             for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -135,7 +135,7 @@ def _machine_key(target) -> dict:
                     break
         except OSError:
             pass
-        machine = f"{_cpu_model()} {flags}".strip()
+        machine = f"{cpu_model()} {flags}".strip()
     from .. import __version__
     return {"machine": machine, "device": dev.type, "target": str(target.name),
             # weights and activations: bf16 weights may run with float32 activations, as float32 weights do

@@ -674,9 +674,9 @@ def head_vocab_info(head, rows: Sequence[DistillRow]) -> dict:
 def cpu_description() -> str:
     """The CPU model and whether it has native bf16 matmuls: wall-time budgets on two CPUs compare only
     when both are named (a 2-core AMX Xeon trains several times faster than a 2-core AVX2 EPYC)."""
-    from ..hardware import _cpu_model
+    from ..hardware import cpu_model
     from ..models.loader import cpu_supports_bf16
-    return f"{_cpu_model()} ({'native bf16' if cpu_supports_bf16() else 'no native bf16'})"
+    return f"{cpu_model()} ({'native bf16' if cpu_supports_bf16() else 'no native bf16'})"
 
 
 def compared_run(run_dir: str | Path) -> dict:
