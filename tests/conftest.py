@@ -1,12 +1,21 @@
 """Shared fixtures: models are loaded once per test session."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# Tests never read or write the user's cost models (``~/.cache/dart-demo/costs``): a test that fakes or slows a
+# target would leave its timings there, and the next real start would size its trees from them. This process and
+# every app or benchmark it starts use a folder of their own, removed at exit.
+os.environ["DART_DEMO_CACHE"] = tempfile.mkdtemp(prefix="dart-test-cache-")
+atexit.register(shutil.rmtree, os.environ["DART_DEMO_CACHE"], True)
 
 
 

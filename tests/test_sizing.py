@@ -323,3 +323,16 @@ def test_auto_trees_on_the_bundled_model_are_lossless_and_report_expected_and_ac
         assert engine.generate(ids, cfg).tokens == vanilla.generate(ids, cfg).tokens
     rep = auto.report()
     assert rep["drafting_steps"] > 0 and rep["expected_tau"] >= 1.0 and rep["achieved_tau"] >= 1.0
+
+
+def test_tests_use_their_own_cost_cache():
+    """conftest points the cost cache at a temporary folder: no test (nor an app it starts) writes timings of a
+    faked or slowed target into the user's cache, where the next real start would size its trees from them."""
+    import os
+    from pathlib import Path
+
+    from dart_core.sizing.costs import cost_cache_dir
+
+    user = Path(os.path.expanduser("~")) / ".cache" / "dart-demo"
+    assert user not in cost_cache_dir().parents
+    assert Path(os.environ["DART_DEMO_CACHE"]).is_dir()
