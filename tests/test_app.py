@@ -70,7 +70,8 @@ def oracle_dart_engine(target, prompt_ids, cfg) -> SpeculativeEngine:
         return logits
 
     head.step = step
-    return SpeculativeEngine(target, DartDrafter(head, None, target.eos_token_ids, PruningConfig(budget=12)),
+    return SpeculativeEngine(target, DartDrafter(head, None, target.eos_token_ids, PruningConfig(budget=12),
+                                                   head_backend="torch"),
                              name="dart")
 
 

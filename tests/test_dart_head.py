@@ -341,7 +341,7 @@ def test_an_oracle_head_is_fully_accepted(tiny):
                 logits[level, to_draft[full[root_at + 1 + level]]] = 10.0
         return logits
     head.step = oracle_step
-    drafter = DartDrafter(head, None, t.eos_token_ids, PruningConfig(budget=30))
+    drafter = DartDrafter(head, None, t.eos_token_ids, PruningConfig(budget=30), head_backend="torch")  # patched step
     res = SpeculativeEngine(t, drafter).generate(ids, cfg)
     assert res.tokens == truth
     full_steps = [tr for tr in res.traces if tr.stop_reason is None]

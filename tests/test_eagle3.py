@@ -460,7 +460,7 @@ def test_an_oracle_head_is_accepted_through_the_d2t_mapping(tiny):
     head = new_eagle3_head_for_target(t, draft_ids=draft_ids, seed=0)
     to_draft = head.target_to_draft()
     tc = Eagle3TreeConfig(total_token=12, depth=3, top_k=2)
-    drafter = Eagle3Drafter(head, tc)
+    drafter = Eagle3Drafter(head, tc, head_backend="torch")   # its head methods are patched below
     # Replace the head's forwards with an oracle: g carries the position whose next token is predicted.
 
     def step_real(aux, next_ids, cache):

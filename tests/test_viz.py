@@ -86,7 +86,8 @@ def oracle_run(tiny, prompt_ids):
                 logits[level, to_draft[full[cache.length + 1 + level]]] = 20.0
         return logits
     head.step = oracle_step
-    res = SpeculativeEngine(tiny, DartDrafter(head, None, tiny.eos_token_ids, PruningConfig(budget=30))).generate(
+    res = SpeculativeEngine(tiny, DartDrafter(head, None, tiny.eos_token_ids, PruningConfig(budget=30),
+                                                  head_backend="torch")).generate(
         prompt_ids, cfg)
     assert res.tokens == truth
     return res

@@ -4,12 +4,14 @@
     engine  = SpeculativeEngine(target, drafter)
 
 Per step (``propose``): the head runs once over the positions committed since the last step
-plus its D mask slots and returns D+1 logit rows (row l = tree level l). Each row's top-k
-draft ids are mapped to target ids through ``d2t`` and handed with their logits to
+plus its mask slots and returns a logit row per tree level (row l = level l; only as many levels
+as the budget can keep). Each row's top-k draft ids are mapped to target ids through ``d2t``
+(on a CPU the forward and the top-k are one native call, ``models.heads.native_step``) and handed
+with their logits to
 :func:`dart_core.drafters.pruning.prune_dart_tree`, which scores every candidate with its logit and
 N-gram terms and keeps the best ``budget`` nodes (budget 0: no draft, a plain target step).
 Every scored candidate (kept or pruned) goes into the Proposal, so the StepTrace keeps it.
-Stage times: ``draft_forward_s`` = the head forward; ``tree_build_s`` = top-k + pruning.
+Stage times: ``draft_forward_s`` = the head forward and each level's top-k; ``tree_build_s`` = pruning.
 
 State across a request: the head's KV cache holds one entry per committed position; the
 features of newly committed positions (from ``begin`` / ``observe``) wait in ``_pending``
@@ -21,12 +23,11 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
-import numpy as np
 import torch
 
 from ..models.heads.dart import DartHead
-from ..models.native_linear import use_native_linears
-from .pruning import PruningConfig, prune_dart_tree
+from ..models.heads.native_step import prepare_head
+from .pruning import PruningConfig, TreeBuilder
 from ..engine.tree import DraftTree
 from ..engine.protocol import FeatureDrafter, Proposal
 
@@ -36,16 +37,21 @@ class DartDrafter(FeatureDrafter):
 
     def __init__(self, head: DartHead, store=None, eos_token_ids: Sequence[int] = (),
                  pruning: PruningConfig | None = None, backend: str = "native", name: str = "dart",
-                 native_linears: bool = True):
+                 head_backend: str = "auto"):
         """head: a DartHead with the target's embedding attached, on the target's device and dtype.
         store: an NgramStore (None = no N-gram term). backend: the pruner, "native" or "python".
-        native_linears: on a CPU, run the head's projections through the native small-GEMM kernel."""
-        super().__init__(head, name, loader="load_dart_head", prepare=use_native_linears if native_linears else None)
+        head_backend: how the head runs (models.heads.native_step.HEAD_BACKENDS; "auto": one native call a
+        step on a CPU)."""
+        super().__init__(head, name, loader="load_dart_head")
+        self.head_backend, self._step = prepare_head(self.head, head_backend)
+        if self._step is not None:
+            self._cache = self._step.new_cache()
         self.store = store
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self.pruning = pruning or PruningConfig()
         self.pruning.validate()
         self.backend = backend
+        self._builder = TreeBuilder(store, self.eos_token_ids, backend)
         self.max_tree_nodes = self._tree_size_bound(head.config.draft_length + 1, head.config.draft_vocab_size)
         self._d2t = head.d2t
 
@@ -69,25 +75,27 @@ class DartDrafter(FeatureDrafter):
             # Budget 0 drafts nothing: the step is one plain target forward (the output equals vanilla's). The
             # head does not run; its features wait for the next step that drafts.
             return self.skip(context)
-        dev = self.head.fc.weight.device
-        sync = dev.type == "cuda"
         start = self._cache.length
         pending = self.take_pending(context)
-        next_ids = torch.as_tensor(list(context[start + 1:]), dtype=torch.long, device=dev)
-
-        t0 = time.perf_counter()
         # A tree of `budget` nodes is at most `budget` levels deep: deeper rows could never be kept.
         levels = min(self.head.config.draft_length + 1, int(self.pruning.budget))
-        logits = self.head.step(pending, next_ids, self._cache, levels)         # [levels, V_d] float32
-        if sync:
-            torch.cuda.synchronize(dev)
-        t1 = time.perf_counter()
+        k = min(int(self.pruning.level_top_k), self.head.config.draft_vocab_size)
 
-        k = min(int(self.pruning.level_top_k), logits.shape[-1])
-        vals, idx = torch.topk(logits, k, dim=-1)                               # [D+1, k]
-        tokens = idx + self._d2t[idx]                                           # draft ids -> target ids
-        tree, cands = prune_dart_tree(vals.cpu().numpy().astype(np.float32, copy=False),
-                                      tokens.cpu().numpy().astype(np.int64, copy=False), context, self.store,
-                                      self.eos_token_ids, self.pruning, backend=self.backend)
+        t0 = time.perf_counter()
+        if self._step is not None:     # one native call: the head forward and each level's top-k
+            vals, tokens = self._step.dart(pending, context[start + 1:], self._cache, levels, k)
+        else:
+            vals, tokens = self._torch_step(pending, context[start + 1:], levels, k)
+        t1 = time.perf_counter()
+        tree, cands = self._builder.build(vals, tokens, context, self.pruning)
         t2 = time.perf_counter()
         return Proposal(tree=tree, candidates=cands, draft_forward_s=t1 - t0, tree_build_s=t2 - t1)
+
+    def _torch_step(self, pending: torch.Tensor, next_ids: Sequence[int], levels: int, k: int):
+        """The head forward in torch (the reference; GPUs), then each level's top-k as target ids (numpy)."""
+        dev = self.head.fc.weight.device
+        ids = torch.as_tensor(list(next_ids), dtype=torch.long, device=dev)
+        logits = self.head.step(pending, ids, self._cache, levels)               # [levels, V_d] float32
+        vals, idx = torch.topk(logits, k, dim=-1)                                # [levels, k]
+        tokens = idx + self._d2t[idx]                                            # draft ids -> target ids
+        return vals.cpu().numpy(), tokens.cpu().numpy()

@@ -35,7 +35,7 @@ import torch
 
 from ..presets import EAGLE3_FIELDS, LIMITS
 from ..models.heads.eagle3 import Eagle3Head
-from ..models.native_linear import use_native_linears
+from ..models.heads.native_step import prepare_head
 from ..engine.trace import ScoredCandidates
 from ..engine.tree import DraftTree
 from ..engine.protocol import FeatureDrafter, Proposal
@@ -90,10 +90,14 @@ class Eagle3Drafter(FeatureDrafter):
     name = "eagle3"
 
     def __init__(self, head: Eagle3Head, tree: Eagle3TreeConfig | None = None, name: str = "eagle3",
-                 native_linears: bool = True):
+                 head_backend: str = "auto"):
         """head: an Eagle3Head with the target's embedding attached, on the target's device and dtype.
-        native_linears: on a CPU, run the head's projections through the native small-GEMM kernel."""
-        super().__init__(head, name, loader="load_eagle3_head", prepare=use_native_linears if native_linears else None)
+        head_backend: how the head runs (models.heads.native_step.HEAD_BACKENDS; "auto": one native call per
+        depth on a CPU)."""
+        super().__init__(head, name, loader="load_eagle3_head")
+        self.head_backend, self._step = prepare_head(self.head, head_backend)
+        if self._step is not None:
+            self._cache = self._step.new_cache()
         self.tree_config = tree or Eagle3TreeConfig()
         self.tree_config.validate()
         # the best total_token - 1 of at most k + depth * k^2 candidates, plus the root
@@ -113,21 +117,16 @@ class Eagle3Drafter(FeatureDrafter):
         k = min(int(tc.top_k), head.config.draft_vocab_size)
         T = start + n                                        # real positions after this step's real forward
         cache.reserve(T + tc.depth * k)
-        d2t = head.d2t
         fwd_s = 0.0
         t_begin = time.perf_counter()
 
         # 1. Real forward: the new positions persist in the head cache.
         t0 = time.perf_counter()
-        next_ids = torch.as_tensor(list(context[start + 1:]), dtype=torch.long, device=dev)
-        g = head.step_real(pending, next_ids, cache)[-1:]                        # [1, H]
-        logp = torch.log_softmax(head.logits(g), dim=-1)                         # [1, V_d]
+        g, vals, toks = self._real(pending, context[start + 1:], k)                  # [1, H], [k], [k]
         sync()
         fwd_s += time.perf_counter() - t0
 
-        vals, idx = topk_stable(logp[0], k)                                      # [k]
         vals = vals.clamp(max=0.0)         # a log-prob; keeps scores non-increasing along every path
-        toks = idx + d2t[idx]                                                    # draft ids -> target ids
         # Candidate arrays, level by level; a level's candidates are parent-major, then by rank.
         c_tok, c_par, c_lp, c_score = [toks], [torch.full((k,), -1, dtype=torch.long, device=dev)], [vals], [vals]
         c_depth = [torch.ones(k, dtype=torch.long, device=dev)]
@@ -140,15 +139,13 @@ class Eagle3Drafter(FeatureDrafter):
         # 2. Tree forwards: expand the frontier depth by depth.
         for i in range(tc.depth):
             t0 = time.perf_counter()
-            g = head.step_tree(f_h, f_tok, T + i, cache, T + slots, tree_allowed)   # [k, H]
-            logp = torch.log_softmax(head.logits(g), dim=-1)                         # [k, V_d]
+            g, vals, toks = self._tree(f_h, f_tok, T + i, T + slots, tree_allowed, k)   # [k, H], [k, k], [k, k]
             sync()
             fwd_s += time.perf_counter() - t0
             slots += k
 
-            vals, idx = topk_stable(logp, k)                                         # [k, k]
             cu = (f_score[:, None] + vals.clamp(max=0.0)).reshape(-1)                # [k*k] cumulative
-            toks = (idx + d2t[idx]).reshape(-1)
+            toks = toks.reshape(-1)
             c_tok.append(toks)
             c_par.append(frontier.repeat_interleave(k))
             c_lp.append(vals.reshape(-1))
@@ -190,3 +187,29 @@ class Eagle3Drafter(FeatureDrafter):
         sync()
         total = time.perf_counter() - t_begin
         return Proposal(tree=tree, candidates=cands, draft_forward_s=fwd_s, tree_build_s=max(total - fwd_s, 0.0))
+
+    # One head forward each, then each row's log-softmax top-k (ties to the lower draft id) as target ids:
+    # one native call on a CPU, torch ops otherwise (the reference).
+    def _real(self, pending: torch.Tensor, next_ids: Sequence[int], k: int):
+        """The real forward: g [1, H] of the last new position, its k best log-probs [k] and target ids [k]."""
+        if self._step is not None:
+            g, vals, toks = self._step.eagle3_real(pending, next_ids, self._cache, k)
+            return torch.from_numpy(g), torch.from_numpy(vals[0]), torch.from_numpy(toks[0])
+        head = self.head
+        dev = head.fc.weight.device
+        ids = torch.as_tensor(list(next_ids), dtype=torch.long, device=dev)
+        g = head.step_real(pending, ids, self._cache)[-1:]                               # [1, H]
+        vals, idx = topk_stable(torch.log_softmax(head.logits(g), dim=-1)[0], k)         # [k]
+        return g, vals, idx + head.d2t[idx]
+
+    def _tree(self, f_h: torch.Tensor, f_tok: torch.Tensor, position: int, tree_start: int,
+              tree_allowed: torch.Tensor, k: int):
+        """One tree depth over the frontier: g [n, H], each node's k best log-probs [n, k] and target ids."""
+        if self._step is not None:
+            g, vals, toks = self._step.eagle3_tree(f_h.numpy(), f_tok.numpy(), position, self._cache, tree_start,
+                                                   tree_allowed.numpy(), k)
+            return torch.from_numpy(g), torch.from_numpy(vals), torch.from_numpy(toks)
+        head = self.head
+        g = head.step_tree(f_h, f_tok, position, self._cache, tree_start, tree_allowed)  # [n, H]
+        vals, idx = topk_stable(torch.log_softmax(head.logits(g), dim=-1), k)             # [n, k]
+        return g, vals, idx + head.d2t[idx]

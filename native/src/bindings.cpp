@@ -24,6 +24,8 @@
 namespace py = pybind11;
 using dart::NgramStore;
 
+void bind_head_step(py::module_& m);   // head_bindings.cpp
+
 namespace {
 
 using IdArray = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
@@ -332,7 +334,7 @@ py::dict prune_result_dict(dart::PruneResult&& r) {
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "DART native core: memory-mapped N-gram store, table builder, .trie importer and tree pruner";
-  m.def("abi_version", []() { return 4; }, "Version of the native ABI, bumped when a binding changes.");
+  m.def("abi_version", []() { return 5; }, "Version of the native ABI, bumped when a binding changes.");
   m.def("small_gemm", &small_gemm_checked, py::arg("x"), py::arg("w"), py::arg("y"), py::arg("threads") = 1,
         "y = x @ w.T for float32 x [M, K] and w [N, K] (float32, or uint16 holding bfloat16), written into "
         "float32 y [M, N]. Reads w once for all M rows; see native/src/small_gemm.hpp.");
@@ -348,6 +350,7 @@ PYBIND11_MODULE(_native, m) {
       .def("run", &PyDecoder::run, py::arg("h"), py::arg("cos"), py::arg("sin"), py::arg("allowed"),
            py::arg("start"), py::arg("cache"), py::arg("begin"), py::arg("end"), py::arg("threads"))
       .def_property_readonly("num_layers", [](const PyDecoder& d) { return d.layers.size(); });
+  bind_head_step(m);
   m.def("small_gemm_has_avx2", &dart::small_gemm_has_avx2, "True when this CPU runs the AVX2+FMA small-GEMM kernel.");
   m.def("small_gemm_path", []() { return std::string(dart::small_gemm_path_name(dart::small_gemm_path())); },
         "The small-GEMM kernel calls run now: 'avx512', 'avx2' or 'portable' (the best this CPU runs, unless "

@@ -258,6 +258,25 @@ void attention(const DecoderShape& s, const float* qs, const LayerCache& cache, 
 
 }  // namespace
 
+// The layer pieces the draft heads reuse (head_step.cpp), forwarding to the ones above.
+namespace ops {
+void project(const DecoderShape& s, const float* x, const void* w, const float* bias, float* y, int64_t M, int64_t N,
+             int64_t K, int threads) {
+  dart::project(s, x, w, bias, y, M, N, K, threads);
+}
+void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t n, float eps) {
+  dart::rms_norm(x, weight, out, rows, n, eps);
+}
+void rope(float* x, int64_t q, int64_t heads, int64_t D, const float* cos, const float* sin) {
+  dart::rope(x, q, heads, D, cos, sin);
+}
+void attention(const DecoderShape& s, const float* qs, const LayerCache& cache, int64_t capacity, float* out,
+               int64_t q, int64_t start, const uint8_t* allowed, int threads) {
+  dart::attention(s, qs, cache, capacity, out, q, start, allowed, threads);
+}
+void silu_mul(float* g, const float* u, int64_t n) { dart::silu_mul(g, u, n); }
+}  // namespace ops
+
 void decoder_layers(const DecoderShape& s, const std::vector<LayerWeights>& layers,
                     const std::vector<LayerCache>& caches, int64_t capacity, int64_t begin, int64_t end, float* h,
                     int64_t q, const float* cos, const float* sin, const uint8_t* allowed, int64_t start,

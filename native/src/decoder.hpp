@@ -42,4 +42,21 @@ void decoder_layers(const DecoderShape& shape, const std::vector<LayerWeights>& 
                     int64_t q, const float* cos, const float* sin, const uint8_t* allowed, int64_t start,
                     int threads);
 
+// The pieces of a layer, for the draft heads' native step (head_step.cpp): the same arithmetic as above.
+namespace ops {
+// y [M, N] = x [M, K] @ w^T (+ bias); w float32 or bfloat16 bits per s.bf16_weights.
+void project(const DecoderShape& s, const float* x, const void* w, const float* bias, float* y, int64_t M, int64_t N,
+             int64_t K, int threads);
+// out[r] = weight * (x[r] * rsqrt(mean(x[r]^2) + eps)); out may be x.
+void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t n, float eps);
+// x [q, heads, D] rotated in place by the tables cos / sin [q, D].
+void rope(float* x, int64_t q, int64_t heads, int64_t D, const float* cos, const float* sin);
+// out [q, heads * D]: rows at cache slots start..start+q-1 attend to slots [0, start + q) (causal, or allowed
+// [q, start + q], 1 = may attend); K/V must already be in the cache.
+void attention(const DecoderShape& s, const float* qs, const LayerCache& cache, int64_t capacity, float* out,
+               int64_t q, int64_t start, const uint8_t* allowed, int threads);
+// g = silu(g) * u.
+void silu_mul(float* g, const float* u, int64_t n);
+}  // namespace ops
+
 }  // namespace dart
