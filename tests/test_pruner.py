@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from dart_core.ngram import store as ngram
 from dart_core.ngram.store import NgramStore
 from dart_core.ngram.reference import ReferenceNgram
-from dart_core.drafters.pruning import PruningConfig, prune_dart_tree, prune_dart_tree_reference
+from dart_core.drafters.pruning import PruningConfig, TreeBuilder, prune_dart_tree, prune_dart_tree_reference
 from dart_core.engine.trace import ScoredCandidates
 
 native = ngram.require_native()
@@ -103,6 +103,45 @@ def test_native_matches_reference(stores, case):
     want = prune_dart_tree_reference(logits, tokens, context, store, eos, config)
     assert_same(got, want)
     check_invariants(*got, config, set(eos))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=pruning_case(), budget=st.integers(0, 7), beam=st.integers(1, 9))
+def test_the_hot_path_with_its_beam_capped_at_the_budget_builds_the_same_tree(stores, case, budget, beam):
+    """TreeBuilder expands at most `budget` candidates a level: the tree (nodes, order, scores) equals the full
+    beam's, and the candidates it hands the trace, computed when first read, are the full beam's."""
+    logits, tokens, context, eos, config, store_key = case
+    config.budget, config.beam_width = budget, beam
+    store = None if store_key is None else stores[store_key]
+    want = prune_dart_tree(logits, tokens, context, store, eos, config)
+    builder = TreeBuilder(store, eos)
+    got = builder.build(logits, tokens, context, config)
+    config.budget = budget + 3          # the sizer may change the budget before the trace is read
+    assert_same(got, want)
+    assert len(builder.build(logits, tokens, context, config)[0]) == len(prune_dart_tree(
+        logits, tokens, context, store, eos, config)[0]), "a changed config must be read again"
+
+
+def test_the_hot_path_refuses_what_the_reference_refuses(stores):
+    builder = TreeBuilder(stores[3], [])
+    with pytest.raises(ValueError, match="beam_width"):
+        builder.build(np.zeros((1, 2), np.float32), np.array([[1, 2]]), [1], _bad_beam())
+    with pytest.raises(ValueError, match="outside the table's vocabulary"):
+        builder.build(np.zeros((1, 2), np.float32), np.array([[1, VOCAB]]), [1], PruningConfig())
+    with pytest.raises(ValueError, match="context is empty"):
+        builder.build(np.zeros((1, 2), np.float32), np.array([[1, 2]]), [], PruningConfig())
+    with pytest.raises(ValueError, match="NaN"):
+        builder.build(np.full((1, 2), np.nan, np.float32), np.array([[1, 2]]), [1], PruningConfig())
+    with pytest.raises(TypeError, match="needs an NgramStore"):
+        TreeBuilder(ReferenceNgram.from_sequences(stores["docs"], 2, vocab_size=VOCAB), [])
+    with pytest.raises(ValueError, match="backend must be"):
+        TreeBuilder(None, [], backend="cuda")
+
+
+def _bad_beam() -> PruningConfig:
+    config = PruningConfig()
+    config.beam_width = 0           # changed after construction: the builder validates what it is given
+    return config
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -33,7 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..presets import LIMITS, PRUNING_FIELDS
-from ..engine.trace import ScoredCandidates
+from ..engine.trace import CandidatesOnRequest, ScoredCandidates
 from ..engine.tree import DraftTree
 
 
@@ -171,10 +171,7 @@ def prune_dart_tree(topk_logits: np.ndarray, topk_tokens: np.ndarray, context: S
     tree = DraftTree(tokens=r["tree_tokens"], parents=r["tree_parents"], depths=r["tree_depths"],
                      scores=r["tree_scores"])
     # Arrays go into the trace as they are; they become lists only when a trace is exported.
-    cands = ScoredCandidates(token=r["token"], parent=r["parent"], depth=r["depth"], logit_term=r["logit_term"],
-                             ngram_term=r["ngram_term"], score=r["score"], kept=r["kept"].astype(bool),
-                             node=r["node"])
-    return tree, cands
+    return tree, _candidates(r)
 
 
 def _clamped_log(x: float, eps: float) -> float:
@@ -261,3 +258,76 @@ def prune_dart_tree_reference(topk_logits: np.ndarray, topk_tokens: np.ndarray, 
         scores_out.append(cands.score[c])
     tree = DraftTree(tokens=tokens_out, parents=parents_out, depths=depths_out, scores=scores_out)
     return tree, cands
+
+
+class TreeBuilder:
+    """DART's tree build on the drafting hot path: one native pruner call and nothing the tree does not need.
+
+    * The beam is capped at the budget. The tree is the same: a candidate with ``budget`` candidates of its own
+      level ahead of it (score desc, index asc) has them ahead of every descendant too (scores never rise along a
+      path, and the shallower wins a tie), so neither it nor its descendants can be among the ``budget`` best;
+      by induction over the levels every kept candidate is still expanded and the rest still rank behind the
+      last kept one (tests/test_pruner.py checks it against the full beam). The trace's candidate list, which
+      the page shows with the pruned candidates, is the full beam's: a :class:`CandidatesOnRequest` that runs
+      the pruner again with ``beam_width`` when first read.
+    * The config is validated when it changes, not every step (the tree sizer changes ``budget`` in place);
+      ids are not checked again in Python: the native step's ids come from a ``d2t`` checked when its kernel
+      was built, and the binding checks them against the N-gram table's vocabulary.
+    * The tree comes from the pruner's arrays as they are (``DraftTree.trusted``).
+
+    ``backend="python"`` (the reference) runs :func:`prune_dart_tree` as it is.
+    """
+
+    def __init__(self, store: Any, eos_token_ids: Sequence[int], backend: str = "native"):
+        if backend not in ("native", "python"):
+            raise ValueError(f"backend must be 'native' or 'python', got {backend!r}")
+        self.store, self.backend = store, backend
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self._eos = np.asarray(self.eos_token_ids, dtype=np.int64)
+        self._tail = max(int(store.order) - 1, 1) if store is not None else 1
+        self._native = self._native_store = None
+        if backend == "native":
+            from ..ngram.store import NgramStore, require_native
+            if store is not None and not isinstance(store, NgramStore):
+                raise TypeError(f"the native pruner needs an NgramStore, got {type(store).__name__}; "
+                                "use backend='python'")
+            self._native = require_native()
+            self._native_store = None if store is None else store._native
+        self._key: tuple | None = None
+        self._hot: dict[str, Any] = {}
+
+    def build(self, topk_logits: np.ndarray, topk_tokens: np.ndarray, context: Sequence[int],
+              config: PruningConfig) -> tuple[DraftTree, ScoredCandidates]:
+        """The tree and the step's scored candidates, as :func:`prune_dart_tree` returns them."""
+        if self.backend == "python":
+            return prune_dart_tree(topk_logits, topk_tokens, context, self.store, self.eos_token_ids, config,
+                                   backend="python")
+        key = (config.level_top_k, config.beam_width, config.budget, config.level_decay, config.logit_decay,
+               config.ngram_weight, config.eps)
+        if key != self._key:
+            config.validate()
+            self._hot = dict(config.to_dict(), beam_width=min(int(config.beam_width), max(int(config.budget), 1)))
+            self._key = key
+        tail = np.asarray(context[-self._tail:], dtype=np.int64)
+        if tail.size == 0:
+            raise ValueError("context is empty: it must end with the tree root token")
+        r = self._native.prune_dart_tree(topk_logits, topk_tokens, tail, self._native_store, self._eos, self._hot)
+        tree = DraftTree.trusted(r["tree_tokens"], r["tree_parents"], r["tree_depths"], r["tree_scores"])
+        if self._hot["beam_width"] == int(config.beam_width):
+            return tree, _candidates(r)
+        snapshot = PruningConfig(**config.to_dict())   # the sizer may change the budget before someone reads
+
+        def full_beam() -> ScoredCandidates:
+            full_tree, cands = prune_dart_tree(topk_logits, topk_tokens, tail, self.store, self.eos_token_ids,
+                                               snapshot)
+            if not np.array_equal(full_tree.tokens, tree.tokens) or not np.array_equal(full_tree.parents,
+                                                                                       tree.parents):
+                raise RuntimeError("the full beam pruned another tree than the capped one (a pruner bug)")
+            return cands
+        return tree, CandidatesOnRequest(full_beam)
+
+
+def _candidates(r: dict) -> ScoredCandidates:
+    return ScoredCandidates(token=r["token"], parent=r["parent"], depth=r["depth"], logit_term=r["logit_term"],
+                            ngram_term=r["ngram_term"], score=r["score"], kept=r["kept"].astype(bool),
+                            node=r["node"])

@@ -139,6 +139,24 @@ class ScoredCandidates:
         self.score.append(float(score)); self.kept.append(bool(kept)); self.node.append(int(node))
 
 
+class CandidatesOnRequest(ScoredCandidates):
+    """Scored candidates computed when first read: ``compute() -> ScoredCandidates`` runs on the first access
+    to any field (a reader of one field reads the others). A drafter whose tree needs fewer candidates than the
+    page shows (DART's beam capped at the budget on the hot path) hands this over, so the full list costs only
+    when someone reads it."""
+
+    def __init__(self, compute: Callable[[], ScoredCandidates]):   # the fields are filled on first read
+        self._compute = compute
+
+    def __getattr__(self, name: str):
+        if name not in ScoredCandidates.__dataclass_fields__ or "_compute" not in self.__dict__:
+            raise AttributeError(name)
+        full = self.__dict__.pop("_compute")()
+        for f in ScoredCandidates.__dataclass_fields__:
+            setattr(self, f, getattr(full, f))
+        return getattr(self, name)
+
+
 @dataclass
 class StepTrace:
     """One draft -> verify -> accept -> commit round.

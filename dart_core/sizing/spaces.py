@@ -77,9 +77,10 @@ def _dart_space(drafter, fixed: Mapping[str, int], max_nodes: int) -> list[TreeC
             out.append(PLAIN)
             continue
         levels = min(rows, b)
+        expanded = min(beam, b)   # the drafting step caps its beam at the budget (pruning.TreeBuilder)
         candidates, width = 0, 1
         for level in range(levels):
-            width = k if level == 0 else min(width, beam) * k
+            width = k if level == 0 else min(width, expanded) * k
             candidates += width
         out.append(TreeChoice((("budget", b),), nodes=b + 1, max_depth=levels, width=k, beam=beam,
                               work=(1, levels, candidates)))
