@@ -615,3 +615,24 @@ def test_cli_runs_a_named_set_from_the_data_dir(tiny_dir, hub_cache, tmp_path, c
     assert report["settings"]["questions"] == ["mt_bench"]
     assert report["settings"]["question_sources"] == [str(data / "mt_bench.jsonl")]
     assert list(report["methods"]["vanilla"]["per_set"]) == ["mt_bench"]
+
+
+@pytest.mark.bundled
+def test_draft_cost_and_step_stages_run_on_the_bundled_model(tmp_path, capsys):
+    """benchmarks/draft_cost.py (drafting step against a plain step, per head backend) and step_stages.py (each
+    stage in place for fixed trees, answers checked against vanilla) run and write what they print."""
+    draft_cost, step_stages = _bench_script("draft_cost"), _bench_script("step_stages")
+    out = tmp_path / "draft.json"
+    assert draft_cost.main(["--reps", "1", "--backends", "torch,native", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert set(res["arms"]) == {"dart torch", "eagle3 torch", "dart native", "eagle3 native"}
+    assert all(a["draft_forward_ms"] > 0 and a["x_plain"] > 0 for a in res["arms"].values())
+    assert "EAGLE-3's draft per level" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        draft_cost.main(["--backends", "native,cuda"])
+    assert "unknown cuda" in capsys.readouterr().err
+    out = tmp_path / "stages.json"
+    assert step_stages.main(["--limit", "1", "--max-new-tokens", "6", "--budgets", "2", "--eagle3-trees", "2/0/1",
+                             "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert set(rows) == {"vanilla", "DART budget 2", "EAGLE-3 2/0/1"} and all(r["answers_equal"] for r in rows.values())
