@@ -79,11 +79,9 @@ def topk_stable(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return vals, idx
 
 
-def rank_candidates(scores: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
+def rank_candidates(scores: np.ndarray, depths: np.ndarray) -> np.ndarray:
     """Candidate indices in the order (score desc, depth asc, index asc)."""
-    by_depth = torch.sort(depths, stable=True).indices                   # depth asc, index asc
-    by_score = torch.sort(scores[by_depth], descending=True, stable=True).indices
-    return by_depth[by_score]
+    return np.lexsort((np.arange(len(scores)), depths, -np.asarray(scores)))
 
 
 class Eagle3Drafter(FeatureDrafter):
@@ -126,14 +124,16 @@ class Eagle3Drafter(FeatureDrafter):
         sync()
         fwd_s += time.perf_counter() - t0
 
-        vals = vals.clamp(max=0.0)         # a log-prob; keeps scores non-increasing along every path
+        # The bookkeeping is numpy on every device (a few dozen values a depth): torch ops would cost more in
+        # dispatch than the head's native forward.
+        vals = np.minimum(vals, 0.0)       # a log-prob; keeps scores non-increasing along every path
         # Candidate arrays, level by level; a level's candidates are parent-major, then by rank.
-        c_tok, c_par, c_lp, c_score = [toks], [torch.full((k,), -1, dtype=torch.long, device=dev)], [vals], [vals]
-        c_depth = [torch.ones(k, dtype=torch.long, device=dev)]
+        c_tok, c_par, c_lp, c_score = [toks], [np.full(k, -1, dtype=np.int64)], [vals], [vals]
+        c_depth = [np.ones(k, dtype=np.int64)]
         n_cands = k
-        frontier = torch.arange(k, device=dev)                                   # candidate indices
-        f_h, f_tok, f_score = g.expand(k, -1), toks, vals
-        tree_allowed = torch.eye(k, dtype=torch.bool, device=dev)                # frontier x this round's slots
+        frontier = np.arange(k)                                                  # candidate indices
+        f_h, f_tok, f_score = self._parent_rows(g, np.zeros(k, dtype=np.int64)), toks, vals
+        tree_allowed = np.eye(k, dtype=bool)                                     # frontier x this round's slots
         slots = 0
 
         # 2. Tree forwards: expand the frontier depth by depth.
@@ -144,49 +144,48 @@ class Eagle3Drafter(FeatureDrafter):
             fwd_s += time.perf_counter() - t0
             slots += k
 
-            cu = (f_score[:, None] + vals.clamp(max=0.0)).reshape(-1)                # [k*k] cumulative
+            cu = (f_score[:, None] + np.minimum(vals, 0.0)).reshape(-1)              # [k*k] cumulative
             toks = toks.reshape(-1)
             c_tok.append(toks)
-            c_par.append(frontier.repeat_interleave(k))
+            c_par.append(np.repeat(frontier, k))
             c_lp.append(vals.reshape(-1))
             c_score.append(cu)
-            c_depth.append(torch.full((k * k,), i + 2, dtype=torch.long, device=dev))
+            c_depth.append(np.full(k * k, i + 2, dtype=np.int64))
             base = n_cands
             n_cands += k * k
             if i + 1 == tc.depth:
                 break
             # All children of one frontier share a depth: rank by score, ties to the lower index.
-            sel = torch.sort(cu, descending=True, stable=True).indices[:k]           # [k]
+            sel = np.argsort(-cu, kind="stable")[:k]                                 # [k]
             out_ids = sel // k                                                       # parent's frontier row
             frontier = base + sel
-            f_h, f_tok, f_score = g[out_ids], toks[sel], cu[sel]
-            tree_allowed = torch.cat([tree_allowed[out_ids], torch.eye(k, dtype=torch.bool, device=dev)], 1)
+            f_h, f_tok, f_score = self._parent_rows(g, out_ids), toks[sel], cu[sel]
+            tree_allowed = np.concatenate([tree_allowed[out_ids], np.eye(k, dtype=bool)], axis=1)
 
         # 3. Rerank every candidate; keep the best total_token - 1 in candidate (topological) order.
-        tok = torch.cat(c_tok)
-        par = torch.cat(c_par)
-        lp = torch.cat(c_lp)
-        score = torch.cat(c_score)
-        depth = torch.cat(c_depth)
+        tok, par, lp = np.concatenate(c_tok), np.concatenate(c_par), np.concatenate(c_lp)
+        score, depth = np.concatenate(c_score), np.concatenate(c_depth)
         keep_n = min(int(tc.total_token) - 1, n_cands)
-        kept_idx = torch.sort(rank_candidates(score, depth)[:keep_n]).values
-        tok, par, lp, score, depth, kept_idx = (t.cpu().numpy() for t in (tok, par, lp, score, depth, kept_idx))
+        kept_idx = np.sort(rank_candidates(score, depth)[:keep_n])
         node = np.full(n_cands, -1, dtype=np.int64)
         node[kept_idx] = np.arange(1, keep_n + 1)
         kept = node >= 0
         parents = np.where(par[kept_idx] >= 0, node[np.maximum(par[kept_idx], 0)], 0)
         if (parents < 0).any():  # cannot happen (scores never rise along a path); guard the invariant anyway
             raise RuntimeError("EAGLE-3 reranking kept a node without its parent")
-        tree = DraftTree(tokens=np.concatenate([[int(context[-1])], tok[kept_idx]]),
-                         parents=np.concatenate([[-1], parents]),
-                         depths=np.concatenate([[0], depth[kept_idx]]),
-                         scores=np.concatenate([[0.0], score[kept_idx].astype(np.float64)]))
-        cands = ScoredCandidates(token=tok.astype(np.int64), parent=par.astype(np.int64), depth=depth.astype(np.int64),
-                                 logit_term=lp.astype(np.float64), ngram_term=np.zeros(n_cands),
-                                 score=score.astype(np.float64), kept=kept, node=node)
-        sync()
+        tree = DraftTree.trusted(np.concatenate([[int(context[-1])], tok[kept_idx]]).astype(np.int64),
+                                 np.concatenate([[-1], parents]).astype(np.int64),
+                                 np.concatenate([[0], depth[kept_idx]]).astype(np.int64),
+                                 np.concatenate([[0.0], score[kept_idx].astype(np.float64)]))
+        cands = ScoredCandidates(token=tok.astype(np.int64), parent=par, depth=depth, logit_term=lp.astype(np.float64),
+                                 ngram_term=np.zeros(n_cands), score=score.astype(np.float64), kept=kept, node=node)
         total = time.perf_counter() - t_begin
         return Proposal(tree=tree, candidates=cands, draft_forward_s=fwd_s, tree_build_s=max(total - fwd_s, 0.0))
+
+    @staticmethod
+    def _parent_rows(g, rows: np.ndarray):
+        """The frontier's h: the parents' g rows (numpy from the native step, a tensor on the torch path)."""
+        return g[rows] if isinstance(g, np.ndarray) else g[torch.as_tensor(rows, device=g.device)]
 
     # One head forward each, then each row's log-softmax top-k (ties to the lower draft id) as target ids:
     # one native call on a CPU, torch ops otherwise (the reference).
@@ -194,22 +193,21 @@ class Eagle3Drafter(FeatureDrafter):
         """The real forward: g [1, H] of the last new position, its k best log-probs [k] and target ids [k]."""
         if self._step is not None:
             g, vals, toks = self._step.eagle3_real(pending, next_ids, self._cache, k)
-            return torch.from_numpy(g), torch.from_numpy(vals[0]), torch.from_numpy(toks[0])
+            return g, vals[0], toks[0]
         head = self.head
         dev = head.fc.weight.device
         ids = torch.as_tensor(list(next_ids), dtype=torch.long, device=dev)
         g = head.step_real(pending, ids, self._cache)[-1:]                               # [1, H]
         vals, idx = topk_stable(torch.log_softmax(head.logits(g), dim=-1)[0], k)         # [k]
-        return g, vals, idx + head.d2t[idx]
+        return g, vals.cpu().numpy(), (idx + head.d2t[idx]).cpu().numpy()
 
-    def _tree(self, f_h: torch.Tensor, f_tok: torch.Tensor, position: int, tree_start: int,
-              tree_allowed: torch.Tensor, k: int):
+    def _tree(self, f_h, f_tok: np.ndarray, position: int, tree_start: int, tree_allowed: np.ndarray, k: int):
         """One tree depth over the frontier: g [n, H], each node's k best log-probs [n, k] and target ids."""
         if self._step is not None:
-            g, vals, toks = self._step.eagle3_tree(f_h.numpy(), f_tok.numpy(), position, self._cache, tree_start,
-                                                   tree_allowed.numpy(), k)
-            return torch.from_numpy(g), torch.from_numpy(vals), torch.from_numpy(toks)
+            return self._step.eagle3_tree(f_h, f_tok, position, self._cache, tree_start, tree_allowed, k)
         head = self.head
-        g = head.step_tree(f_h, f_tok, position, self._cache, tree_start, tree_allowed)  # [n, H]
+        dev = f_h.device
+        g = head.step_tree(f_h, torch.as_tensor(f_tok, device=dev), position, self._cache, tree_start,
+                           torch.as_tensor(tree_allowed, device=dev))                       # [n, H]
         vals, idx = topk_stable(torch.log_softmax(head.logits(g), dim=-1), k)             # [n, k]
-        return g, vals, idx + head.d2t[idx]
+        return g, vals.cpu().numpy(), (idx + head.d2t[idx]).cpu().numpy()
