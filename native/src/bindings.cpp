@@ -476,17 +476,33 @@ PYBIND11_MODULE(_native, m) {
                                     std::to_string(b.vocab_size()) +
                                     " ids; pass the same vocab_size to TableBuilder and add_documents");
             }
-            auto ids = checked_ids(tokens, b.vocab_size(), "documents");
+            if (tokens.ndim() != 1 || lengths.ndim() != 1)
+              throw py::value_error("add_documents: tokens and lengths must be 1-D arrays");
+            // Lengths are checked, and summed without wrapping, before anything is copied: lengths that
+            // sum to the token count only modulo 2^64 once made the builder read past `tokens`.
+            const int64_t* lp = lengths.data();
+            const uint64_t n_tokens = static_cast<uint64_t>(tokens.size());
             std::vector<uint64_t> lens(static_cast<size_t>(lengths.size()));
             uint64_t total = 0;
             for (size_t i = 0; i < lens.size(); ++i) {
-              if (lengths.data()[i] < 0) throw py::value_error("negative document length");
-              lens[i] = static_cast<uint64_t>(lengths.data()[i]);
+              if (lp[i] < 0)
+                throw py::value_error("add_documents: document " + std::to_string(i) + " has negative length " +
+                                      std::to_string(lp[i]) + "; lengths must be token counts (>= 0)");
+              lens[i] = static_cast<uint64_t>(lp[i]);
+              if (lens[i] > n_tokens - total)
+                throw py::value_error("add_documents: document lengths add up to more than the " +
+                                      std::to_string(n_tokens) + " tokens given (at document " + std::to_string(i) +
+                                      ", length " + std::to_string(lp[i]) +
+                                      "); pass one length per document, summing to len(tokens)");
               total += lens[i];
             }
-            if (total != ids.size()) throw py::value_error("document lengths do not sum to the number of tokens");
+            if (total != n_tokens)
+              throw py::value_error("add_documents: document lengths sum to " + std::to_string(total) + ", but " +
+                                    std::to_string(n_tokens) +
+                                    " tokens were given; pass one length per document, summing to len(tokens)");
+            auto ids = checked_ids(tokens, b.vocab_size(), "documents");
             py::gil_scoped_release release;
-            b.add_documents(ids.data(), lens.data(), lens.size());
+            b.add_documents(ids.data(), ids.size(), lens.data(), lens.size());
           },
           py::arg("tokens"), py::arg("lengths"), py::arg("vocab_size"),
           "Add documents laid end to end in `tokens` (int ids < vocab_size) with the given lengths.")
