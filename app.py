@@ -845,11 +845,11 @@ class Visualiser:
             head = "✓ **Done.**"
         if failed:   # never "Done" over a failed engine: name it and say what the visitor can do
             names = " and ".join(r.label for r in failed)
-            rest = ("the other engines' answers are complete; " if len(failed) < len(cmp.record.runs)
-                    else "no engine finished; ")
+            rest = ("no engine finished; " if len(failed) == len(cmp.record.runs)
+                    else "the other engines' answers are complete; " if head == "✓ **Done.**" else "")
             fail = (f"⚠ **{names} failed** ({'; '.join(f'{r.label}: {r.error}' for r in failed)}): {rest}"
-                    f"press **Run** to try again, and if it fails again try other settings (a fixed tree size, "
-                    f"fewer new tokens) or another engine (details in the server log).")
+                    "press **Run** to try again; if it fails again, try other settings (a fixed tree size, fewer "
+                    "new tokens); the server log has the details.")
             head = fail if head == "✓ **Done.**" else f"{head} {fail}"
         status = head + f" Engine time {busy:.2f} s in all.{note}"
         status += " Move the **answer token position** slider to inspect the step that produced each token."
