@@ -830,7 +830,7 @@ class Visualiser:
         self._fit_memory(tab)
         reasons = {r.stop_reason for r in cmp.record.runs.values()}
         busy = sum(r.busy_s for r in cmp.record.runs.values())
-        errors = [f"{r.label}: {r.error}" for r in cmp.record.runs.values() if r.error]
+        failed = [r for r in cmp.record.runs.values() if r.error]
         if TIME_LIMIT in reasons:
             head = (f"⏱ **Stopped by the time limit:** a run on this server may take {limit_s:g} s "
                     "(`run_time_limit_s`); lower *Max new tokens* or the tree sizes for a complete answer.")
@@ -843,9 +843,15 @@ class Visualiser:
             head = "**Stopped.**"
         else:
             head = "✓ **Done.**"
+        if failed:   # never "Done" over a failed engine: name it and say what the visitor can do
+            names = " and ".join(r.label for r in failed)
+            rest = ("no engine finished; " if len(failed) == len(cmp.record.runs)
+                    else "the other engines' answers are complete; " if head == "✓ **Done.**" else "")
+            fail = (f"⚠ **{names} failed** ({'; '.join(f'{r.label}: {r.error}' for r in failed)}): {rest}"
+                    "press **Run** to try again; if it fails again, try other settings (a fixed tree size, fewer "
+                    "new tokens); the server log has the details.")
+            head = fail if head == "✓ **Done.**" else f"{head} {fail}"
         status = head + f" Engine time {busy:.2f} s in all.{note}"
-        if errors:
-            status += " ⚠ " + "; ".join(errors)
         status += " Move the **answer token position** slider to inspect the step that produced each token."
         if settings.tree == "auto" and self.view_slots:
             status += " Tree sizes were chosen automatically (see *Cost of a tree*)."

@@ -221,6 +221,23 @@ def test_bad_input_shows_a_message_and_the_server_keeps_serving(vis, prompt, val
     assert again[vis.status].startswith("✓ **Done")
 
 
+def test_a_failed_engine_is_named_in_the_status_never_done(vis, monkeypatch):
+    # Issue 27: a failed engine (a damaged cost cache made every automatic DART run fail) still read "✓ Done.".
+    def explode(*a, **k):
+        raise RuntimeError("head exploded")
+    assert list(vis.run(None, PROMPT, *VALUES))[-1][vis.status].startswith("✓ **Done")   # engines built, pooled
+    monkeypatch.setattr(vis.factory._pool["dart"][1].drafter, "propose", explode)   # the pooled DART engine fails
+    final = list(vis.run(None, PROMPT, *VALUES))[-1]
+    status = final[vis.status]
+    assert not status.startswith("✓") and "Done" not in status, status
+    assert status.startswith("⚠ **DART failed** (DART: RuntimeError: head exploded)"), status
+    assert "other engines' answers are complete" in status and "press **Run** to try again" in status
+    for name in ("eagle3", "vanilla"):                                  # the others ran to the end
+        assert final[vis.tab].record.runs[name].done and not final[vis.tab].record.runs[name].error
+    monkeypatch.undo()
+    assert list(vis.run(None, PROMPT, *VALUES))[-1][vis.status].startswith("✓ **Done")
+
+
 def test_stop_takes_effect_within_a_step(vis):
     gen = vis.run(None, PROMPT, 32, *VALUES[1:])
     first = next(gen)

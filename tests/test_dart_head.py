@@ -13,6 +13,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dart_core.config import GenerationConfig
 from dart_core.engine.decoding import SpeculativeEngine
@@ -194,6 +196,110 @@ def test_unreadable_files_and_paths(tmp_path):
         load_dart_head(tmp_path / "empty")
     with pytest.raises(DartHeadError, match="neither a local directory nor a Hub id"):
         load_dart_head("/no/such/head")
+
+
+BAD_VALUES = [   # issue 27: each of these loaded
+    ("rms_norm_eps", float("nan"), "rms_norm_eps must be a finite number >= 0, got nan"),
+    ("rms_norm_eps", float("inf"), "rms_norm_eps must be a finite number >= 0, got inf"),
+    ("rms_norm_eps", -1e-6, "rms_norm_eps must be a finite number >= 0"),
+    ("rms_norm_eps", "1e-6", "rms_norm_eps must be a number, got '1e-6'"),
+    ("rope_theta", -1, "rope_theta must be a finite number > 0, got -1.0"),
+    ("rope_theta", 0, "rope_theta must be a finite number > 0, got 0.0"),
+    ("rope_theta", float("-inf"), "rope_theta must be a finite number > 0"),
+    ("max_position_embeddings", 0, "max_position_embeddings must be an integer >= 1, got 0"),
+    ("max_position_embeddings", 2048.5, "max_position_embeddings must be an integer, got 2048.5"),
+    ("num_hidden_layers", 10**6, "num_hidden_layers must be an integer in 1..64"),
+    ("draft_length", 10**9, "draft_length 1000000000 is over 64"),
+    ("hidden_size", "32", "hidden_size must be a positive integer, got '32'"),
+    ("num_attention_heads", 0, "num_attention_heads must be a positive integer, got 0"),
+    ("rope_scaling", "linear", "rope_scaling 'linear' is not supported"),
+    ("target", [1], "the target record must be an object"),
+]
+
+
+@pytest.mark.parametrize("field,value,msg", BAD_VALUES)
+def test_bad_config_values_are_refused_naming_the_field(tmp_path, field, value, msg):
+    from dart_core.models.heads.eagle3 import Eagle3HeadConfig
+    from dart_core.models.heads.files import Eagle3HeadError, read_config
+    key = {"target": "dart_target"}.get(field, field)
+    path = write_head(tmp_path / "h", published_state(), published_config(**{key: value}))
+    with pytest.raises(DartHeadError) as err:
+        load_dart_head(path)
+    assert msg in str(err.value) and "config.json" in str(err.value)
+    if field == "draft_length":
+        return                                  # EAGLE-3 has no draft length
+    raw = published_config(**{{"target": "eagle3_target"}.get(field, field): value})
+    del raw["draft_length"]
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(Eagle3HeadError, match="config.json"):
+        Eagle3HeadConfig.from_dict(read_config(tmp_path / "e" / "config.json", Eagle3HeadError),
+                                   str(tmp_path / "e" / "config.json"))
+
+
+def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path):
+    for bad in (float("nan"), float("inf")):
+        sd = published_state()
+        sd["midlayer.mlp.up_proj.weight"][3, 4] = bad
+        path = write_head(tmp_path / str(bad), sd, published_config())
+        with pytest.raises(DartHeadError, match=r"midlayer.mlp.up_proj.weight holds 1 NaN or infinite value"):
+            load_dart_head(path)
+
+
+@pytest.mark.parametrize("text,msg", [("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+                                      ("[1, 2]", "expected a JSON object at the top level, found list"),
+                                      ("null", "found NoneType"),
+                                      ("{broken", "not a readable JSON config"),
+                                      ('{"hidden_size": 1' + "0" * 5000 + "}", "not a readable JSON config")])
+def test_unreadable_configs_raise_the_heads_error(tmp_path, text, msg):
+    # A bare RecursionError (deeply nested JSON) kept the page from marking a broken default head unavailable.
+    path = write_head(tmp_path / "h", published_state(), published_config())
+    (tmp_path / "h" / "config.json").write_text(text)
+    with pytest.raises(DartHeadError, match=msg):
+        load_dart_head(path)
+    (tmp_path / "h" / "config.json").write_bytes(b"\xff\xfe{")
+    with pytest.raises(DartHeadError, match="not a readable JSON config"):
+        load_dart_head(path)
+
+
+_scalar = st.one_of(st.none(), st.booleans(), st.integers(-2, 2**70), st.floats(allow_nan=True, allow_infinity=True),
+                    st.text(max_size=4))
+_garbage = st.recursive(_scalar, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5),
+                                                                                              inner, max_size=3),
+                        max_leaves=8)
+_FIELDS = sorted(published_config()) + ["head_dim", "target_hidden_size", "rope_scaling", "rope_parameters",
+                                        "initializer_range", "dart_target", "eagle3_target"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(over=st.dictionaries(st.sampled_from(_FIELDS), _garbage | st.integers(1, 80), max_size=4),
+       drop=st.lists(st.sampled_from(_FIELDS), max_size=2), whole=st.none() | _garbage)
+def test_the_head_config_reader_gives_a_config_or_the_heads_error(tmp_path, over, drop, whole):
+    """Any config.json: the head's error naming the file, or a config whose numbers a forward can use."""
+    from dart_core.models.heads.dart import DartHeadConfig
+    from dart_core.models.heads.eagle3 import Eagle3HeadConfig
+    from dart_core.models.heads.files import Eagle3HeadError, read_config
+    raw = published_config(**over) if whole is None else whole
+    if isinstance(raw, dict):
+        for k in drop:
+            raw.pop(k, None)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    for cls, error in ((DartHeadConfig, DartHeadError), (Eagle3HeadConfig, Eagle3HeadError)):
+        try:
+            c = cls.from_dict(read_config(path, error), str(path))
+        except error as exc:
+            assert str(path) in str(exc)
+            continue
+        for name in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
+                     "draft_vocab_size", "max_position_embeddings"):
+            v = getattr(c, name)
+            assert type(v) is int and v >= 1, (name, v)
+        assert math.isfinite(c.rms_norm_eps) and c.rms_norm_eps >= 0
+        assert math.isfinite(c.rope_theta) and c.rope_theta > 0
+        assert c.head_dim % 2 == 0 and c.draft_vocab_size <= c.vocab_size
+        assert c.target is None or isinstance(c.target, dict)
+        assert 1 <= getattr(c, "draft_length", 1) <= 64
 
 
 def test_full_vocabulary_head_may_omit_the_vocab_map(tmp_path):

@@ -135,6 +135,30 @@ def test_a_damaged_cache_is_refused_where_it_is_read(tiny, tmp_path):
         cache.features(rows[5], torch.arange(t.vocab_size))
 
 
+@pytest.mark.parametrize("id_dtype,bad", [(np.int32, -3), (np.int32, 10**6), (np.uint16, 65535)])
+def test_ids_outside_the_vocabulary_are_refused_even_with_matching_checksums(tiny, tmp_path, monkeypatch,
+                                                                             id_dtype, bad):
+    # Issue 27: a tampered cache (checksums recomputed) with a negative id indexed t2d backwards, silently.
+    _, t, data, _ = tiny
+    monkeypatch.setattr(fc, "_id_dtype", lambda vocab_size: np.dtype(id_dtype))   # int32: as for a large vocabulary
+    path = build(t, data, tmp_path / "c", chunk_rows=4, top_k=4)
+    rows = load_distill_rows(data)
+    meta = json.loads((path / "meta.json").read_text())
+    ids = np.memmap(path / "topk_ids.bin", dtype=meta["id_dtype"], mode="r+", shape=(meta["answer_rows"], 4))
+    ids[meta["table"][5][3], 1] = bad
+    ids.flush()
+    del ids
+    prog = json.loads((path / "progress.json").read_text())
+    cache = fc.FeatureCache(path, t, data)
+    arrays = fc._open_arrays(path, meta, "r")
+    prog["chunks"][1]["sha256"] = fc._digests(fc._chunk_bytes(arrays, cache.table, 4, 8))
+    (path / "progress.json").write_text(json.dumps(prog))
+    cache = fc.FeatureCache(path, t, data)
+    cache.features(rows[0], torch.arange(t.vocab_size))              # chunk 0 is intact
+    with pytest.raises(fc.FeatureCacheError, match=rf"rows 4-7 of topk_ids.bin hold token id {bad}, outside"):
+        cache.features(rows[5], torch.arange(t.vocab_size))
+
+
 def test_bad_build_arguments_are_refused(tiny, tmp_path):
     _, t, data, _ = tiny
     with pytest.raises(fc.FeatureCacheError, match="--top-k"):

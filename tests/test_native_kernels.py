@@ -425,3 +425,30 @@ def test_decoder_refuses_an_odd_head_dim():
     with pytest.raises(ValueError, match=r"head_dim 5 is odd.*even"):
         _native.Decoder(hidden=10, heads=2, kv_heads=1, head_dim=5, intermediate=16, eps=1e-6, bf16_weights=False)
     _native.Decoder(hidden=10, heads=2, kv_heads=1, head_dim=6, intermediate=16, eps=1e-6, bf16_weights=False)
+
+
+def test_small_gemm_refuses_an_output_that_overlaps_an_input():
+    # small_gemm(x, w, x) once returned wrong numbers silently: y is written while x is read.
+    x = np.ones((4, 4), np.float32)
+    w = np.ones((4, 4), np.float32)
+    with pytest.raises(ValueError, match="y shares memory with x.*separate"):
+        _native.small_gemm(x, w, x)
+    with pytest.raises(ValueError, match="y shares memory with w"):
+        _native.small_gemm(x, w, w)
+    buf = np.zeros(32, np.float32)
+    with pytest.raises(ValueError, match="y shares memory with x"):    # a view sharing x's last row
+        _native.small_gemm(buf[:16].reshape(4, 4), w, buf[12:28].reshape(4, 4))
+    y = buf[16:24].reshape(2, 4)                    # right after x, sharing nothing: fine
+    _native.small_gemm(buf[:16].reshape(2, 8), np.ones((4, 8), np.float32), y)
+    assert y.tolist() == [[0.0] * 4, [0.0] * 4]
+    _native.small_gemm(np.zeros((0, 4), np.float32), w, np.zeros((0, 4), np.float32))   # empty: shares nothing
+
+
+@pytest.mark.parametrize("sizes,what", [((8, 4, 4, 2**62, 16), "heads x head_dim"),
+                                        ((8, 4, 4, 2**60, 16), "heads x head_dim x hidden"),
+                                        ((2**40, 2, 1, 2**24, 16), "heads x head_dim x hidden"),
+                                        ((2**40, 2, 1, 4, 2**40), "intermediate x hidden")])
+def test_decoder_refuses_sizes_whose_products_overflow(sizes, what):
+    # heads x head_dim of 4 x 2^62 wrapped to 0 in int64 before a later check caught it.
+    with pytest.raises(ValueError, match=what + r" .*overflows 64 bits"):
+        _native.Decoder(*sizes, 1e-6, False)

@@ -348,6 +348,88 @@ def test_builder_at_edge_sizes_matches_the_reference(tmp_path, lengths, chunk):
     assert ReferenceNgram.from_table_file(path).counts == ref.counts
 
 
+@pytest.mark.parametrize("per_call", [1, 63, 64, 65])
+@pytest.mark.parametrize("chunk", [0, 1, 64])
+def test_builder_across_calls_at_edge_sizes_matches_the_reference(tmp_path, per_call, chunk):
+    # The same documents fed by several add_documents calls (empty calls included) around the spill boundary;
+    # chunk 0 counts as 1.
+    rng = np.random.default_rng(per_call + chunk)
+    docs = [rng.integers(0, 5, size=n).tolist() for n in (0, 1, 64, 65, 3, 130)]
+    b = native.TableBuilder(3, 5, str(tmp_path), chunk)
+    b.add_documents(np.array([], np.int64), np.array([], np.int64), 5)
+    for i in range(0, len(docs), 2):
+        part = docs[i:i + 2]
+        b.add_documents(np.array([t for d in part for t in d], np.int64), np.array([len(d) for d in part]), 5)
+        b.add_documents(np.zeros(0, np.int64), np.zeros(per_call % 2, np.int64), 5)   # no document / one empty one
+    assert b.total_tokens == sum(map(len, docs))
+    b.finish(str(tmp_path / "t.dngram"), 0)                 # min_count 0 counts as 1
+    ref = ReferenceNgram.from_sequences(docs, 3, vocab_size=5)
+    assert ReferenceNgram.from_table_file(tmp_path / "t.dngram").counts == ref.counts
+
+
+@pytest.mark.parametrize("order,vocab", [(1, 1), (8, 1), (1, 2), (8, 2), (1, 2**32 - 1)])
+def test_builder_at_edge_orders_and_vocabularies(tmp_path, order, vocab):
+    b = native.TableBuilder(order, vocab, str(tmp_path), 1)
+    b.add_documents(np.array([0, 0, vocab - 1], np.int64), np.array([3]), vocab)
+    b.finish(str(tmp_path / "t.dngram"))
+    store = NgramStore.open(tmp_path / "t.dngram", verify=True)
+    assert store.vocab_size == vocab and store.order == order and b.total_tokens == 3
+
+
+@pytest.mark.parametrize("order,vocab,match", [(0, 4, "order"), (9, 4, "order"), (2, 0, "vocab_size")])
+def test_builder_refuses_edge_orders_and_vocabularies(tmp_path, order, vocab, match):
+    with pytest.raises(ValueError, match=match):
+        native.TableBuilder(order, vocab, str(tmp_path), 1)
+
+
+def test_an_empty_builder_writes_a_root_only_table(tmp_path):
+    b = native.TableBuilder(3, 5, str(tmp_path), 1)
+    stats = b.finish(str(tmp_path / "t.dngram"))
+    assert stats["node_count"] == 1 and stats["total_tokens"] == 0
+    assert NgramStore.open(tmp_path / "t.dngram", verify=True).node_count == 1
+
+
+@pytest.mark.parametrize("lengths,match", [
+    ([-1, 3], "document 0 has negative length -1"),
+    ([1, 1], "sum to 2, but 3 tokens"),
+    ([4], "more than the 3 tokens"),
+    ([2**63 - 1, 2**63 - 1, 5], "more than the 3 tokens"),       # sums to 3 modulo 2^64
+    ([], "sum to 0, but 3 tokens"),
+])
+def test_builder_refuses_bad_lengths_and_adds_nothing(tmp_path, lengths, match):
+    b = native.TableBuilder(2, 4, str(tmp_path), 2)
+    b.add_documents(np.array([1, 2]), np.array([2]), 4)
+    with pytest.raises(ValueError, match=match):
+        b.add_documents(np.array([1, 2, 3]), np.array(lengths, dtype=np.int64), 4)
+    assert b.total_tokens == 2
+    b.finish(str(tmp_path / "t.dngram"))
+    assert ReferenceNgram.from_table_file(tmp_path / "t.dngram").counts == \
+        ReferenceNgram.from_sequences([[1, 2]], 2, vocab_size=4).counts
+
+
+def test_lengths_that_wrap_to_the_token_count_are_refused_in_a_subprocess(tmp_path):
+    # Issue 27: int64 lengths summed in a wrapping uint64 passed the check; the builder then copied 2e9 tokens
+    # from a 2-token array (SIGSEGV) or, for 1000, wrote a table of ids read from outside it.
+    import subprocess
+    import sys
+    script = """
+import sys, numpy as np
+import dart_core._native as n
+out = sys.argv[1]
+for A in (2 * 10**9, 1000):
+    b = n.TableBuilder(2, 10, out, 1 << 20)
+    try:
+        b.add_documents(np.array([1, 2]), np.array([A, 2**63 - 1, 2**63 - A, 3]), 10)
+    except ValueError as e:
+        print("refused:", e)
+    assert b.total_tokens == 0, b.total_tokens
+"""
+    r = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("refused: add_documents: document lengths add up to more than the 2 tokens") == 2
+    assert list(tmp_path.iterdir()) == []                    # no table, no run file
+
+
 def test_builder_refuses_ids_beyond_its_own_vocabulary(tmp_path):
     # add_documents' vocab_size argument once overrode the builder's: ids 4..99 were packed into the
     # 2 bits of a 4-id builder and gave a corrupted table.

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
+import math
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dart_core.config import ConfigError, GenerationConfig
 from dart_core.drafters.dart import DartDrafter
@@ -21,7 +25,7 @@ from dart_core.sizing import auto as auto_mod
 from dart_core.sizing import costs as costs_mod
 from dart_core.sizing.acceptance import AcceptanceModel
 from dart_core.sizing.auto import PROBE_EVERY, AutoTree, make_auto
-from dart_core.sizing.costs import CostModel, DraftCost, VerifyCurve, _nonneg_lstsq
+from dart_core.sizing.costs import CostCacheError, CostModel, DraftCost, VerifyCurve, _nonneg_lstsq
 from dart_core.sizing.spaces import PLAIN, apply_choice, tree_space
 
 # Held-out hit@1 / hit@10 per position of a strong head (published-scale targets) and of the bundled one.
@@ -223,6 +227,118 @@ def test_tree_space_and_apply_choice_set_each_drafters_knobs():
     assert lookup.num_pred_tokens == space[3].settings["num_pred_tokens"] and lookup.max_tree_nodes == space[3].nodes
     with pytest.raises(TypeError, match="no tree space"):
         tree_space(object())
+
+
+# ---------------------------------------------------------------------------------------------- a damaged cache
+def _target_key_only():
+    """What the cache key reads of a target (nothing here runs it: the measurement is faked)."""
+    return SimpleNamespace(device=torch.device("cpu"), name="fake-target", dtype=torch.float32,
+                           activation_dtype=torch.float32)
+
+
+@pytest.fixture
+def fake_measure(monkeypatch):
+    """A GPU-like verify curve instead of timing a model; the list counts the measurements."""
+    calls = []
+
+    def measure(*a, **k):
+        calls.append(1)
+        return VerifyCurve([1, 9, 64], [0.020, 0.0202, 0.021]), 0.0001
+    monkeypatch.setattr(costs_mod, "measure_verify_curve", measure)
+    return calls
+
+
+def _set(**fields):
+    def poison(rec):
+        rec["verify"].update(fields)
+        return json.dumps(rec)
+    return poison
+
+
+POISONED = {   # issue 27: each was trusted as read
+    "empty lists": _set(sizes=[], seconds=[]),
+    "lists of different lengths": _set(seconds=[0.02, 0.021]),
+    "NaN times": _set(seconds=[0.02, float("nan"), 0.021]),
+    "infinite time": _set(seconds=[0.02, 0.0202, float("inf")]),
+    "a repeated size": _set(sizes=[1, 9, 9]),
+    "negative times": _set(seconds=[-0.02, -0.01, 0.021]),
+    "decreasing times": _set(seconds=[0.03, 0.02, 0.021]),
+    "sizes as strings": _set(sizes=["1", "9", "64"]),
+    "2 million entries": _set(sizes=list(range(1, 2_000_001)), seconds=[0.02] * 2_000_000),
+    "negative commit": lambda rec: json.dumps({**rec, "commit_s": -1.0}),
+    "no verify": lambda rec: json.dumps({"key": rec["key"], "commit_s": 0.0}),
+    "no key": lambda rec: json.dumps({k: v for k, v in rec.items() if k != "key"}),
+    "a list": lambda rec: json.dumps([rec]),
+    "deeply nested": lambda rec: "[" * 100_000 + "]" * 100_000,
+    "not JSON": lambda rec: "{broken",
+}
+
+
+@pytest.mark.parametrize("poison", POISONED)
+def test_a_damaged_cost_cache_is_refused_measured_again_and_replaced(tmp_path, fake_measure, caplog, poison):
+    target = _target_key_only()
+    good = CostModel.load_or_measure(target, cache_dir=tmp_path)
+    [path] = tmp_path.glob("*.json")
+    path.write_text(POISONED[poison](json.loads(path.read_text())))
+    with caplog.at_level(logging.WARNING, logger=costs_mod.__name__):
+        model = CostModel.load_or_measure(target, cache_dir=tmp_path)
+    assert fake_measure == [1, 1] and model.source.startswith("measured")
+    lines = [r.getMessage() for r in caplog.records if r.name == costs_mod.__name__]
+    assert len(lines) == 1 and str(path) in lines[0] and "damaged" in lines[0] and "measuring it again" in lines[0]
+    again = CostModel.load_or_measure(target, cache_dir=tmp_path)                  # the record was replaced
+    assert fake_measure == [1, 1] and again.source.startswith("cached")
+    assert again.verify.seconds == good.verify.seconds
+    # DART's automatic trees draft as with a good cache.
+    chosen = AutoTree(_fake("dart"), model, AcceptanceModel.from_hit_rates(*STRONG)).choose()
+    assert not chosen.plain and chosen == AutoTree(_fake("dart"), good, AcceptanceModel.from_hit_rates(*STRONG)).choose()
+
+
+def test_a_record_of_another_key_is_measured_again_quietly(tmp_path, fake_measure, caplog):
+    target = _target_key_only()
+    CostModel.load_or_measure(target, cache_dir=tmp_path)
+    [path] = tmp_path.glob("*.json")
+    rec = json.loads(path.read_text())
+    path.write_text(json.dumps({**rec, "key": {**rec["key"], "threads": 99}}))
+    with caplog.at_level(logging.WARNING, logger=costs_mod.__name__):
+        assert CostModel.load_or_measure(target, cache_dir=tmp_path).source.startswith("measured")
+    assert fake_measure == [1, 1] and not caplog.records
+
+
+KEY = {"machine": "m", "target": "t"}
+_scalar = st.one_of(st.none(), st.booleans(), st.integers(-2, 2**70), st.floats(allow_nan=True, allow_infinity=True),
+                    st.text(max_size=4))
+_garbage = st.recursive(_scalar, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6),
+                                                                                              inner, max_size=4),
+                        max_leaves=12)
+_sizes = st.one_of(st.lists(st.integers(1, 100), unique=True, max_size=9).map(sorted), st.lists(_scalar, max_size=5))
+_seconds = st.one_of(st.lists(st.floats(1e-5, 2.0), max_size=9).map(sorted),
+                     st.lists(st.floats(allow_nan=True, allow_infinity=True), max_size=5), _garbage)
+_records = st.one_of(
+    _garbage,
+    st.fixed_dictionaries({"key": st.just(KEY) | _garbage,
+                           "verify": st.fixed_dictionaries({"sizes": _sizes, "seconds": _seconds}) | _garbage,
+                           "commit_s": st.floats(0, 0.01) | _scalar}))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(record=_records)
+def test_the_cost_cache_reader_never_crashes_nor_feeds_the_chooser_garbage(tmp_path, record):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(record))
+    try:
+        model = CostModel.read_cache(path, KEY)
+    except CostCacheError as exc:
+        assert str(exc)                                       # a named problem, logged by load_or_measure
+        return
+    if model is None:
+        assert not isinstance(record, dict) or record.get("key") != KEY
+        return
+    prices = model.verify.table(np.arange(0, 200))
+    assert np.isfinite(prices).all() and (prices > 0).all() and (np.diff(prices) >= 0).all()
+    assert math.isfinite(model.commit_s) and model.commit_s >= 0
+    auto = AutoTree(_fake("dart"), model, AcceptanceModel.from_hit_rates(*STRONG))
+    assert auto.choose() in auto.space
+    assert all(math.isfinite(r["tokens_per_s"]) and r["step_s"] > 0 for r in auto.rates())
 
 
 # ---------------------------------------------------------------------------------------------- lossless

@@ -43,6 +43,16 @@ MIN_SIZES = 3
 PREFIX_TOKENS = 64
 #: How fast measured step times replace the curve (exponential moving average weight per step).
 VERIFY_ALPHA = 0.05
+#: What a cache record may hold (anything else is damage: it is refused and measured again). The writer keeps
+#: at most len(VERIFY_SIZES) sizes; a verify or commit over a minute is no timing of a step.
+MAX_CACHED_SIZES = 64
+MAX_CACHED_NODES = 4096
+MAX_CACHED_SECONDS = 60.0
+MAX_CACHE_BYTES = 64 * 1024      # a good record is under 1 KB; never parse a huge file on the start-up path
+
+
+class CostCacheError(ValueError):
+    """A cost-model cache record is damaged (the message names the field); it is measured again."""
 
 
 @dataclass
@@ -192,6 +202,39 @@ def measure_verify_curve(target, sizes: Sequence[int] = VERIFY_SIZES, budget_s: 
     return VerifyCurve(sizes_sorted, seconds), float(np.median(commits))
 
 
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _checked_record(d: dict) -> tuple[list[int], list[float], float]:
+    """(sizes, seconds, commit_s) of a cache record, or :class:`CostCacheError` naming the first bad field."""
+    v = d.get("verify")
+    if not isinstance(v, dict):
+        raise CostCacheError("verify is missing or not an object")
+    sizes, seconds = v.get("sizes"), v.get("seconds")
+    for name, xs in (("sizes", sizes), ("seconds", seconds)):
+        if not isinstance(xs, list) or not 1 <= len(xs) <= MAX_CACHED_SIZES:
+            raise CostCacheError(f"verify.{name} must be a list of 1..{MAX_CACHED_SIZES} numbers, got "
+                                 f"{len(xs) if isinstance(xs, list) else type(xs).__name__}")
+    if len(sizes) != len(seconds):
+        raise CostCacheError(f"verify.sizes has {len(sizes)} entries but verify.seconds {len(seconds)}")
+    for i, n in enumerate(sizes):
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_CACHED_NODES:
+            raise CostCacheError(f"verify.sizes[{i}] is {n!r}, not a tree size in 1..{MAX_CACHED_NODES}")
+        if i and n <= sizes[i - 1]:
+            raise CostCacheError(f"verify.sizes[{i}] ({n}) does not follow {sizes[i - 1]} (sizes must increase)")
+    for i, t in enumerate(seconds):
+        if not _number(t) or not 0 < t <= MAX_CACHED_SECONDS:      # NaN fails both comparisons
+            raise CostCacheError(f"verify.seconds[{i}] is {t!r}, not a time in (0, {MAX_CACHED_SECONDS}] s")
+        if i and t < seconds[i - 1]:
+            raise CostCacheError(f"verify.seconds[{i}] ({t}) is below the smaller tree's {seconds[i - 1]} "
+                                 "(a bigger tree never costs less)")
+    commit = d.get("commit_s")
+    if not _number(commit) or not 0 <= commit <= MAX_CACHED_SECONDS:
+        raise CostCacheError(f"commit_s is {commit!r}, not a time in [0, {MAX_CACHED_SECONDS}] s")
+    return list(sizes), [float(t) for t in seconds], float(commit)
+
+
 class CostModel:
     """Verify curve + commit time of the target, and one :class:`DraftCost` per drafter (by name)."""
 
@@ -248,6 +291,33 @@ class CostModel:
         return True
 
     @classmethod
+    def read_cache(cls, path: Path, key: dict) -> "CostModel | None":
+        """The model cached at ``path`` for ``key``; None when there is none or it was cached under another key.
+        Raises :class:`CostCacheError` naming the field when the file is damaged: the chooser prices every
+        tree from this curve, so empty or unequal lists, NaN, negative or decreasing times and repeated sizes
+        must never reach it."""
+        try:
+            if path.stat().st_size > MAX_CACHE_BYTES:
+                raise CostCacheError(f"{path.stat().st_size} bytes, over the {MAX_CACHE_BYTES} a record can hold")
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CostCacheError(f"unreadable ({exc})") from None
+        try:
+            d = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise CostCacheError(f"not JSON ({type(exc).__name__})") from None
+        if not isinstance(d, dict):
+            raise CostCacheError(f"expected a JSON object, found {type(d).__name__}")
+        if not isinstance(d.get("key"), dict):
+            raise CostCacheError("key is missing or not an object")
+        if d["key"] != key:
+            return None
+        sizes, seconds, commit_s = _checked_record(d)
+        return cls(VerifyCurve(sizes, seconds), commit_s, key, source=f"cached {path}", path=path)
+
+    @classmethod
     def load_or_measure(cls, target, cache_dir: str | Path | None = None, budget_s: float = 1.5,
                         refresh: bool = False) -> "CostModel":
         """The cached model for this machine/target/dtype/threads/code, else measured now (and cached)."""
@@ -257,13 +327,11 @@ class CostModel:
         path = path / f"{digest}.json"
         if not refresh:
             try:
-                d = json.loads(path.read_text())
-                if d.get("key") == key:
-                    v = d["verify"]
-                    return cls(VerifyCurve([int(x) for x in v["sizes"]], [float(x) for x in v["seconds"]]),
-                               float(d["commit_s"]), key, source=f"cached {path}", path=path)
-            except (OSError, ValueError, KeyError, TypeError):
-                pass
+                cached = cls.read_cache(path, key)
+                if cached is not None:
+                    return cached
+            except CostCacheError as exc:      # measured again below, and the record replaced
+                logger.warning("the cost model cached in %s is damaged (%s); measuring it again", path, exc)
         t0 = time.perf_counter()
         curve, commit = measure_verify_curve(target, budget_s=budget_s)
         model = cls(curve, commit, key, source=f"measured in {time.perf_counter() - t0:.1f} s", path=path)
@@ -271,4 +339,5 @@ class CostModel:
         return model
 
 
-__all__ = ["COST_MODEL_VERSION", "CostModel", "DraftCost", "VerifyCurve", "cost_cache_dir", "measure_verify_curve"]
+__all__ = ["COST_MODEL_VERSION", "CostCacheError", "CostModel", "DraftCost", "VerifyCurve", "cost_cache_dir",
+           "measure_verify_curve"]

@@ -316,6 +316,16 @@ class FeatureCache:
             raise FeatureCacheError(f"{self.path}: rows {a}-{b - 1} of {', '.join(f + '.bin' for f in bad)} do not "
                                     "match their checksum (the file is damaged); delete the cache directory and "
                                     "rebuild it with `python -m dart_core.train features`")
+        # The checksums only say the bytes are the ones recorded: a cache rewritten with its checksums must not
+        # index t2d with a negative id (backwards, silently) or one past the vocabulary.
+        resp0, resp1 = int(self.table[a, 3]), _ends(self.table, b)[1]
+        ids = np.asarray(self.arrays["topk_ids"][resp0:resp1])
+        vocab = int(self.meta["vocab_size"])
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+            raise FeatureCacheError(f"{self.path}: rows {a}-{b - 1} of topk_ids.bin hold token id {bad}, outside the "
+                                    f"target vocabulary [0, {vocab}) (the file is damaged); delete the cache "
+                                    "directory and rebuild it with `python -m dart_core.train features`")
         self._verified.add(c)
 
     def features(self, row: DistillRow, draft_ids: torch.Tensor, device: torch.device | str = "cpu",

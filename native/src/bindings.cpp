@@ -109,6 +109,13 @@ py::dict stats_dict(const dart::BuildStats& s) {
 bool is_f32(const py::array& a) { return a.dtype().is(py::dtype::of<float>()); }
 bool c_contig(const py::array& a) { return (a.flags() & py::array::c_style) != 0; }
 
+// Whether two C-contiguous arrays share a byte (an empty array shares none).
+bool overlaps(const py::array& a, const py::array& b) {
+  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
+  const auto a0 = reinterpret_cast<uintptr_t>(a.data()), b0 = reinterpret_cast<uintptr_t>(b.data());
+  return a0 < b0 + static_cast<uintptr_t>(b.nbytes()) && b0 < a0 + static_cast<uintptr_t>(a.nbytes());
+}
+
 void small_gemm_checked(const py::array& x, const py::array& w, py::array& y, int threads) {
   if (x.ndim() != 2 || w.ndim() != 2 || y.ndim() != 2)
     throw py::value_error("small_gemm: x [M, K], w [N, K] and y [M, N] must be 2-D");
@@ -123,6 +130,11 @@ void small_gemm_checked(const py::array& x, const py::array& w, py::array& y, in
                           std::to_string(y.shape(0)) + ", " + std::to_string(y.shape(1)) + "]");
   if (!y.writeable()) throw py::value_error("small_gemm: y is read-only");
   if (threads < 1) throw py::value_error("small_gemm: threads must be >= 1");
+  // y is written while x and w are read: a shared byte would give wrong numbers, silently.
+  if (overlaps(y, x) || overlaps(y, w))
+    throw py::value_error(std::string("small_gemm: y shares memory with ") + (overlaps(y, x) ? "x" : "w") +
+                          " (it is written while the inputs are read); pass a separate float32 [M, N] output, "
+                          "e.g. np.empty((M, N), np.float32)");
   const float* xp = static_cast<const float*>(x.data());
   float* yp = static_cast<float*>(y.mutable_data());
   if (is_f32(w)) {
@@ -142,6 +154,15 @@ void small_gemm_checked(const py::array& x, const py::array& w, py::array& y, in
 
 void require(bool ok, const std::string& what) {
   if (!ok) throw py::value_error("native decoder: " + what);
+}
+
+// a * b for positive sizes, refused when the product does not fit in int64.
+int64_t checked_mul(int64_t a, int64_t b, const char* what) {
+  int64_t out = 0;
+  require(!__builtin_mul_overflow(a, b, &out),
+          std::string(what) + " (" + std::to_string(a) + " x " + std::to_string(b) +
+              ") overflows 64 bits; check the model config's sizes");
+  return out;
 }
 
 // A session's K/V buffers, bound once: one float32 [kv_heads, capacity, head_dim] array per layer.
@@ -178,6 +199,13 @@ struct PyDecoder {
   PyDecoder(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, float eps,
             bool bf16_weights) {
     require(hidden > 0 && heads > 0 && kv_heads > 0 && head_dim > 0 && intermediate > 0, "sizes must be positive");
+    // Checked here, at the boundary: a product that wraps (heads x head_dim of 4 x 2^62 is 0 in int64) would
+    // let misshaped weights through the shape checks of add_layer.
+    const int64_t qd = checked_mul(heads, head_dim, "heads x head_dim");
+    const int64_t kvd = checked_mul(kv_heads, head_dim, "kv_heads x head_dim");
+    checked_mul(qd, hidden, "heads x head_dim x hidden");
+    checked_mul(kvd, hidden, "kv_heads x head_dim x hidden");
+    checked_mul(intermediate, hidden, "intermediate x hidden");
     require(heads % kv_heads == 0, "heads must be a multiple of kv_heads");
     // RoPE rotates the two halves of each head; an odd size would leave its last element unrotated.
     require(head_dim % 2 == 0, "head_dim " + std::to_string(head_dim) +
@@ -479,17 +507,33 @@ PYBIND11_MODULE(_native, m) {
                                     std::to_string(b.vocab_size()) +
                                     " ids; pass the same vocab_size to TableBuilder and add_documents");
             }
-            auto ids = checked_ids(tokens, b.vocab_size(), "documents");
+            if (tokens.ndim() != 1 || lengths.ndim() != 1)
+              throw py::value_error("add_documents: tokens and lengths must be 1-D arrays");
+            // Lengths are checked, and summed without wrapping, before anything is copied: lengths that
+            // sum to the token count only modulo 2^64 once made the builder read past `tokens`.
+            const int64_t* lp = lengths.data();
+            const uint64_t n_tokens = static_cast<uint64_t>(tokens.size());
             std::vector<uint64_t> lens(static_cast<size_t>(lengths.size()));
             uint64_t total = 0;
             for (size_t i = 0; i < lens.size(); ++i) {
-              if (lengths.data()[i] < 0) throw py::value_error("negative document length");
-              lens[i] = static_cast<uint64_t>(lengths.data()[i]);
+              if (lp[i] < 0)
+                throw py::value_error("add_documents: document " + std::to_string(i) + " has negative length " +
+                                      std::to_string(lp[i]) + "; lengths must be token counts (>= 0)");
+              lens[i] = static_cast<uint64_t>(lp[i]);
+              if (lens[i] > n_tokens - total)
+                throw py::value_error("add_documents: document lengths add up to more than the " +
+                                      std::to_string(n_tokens) + " tokens given (at document " + std::to_string(i) +
+                                      ", length " + std::to_string(lp[i]) +
+                                      "); pass one length per document, summing to len(tokens)");
               total += lens[i];
             }
-            if (total != ids.size()) throw py::value_error("document lengths do not sum to the number of tokens");
+            if (total != n_tokens)
+              throw py::value_error("add_documents: document lengths sum to " + std::to_string(total) + ", but " +
+                                    std::to_string(n_tokens) +
+                                    " tokens were given; pass one length per document, summing to len(tokens)");
+            auto ids = checked_ids(tokens, b.vocab_size(), "documents");
             py::gil_scoped_release release;
-            b.add_documents(ids.data(), lens.data(), lens.size());
+            b.add_documents(ids.data(), ids.size(), lens.data(), lens.size());
           },
           py::arg("tokens"), py::arg("lengths"), py::arg("vocab_size"),
           "Add documents laid end to end in `tokens` (int ids < vocab_size) with the given lengths.")

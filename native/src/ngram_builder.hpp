@@ -25,8 +25,9 @@ class TableBuilder {
   virtual ~TableBuilder() = default;
 
   // Count all n-grams (n = 1..order) of `n_docs` documents laid end to end in `tokens`;
-  // n-grams never cross a document boundary. Ids must be < vocab_size (checked by caller).
-  virtual void add_documents(const uint32_t* tokens, const uint64_t* lengths, size_t n_docs) = 0;
+  // n-grams never cross a document boundary. Ids must be < vocab_size (checked by caller); the
+  // lengths must sum to n_tokens (std::invalid_argument, and nothing added, when they do not).
+  virtual void add_documents(const uint32_t* tokens, size_t n_tokens, const uint64_t* lengths, size_t n_docs) = 0;
 
   // Merge, prune n-grams seen fewer than `min_count` times (with their continuations), and
   // write the table to `out_path` atomically (written to out_path + ".tmp", then renamed).

@@ -43,7 +43,14 @@ class NgramCounter final : public TableBuilder {
 
   ~NgramCounter() override { remove_temp_files(); }
 
-  void add_documents(const uint32_t* tokens, const uint64_t* lengths, size_t n_docs) override {
+  void add_documents(const uint32_t* tokens, size_t n_tokens, const uint64_t* lengths, size_t n_docs) override {
+    // All lengths first, summed without wrapping: a bad one must not leave half the documents added.
+    uint64_t left = n_tokens;
+    for (size_t d = 0; d < n_docs; ++d) {
+      if (lengths[d] > left) throw std::invalid_argument("document lengths add up to more than the tokens given");
+      left -= lengths[d];
+    }
+    if (left != 0) throw std::invalid_argument("document lengths do not sum to the number of tokens");
     for (size_t d = 0; d < n_docs; ++d) {
       const uint64_t n = lengths[d];
       chunk_.insert(chunk_.end(), tokens, tokens + n);

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cache import HeadCache
-from .files import (WEIGHTS_NAME, DartHeadError, HeadTargetMismatch, check_head_matches_target,
+from .files import (WEIGHTS_NAME, DartHeadError, HeadTargetMismatch, check_head_matches_target, config_number,
                     fill_head, head_config_dict, head_config_problems, llama_fields_for_target, match_state_dict,
                     read_config, read_state, resolve_head_files, save_head)
 from .layers import (AttendFn, DraftHeadBase, MidLayer, RMSNorm, draft_ids_for, flex_attend, head_shapes,
@@ -98,8 +98,9 @@ class DartHeadConfig:
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.head_dim is None:
-            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.head_dim is None and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                         for v in (self.hidden_size, self.num_attention_heads)):
+            self.head_dim = self.hidden_size // self.num_attention_heads   # else reported below
         if self.target_hidden_size is None:
             self.target_hidden_size = self.hidden_size
         problems = head_config_problems(self, extra_int_fields=("draft_length",))
@@ -117,11 +118,12 @@ class DartHeadConfig:
             raise DartHeadError(f"{source}: missing field(s) {', '.join(missing)}; a DART head config needs the "
                                 f"Llama fields plus draft_length and draft_vocab_size")
         rope_scaling = d.get("rope_scaling")
-        rope_params = d.get("rope_parameters") or {}
-        rope_type = (rope_scaling or {}).get("rope_type", (rope_scaling or {}).get("type")) if rope_scaling else None
+        rope_params = d.get("rope_parameters") if isinstance(d.get("rope_parameters"), dict) else {}
+        rope_type = (rope_scaling.get("rope_type", rope_scaling.get("type"))
+                     if isinstance(rope_scaling, dict) else rope_scaling or None)
         if rope_type not in (None, "default"):
             raise DartHeadError(f"{source}: rope_scaling {rope_scaling!r} is not supported (plain RoPE only)")
-        theta = d.get("rope_theta", rope_params.get("rope_theta", 10000.0))
+        theta_at = d if d.get("rope_theta") is not None else {"rope_theta": rope_params.get("rope_theta", 10000.0)}
         known = set(_LLAMA_FIELDS) | {"draft_length", "head_dim", "target_hidden_size", "rms_norm_eps", "rope_theta",
                                       "hidden_act", "max_position_embeddings", "initializer_range", "dart_target"}
         extra = {k: v for k, v in d.items() if k not in known}
@@ -132,10 +134,12 @@ class DartHeadConfig:
                        vocab_size=d["vocab_size"], draft_vocab_size=d["draft_vocab_size"],
                        draft_length=d["draft_length"], head_dim=d.get("head_dim"),
                        target_hidden_size=d.get("target_hidden_size"),
-                       rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)), rope_theta=float(theta),
+                       rms_norm_eps=config_number(d, "rms_norm_eps", 1e-6, DartHeadError),
+                       rope_theta=config_number(theta_at, "rope_theta", 10000.0, DartHeadError),
                        hidden_act=d.get("hidden_act", "silu"),
-                       max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
-                       initializer_range=float(d.get("initializer_range", 0.02)),
+                       max_position_embeddings=config_number(d, "max_position_embeddings", 2048, DartHeadError,
+                                                             integer=True),
+                       initializer_range=config_number(d, "initializer_range", 0.02, DartHeadError),
                        target=d.get("dart_target"), extra=extra)
         except DartHeadError as exc:
             raise DartHeadError(f"{source}: {exc}") from None

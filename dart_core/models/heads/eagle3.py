@@ -45,9 +45,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cache import HeadCache
-from .files import (CONFIG_NAME, Eagle3HeadError, check_head_matches_target, fill_head, head_config_dict,
-                    head_config_problems, llama_fields_for_target, match_state_dict, read_config, read_state,
-                    resolve_head_files, save_head)
+from .files import (CONFIG_NAME, Eagle3HeadError, check_head_matches_target, config_number, fill_head,
+                    head_config_dict, head_config_problems, llama_fields_for_target, match_state_dict, read_config,
+                    read_state, resolve_head_files, save_head)
 from .layers import (DraftHeadBase, MidLayer, RMSNorm, draft_ids_for, head_shapes, init_head_from_target,
                      sdpa_attend)
 
@@ -90,7 +90,8 @@ class Eagle3HeadConfig:
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.head_dim is None and isinstance(self.num_attention_heads, int) and self.num_attention_heads > 0:
+        if self.head_dim is None and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                         for v in (self.hidden_size, self.num_attention_heads)):
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.target_hidden_size is None:
             self.target_hidden_size = self.hidden_size
@@ -111,12 +112,13 @@ class Eagle3HeadConfig:
                                   "the Llama fields (hidden_size, intermediate_size, num_attention_heads, vocab_size)")
         rope_scaling = d.get("rope_scaling")
         rope_type = (rope_scaling.get("rope_type", rope_scaling.get("type"))
-                     if isinstance(rope_scaling, dict) else None)
+                     if isinstance(rope_scaling, dict) else rope_scaling or None)
         if rope_type not in (None, "default"):
             raise Eagle3HeadError(f"{source}: rope_scaling {rope_scaling!r} is not supported (plain RoPE only); "
                                   "remove the field if the head was trained without scaling")
-        rope_params = d.get("rope_parameters") or {}
-        theta = d.get("rope_theta") or rope_params.get("rope_theta") or 10000.0
+        rope_params = d.get("rope_parameters") if isinstance(d.get("rope_parameters"), dict) else {}
+        # null or absent: the rope_parameters' value or the default (0 is kept, and refused as a bad theta)
+        theta_at = d if d.get("rope_theta") is not None else {"rope_theta": rope_params.get("rope_theta", 10000.0)}
         if head_dim is not None and d.get("head_dim") not in (None, head_dim):
             logger.info("%s: head_dim %s in the config, but the weights use %s; using the weights'", source,
                         d.get("head_dim"), head_dim)
@@ -131,10 +133,12 @@ class Eagle3HeadConfig:
                        vocab_size=d["vocab_size"], draft_vocab_size=d.get("draft_vocab_size") or d["vocab_size"],
                        head_dim=head_dim if head_dim is not None else d.get("head_dim"),
                        target_hidden_size=d.get("target_hidden_size"),
-                       rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)), rope_theta=float(theta),
+                       rms_norm_eps=config_number(d, "rms_norm_eps", 1e-6, Eagle3HeadError),
+                       rope_theta=config_number(theta_at, "rope_theta", 10000.0, Eagle3HeadError),
                        hidden_act=d.get("hidden_act", "silu"),
-                       max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
-                       initializer_range=float(d.get("initializer_range", 0.02)),
+                       max_position_embeddings=config_number(d, "max_position_embeddings", 2048, Eagle3HeadError,
+                                                             integer=True),
+                       initializer_range=config_number(d, "initializer_range", 0.02, Eagle3HeadError),
                        target=d.get(TARGET_KEY), extra=extra)
         except Eagle3HeadError as exc:
             raise Eagle3HeadError(f"{source}: {exc}") from None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -69,6 +70,26 @@ def mismatch_class(error: type[HeadError]) -> type[HeadTargetMismatch]:
 
 
 # ---------------------------------------------------------------------------------------------- config
+#: Caps on a head config's counts: beyond them the file is damaged, not a head. A draft head runs one
+#: decoder layer (published configs say num_hidden_layers 1); DART runs draft_length + 1 rows per position
+#: and the original trains 8.
+MAX_HEAD_LAYERS = 64
+FIELD_CAPS = {"draft_length": 64}
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def config_number(d: dict, name: str, default, error: type[HeadError], integer: bool = False):
+    """``d[name]`` (``default`` when absent) as a float, or an int when ``integer``; ``error`` naming the field
+    when it is not a number (a string, list, null or, for an integer, a fraction)."""
+    v = d.get(name, default)
+    if not _is_number(v) or (integer and isinstance(v, float) and not (math.isfinite(v) and v.is_integer())):
+        raise error(f"{name} must be {'an integer' if integer else 'a number'}, got {v!r}")
+    return int(v) if integer else float(v)
+
+
 def head_config_problems(c, extra_int_fields: tuple[str, ...] = ()) -> list[str]:
     """What is wrong with a draft head's Llama-style config (DART and EAGLE-3 share these fields)."""
     problems = []
@@ -77,6 +98,25 @@ def head_config_problems(c, extra_int_fields: tuple[str, ...] = ()) -> list[str]
         v = getattr(c, name)
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
             problems.append(f"{name} must be a positive integer, got {v!r}")
+        elif name in FIELD_CAPS and v > FIELD_CAPS[name]:
+            problems.append(f"{name} {v} is over {FIELD_CAPS[name]}, more than any head drafts")
+    # NaN passes every comparison as False: each check asks for the good range.
+    if not (_is_number(c.rms_norm_eps) and math.isfinite(c.rms_norm_eps) and c.rms_norm_eps >= 0):
+        problems.append(f"rms_norm_eps must be a finite number >= 0, got {c.rms_norm_eps!r}")
+    if not (_is_number(c.rope_theta) and math.isfinite(c.rope_theta) and c.rope_theta > 0):
+        problems.append(f"rope_theta must be a finite number > 0, got {c.rope_theta!r}")
+    if not (isinstance(c.max_position_embeddings, int) and not isinstance(c.max_position_embeddings, bool)
+            and c.max_position_embeddings >= 1):
+        problems.append(f"max_position_embeddings must be an integer >= 1, got {c.max_position_embeddings!r}")
+    if not (_is_number(c.initializer_range) and math.isfinite(c.initializer_range) and c.initializer_range >= 0):
+        problems.append(f"initializer_range must be a finite number >= 0, got {c.initializer_range!r}")
+    layers = c.extra.get("num_hidden_layers", 1) if isinstance(c.extra, dict) else 1
+    if not (isinstance(layers, int) and not isinstance(layers, bool) and 1 <= layers <= MAX_HEAD_LAYERS):
+        problems.append(f"num_hidden_layers must be an integer in 1..{MAX_HEAD_LAYERS} (a draft head runs one "
+                        f"layer), got {layers!r}")
+    if c.target is not None and not (isinstance(c.target, dict)
+                                     and isinstance(c.target.get("fingerprint", ""), (str, type(None)))):
+        problems.append(f"the target record must be an object with a string fingerprint, got {c.target!r:.80}")
     if not problems:
         if c.num_attention_heads % c.num_key_value_heads:
             problems.append(f"num_attention_heads ({c.num_attention_heads}) must be a multiple of "
@@ -85,7 +125,7 @@ def head_config_problems(c, extra_int_fields: tuple[str, ...] = ()) -> list[str]
             problems.append(f"draft_vocab_size ({c.draft_vocab_size}) exceeds vocab_size ({c.vocab_size})")
         if c.head_dim % 2:
             problems.append(f"head_dim must be even for RoPE, got {c.head_dim}")
-    if c.hidden_act not in ("silu", "swish"):
+    if not isinstance(c.hidden_act, str) or c.hidden_act not in ("silu", "swish"):
         problems.append(f"hidden_act {c.hidden_act!r} is not supported (only silu)")
     return problems
 
@@ -213,6 +253,14 @@ def validate_vocab_mapping(d2t: torch.Tensor, t2d: torch.Tensor, config, source:
         raise error(f"{source}: d2t and t2d disagree on which target ids form the draft vocabulary")
 
 
+def count_non_finite(t: torch.Tensor, chunk: int = 1 << 24) -> int:
+    """NaN and inf values in a float tensor (in chunks: a large LM head needs no full-size mask)."""
+    if not t.is_floating_point():
+        return 0
+    flat = t.reshape(-1)
+    return sum(int((~torch.isfinite(part)).sum()) for part in flat.split(chunk))
+
+
 def match_state_dict(state: dict[str, torch.Tensor], shapes: dict[str, tuple[int, ...]], config, source: str,
                      what: str, error: type[HeadError] = DartHeadError) -> dict[str, torch.Tensor]:
     """Strict key/shape matching shared by the DART and EAGLE-3 loaders.
@@ -241,6 +289,11 @@ def match_state_dict(state: dict[str, torch.Tensor], shapes: dict[str, tuple[int
             problems.append(f"missing key {key}{why}")
     if problems:
         raise error(f"{source} is not {what} for its config.json: " + "; ".join(problems))
+    for key, t in out.items():
+        bad = count_non_finite(t)
+        if bad:
+            raise error(f"{source}: {key} holds {bad} NaN or infinite value(s); the checkpoint is damaged: "
+                        "download or train the head again")
     if "d2t" in out or "t2d" in out:
         if "d2t" not in out or "t2d" not in out:
             raise error(f"{source}: d2t and t2d must be present together")
@@ -307,12 +360,17 @@ def read_state(weights_path: Path, error: type[HeadError]) -> dict[str, torch.Te
 
 
 def read_config(cfg_path: Path, error: type[HeadError]) -> dict:
+    """The JSON object in ``cfg_path``; ``error`` naming the file for anything else, so a caller (the page
+    marking a default head unavailable) needs to catch the head's error only."""
+    fix = "download the head again or fix the file"
     try:
         raw = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise error(f"{cfg_path}: not a readable JSON config ({exc})") from None
+    except RecursionError:
+        raise error(f"{cfg_path}: JSON nested too deeply to read (a head config is a flat object); {fix}") from None
+    except (OSError, ValueError) as exc:   # ValueError: JSON and UTF-8 errors, a too-long integer
+        raise error(f"{cfg_path}: not a readable JSON config ({exc}); {fix}") from None
     if not isinstance(raw, dict):
-        raise error(f"{cfg_path}: expected a JSON object")
+        raise error(f"{cfg_path}: expected a JSON object at the top level, found {type(raw).__name__}; {fix}")
     return raw
 
 
