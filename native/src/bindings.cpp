@@ -136,6 +136,34 @@ void small_gemm_checked(const py::array& x, const py::array& w, py::array& y, in
   }
 }
 
+// Benchmarks: one row (M = 1) through each weight matrix of `ws` in turn, `reps` times; the seconds of each
+// sweep, timed here (no Python call between the matrices, as in the decoder).
+std::vector<double> gemv_sweep(const std::vector<py::array>& ws, int threads, int reps) {
+  if (threads < 1 || reps < 1) throw py::value_error("gemv_sweep: threads and reps must be >= 1");
+  int64_t kmax = 1, nmax = 1;
+  for (const auto& w : ws) {
+    if (w.ndim() != 2 || !c_contig(w)) throw py::value_error("gemv_sweep: every w must be 2-D and C-contiguous");
+    if (!is_f32(w) && !w.dtype().is(py::dtype::of<uint16_t>()))
+      throw py::type_error("gemv_sweep: w must be float32 or uint16 (bfloat16 bit patterns)");
+    nmax = std::max<int64_t>(nmax, w.shape(0));
+    kmax = std::max<int64_t>(kmax, w.shape(1));
+  }
+  std::vector<float> x(static_cast<size_t>(kmax)), y(static_cast<size_t>(nmax));
+  for (int64_t k = 0; k < kmax; ++k) x[k] = 0.01f * static_cast<float>(k % 97) - 0.5f;
+  std::vector<double> out;
+  py::gil_scoped_release release;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (const auto& w : ws) {
+      const int64_t N = w.shape(0), K = w.shape(1);
+      if (is_f32(w)) dart::small_gemm_f32(x.data(), static_cast<const float*>(w.data()), y.data(), 1, N, K, threads);
+      else dart::small_gemm_bf16(x.data(), static_cast<const uint16_t*>(w.data()), y.data(), 1, N, K, threads);
+    }
+    out.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return out;
+}
+
 // ---- decoder layers (dart_core/models/fast_forward.py) -----------------------------------------
 
 void require(bool ok, const std::string& what) {
@@ -348,6 +376,18 @@ PYBIND11_MODULE(_native, m) {
       .def("run", &PyDecoder::run, py::arg("h"), py::arg("cos"), py::arg("sin"), py::arg("allowed"),
            py::arg("start"), py::arg("cache"), py::arg("begin"), py::arg("end"), py::arg("threads"))
       .def_property_readonly("num_layers", [](const PyDecoder& d) { return d.layers.size(); });
+  m.def("stream_read", [](const py::array& buf, int threads) {
+    if (!c_contig(buf)) throw py::value_error("stream_read: the buffer must be C-contiguous");
+    const void* p = buf.data();
+    const int64_t bytes = static_cast<int64_t>(buf.nbytes());
+    py::gil_scoped_release release;
+    return dart::stream_read(p, bytes, threads);
+  }, py::arg("buf"), py::arg("threads") = 1,
+        "Reads every byte of a contiguous array once with `threads` threads, each a contiguous range (a plain "
+        "memory read-bandwidth loop for benchmarks); returns a checksum.");
+  m.def("gemv_sweep", &gemv_sweep, py::arg("ws"), py::arg("threads") = 1, py::arg("reps") = 1,
+        "Benchmarks: one float32 row through each weight matrix of `ws` in turn (the small-GEMM kernel at M = 1, "
+        "the current path), `reps` times; the seconds of each sweep.");
   m.def("small_gemm_has_avx2", &dart::small_gemm_has_avx2, "True when this CPU runs the AVX2+FMA small-GEMM kernel.");
   m.def("small_gemm_path", []() { return std::string(dart::small_gemm_path_name(dart::small_gemm_path())); },
         "The small-GEMM kernel calls run now: 'avx512', 'avx2' or 'portable' (the best this CPU runs, unless "

@@ -14,7 +14,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -29,6 +33,10 @@
 
 #ifdef _OPENMP
 #include <omp.h>
+#endif
+#if defined(__unix__) || defined(__APPLE__)
+#include <pthread.h>
+#define DART_PTHREAD 1
 #endif
 
 namespace dart {
@@ -402,14 +410,132 @@ DART_AVX512 void rows_avx512(const float* x, int64_t ldx, const W* w, float* y, 
 }
 #endif
 
+
+// ---- the thread pool of parallel_items -------------------------------------------------------------------------
+// One job at a time. state packs the job's generation (24 bits), its thread count (8), its item count (16) and the
+// next unclaimed item (16): a worker claims item i of generation g by one compare-exchange from (g, t, n, i) to
+// (g, t, n, i + 1), so it can never claim an item of a job that has ended (the generation differs) and reads the job
+// (fn, ctx) only after a successful claim, while the caller still waits for that item. Idle workers spin for
+// DART_POOL_SPIN_US microseconds (default 300: longer than the gaps between a decoding step's GEMMs), then sleep.
+class Pool {
+ public:
+  void run(int threads, int64_t total, void (*fn)(void*, int64_t), void* ctx) {
+    std::unique_lock<std::mutex> busy(call_mutex_, std::try_to_lock);
+    if (!busy.owns_lock()) {   // another thread's call is in flight: run this one here
+      for (int64_t i = 0; i < total; ++i) fn(ctx, i);
+      return;
+    }
+    threads = std::min(threads, 255);
+    while (static_cast<int>(workers_) < threads - 1) {
+      std::thread(&Pool::worker, this, static_cast<int>(workers_)).detach();
+      ++workers_;
+    }
+    fn_ = fn;
+    ctx_ = ctx;
+    done_.store(0, std::memory_order_relaxed);
+    gen_ = (gen_ + 1) & 0xFFFFFFu;
+    state_.store((static_cast<uint64_t>(gen_) << 40) | (static_cast<uint64_t>(threads) << 32) |
+                 (static_cast<uint64_t>(total) << 16), std::memory_order_seq_cst);
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+      { std::lock_guard<std::mutex> lock(sleep_mutex_); }
+      wake_.notify_all();
+    }
+    int64_t mine = 0;
+    work(gen_, &mine);
+    while (done_.load(std::memory_order_acquire) + mine < total) pause();
+  }
+
+ private:
+  static uint32_t gen_of(uint64_t s) { return static_cast<uint32_t>(s >> 40); }
+  static int threads_of(uint64_t s) { return static_cast<int>((s >> 32) & 0xFF); }
+  static int64_t total_of(uint64_t s) { return static_cast<int64_t>((s >> 16) & 0xFFFF); }
+  static int64_t next_of(uint64_t s) { return static_cast<int64_t>(s & 0xFFFF); }
+  static void pause() {
+#ifdef DART_X86
+    _mm_pause();
+#else
+    std::this_thread::yield();
+#endif
+  }
+
+  // Claims and runs items of generation gen until none is left; counts them in *ran (the caller) or done_.
+  void work(uint32_t gen, int64_t* ran) {
+    uint64_t s = state_.load(std::memory_order_acquire);
+    while (gen_of(s) == gen && next_of(s) < total_of(s)) {
+      if (!state_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+      fn_(ctx_, next_of(s));
+      if (ran) ++*ran;
+      else done_.fetch_add(1, std::memory_order_release);
+      s = state_.load(std::memory_order_acquire);
+    }
+  }
+
+  void worker(int id) {
+    uint32_t seen = gen_of(state_.load(std::memory_order_acquire));
+    const auto spin = std::chrono::microseconds(spin_us());
+    for (;;) {
+      uint64_t s = state_.load(std::memory_order_acquire);
+      if (gen_of(s) == seen) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0;; ++i) {
+          pause();
+          s = state_.load(std::memory_order_acquire);
+          if (gen_of(s) != seen) break;
+          if ((i & 255) == 255 && std::chrono::steady_clock::now() - t0 > spin) {
+            std::unique_lock<std::mutex> lock(sleep_mutex_);
+            sleepers_.fetch_add(1, std::memory_order_seq_cst);
+            wake_.wait(lock, [&] { return gen_of(state_.load(std::memory_order_seq_cst)) != seen; });
+            sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+            s = state_.load(std::memory_order_acquire);
+            break;
+          }
+        }
+      }
+      seen = gen_of(s);
+      if (id < threads_of(s) - 1) work(seen, nullptr);
+    }
+  }
+
+  static long spin_us() {
+    const char* v = std::getenv("DART_POOL_SPIN_US");
+    return v ? std::max(0L, std::atol(v)) : 300L;
+  }
+
+  std::mutex call_mutex_;
+  unsigned workers_ = 0;
+  uint32_t gen_ = 0;
+  void (*fn_)(void*, int64_t) = nullptr;
+  void* ctx_ = nullptr;
+  std::atomic<uint64_t> state_{0};
+  std::atomic<int64_t> done_{0};
+  std::atomic<int> sleepers_{0};
+  std::mutex sleep_mutex_;
+  std::condition_variable wake_;
+};
+
+// Never destroyed (detached workers may still wait on it at exit); a forked child starts a new one (the parent's
+// workers do not exist there, and its mutexes may be held).
+Pool* the_pool = nullptr;
+std::once_flag pool_once;
+Pool& pool() {
+  std::call_once(pool_once, [] {
+    the_pool = new Pool();
+#ifdef DART_PTHREAD
+    pthread_atfork(nullptr, nullptr, [] { the_pool = new Pool(); });
+#endif
+  });
+  return *the_pool;
+}
+
 template <typename W>
 void run(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, int threads) {
-  // Split the weight rows into equal contiguous ranges (multiples of 8): each thread reads
-  // its own part of the matrix once.
+  // The weight rows are cut into chunks of consecutive rows (multiples of 8, about kChunkBytes of weights each, at
+  // least 2 per thread) that the threads claim in order (parallel_items): each thread streams whole chunks, and a
+  // thread the OS has not scheduled yet (a busy machine) leaves its chunks to the others instead of holding the
+  // call up. An output does not depend on which thread or chunk computes it (the summation order is fixed by K).
   // An empty product writes nothing; the multi-row kernels start with 2 rows in the AVX2 path, so
   // M = 0 must never reach them (it once wrote two rows past a 0-row y).
   if (M <= 0 || N <= 0) return;
-  const int64_t per = ((N + threads - 1) / threads + 7) / 8 * 8;
   const GemmPath path = small_gemm_path();
   // The AVX-512 kernel loads one 64-byte line per x vector: rows that do not start on a line boundary
   // split every such load in two (measured on Zen 4, 4 x rows of 576: 24-27 against 40 G multiply-adds/s).
@@ -429,9 +555,7 @@ void run(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, 
     xa = base;
   }
 #endif
-  auto part = [&](int t) {
-    const int64_t n0 = std::min<int64_t>(N, t * per), n1 = std::min<int64_t>(N, n0 + per);
-    if (n0 >= n1) return;
+  auto rows = [&](int64_t n0, int64_t n1) {
 #ifdef DART_X86
     if (path == GemmPath::Avx512) return rows_avx512(xa, ldx, w, y, M, N, K, n0, n1);
     if (path == GemmPath::Avx2) return rows_avx2(x, w, y, M, N, K, n0, n1);
@@ -441,14 +565,14 @@ void run(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, 
   (void)path;
   (void)xa;
   (void)ldx;
-#ifdef _OPENMP
-  if (threads > 1 && N >= 64) {
-#pragma omp parallel for num_threads(threads) schedule(static, 1)
-    for (int t = 0; t < threads; ++t) part(t);
-    return;
-  }
-#endif
-  for (int t = 0; t < threads; ++t) part(t);
+  if (threads <= 1 || N < 64) return rows(0, N);
+  constexpr int64_t kChunkBytes = 48 << 10;
+  const int64_t row_bytes = std::max<int64_t>(1, K * static_cast<int64_t>(sizeof(W)));
+  int64_t chunk = std::max<int64_t>(8, (kChunkBytes / row_bytes + 7) / 8 * 8);
+  chunk = std::min(chunk, std::max<int64_t>(8, (N / (2 * threads) + 7) / 8 * 8));
+  while ((N + chunk - 1) / chunk > 4096) chunk *= 2;
+  const int64_t chunks = (N + chunk - 1) / chunk;
+  parallel_for_items(threads, chunks, [&](int64_t i) { rows(i * chunk, std::min(N, (i + 1) * chunk)); });
 }
 
 // The forced path (-1: none, use DART_GEMM_PATH or the best).
@@ -472,6 +596,23 @@ GemmPath env_path() {
 }
 
 }  // namespace
+
+void parallel_items(int threads, int64_t total, void (*fn)(void*, int64_t), void* ctx) {
+  thread_local bool inside = false;   // a nested call (from an item) runs on its own thread
+  if (threads <= 1 || total <= 1 || inside) {
+    for (int64_t i = 0; i < total; ++i) fn(ctx, i);
+    return;
+  }
+  if (total >= 65536) throw std::invalid_argument("parallel_items: total must be < 65536");
+  inside = true;
+  try {
+    pool().run(threads, total, fn, ctx);
+  } catch (...) {
+    inside = false;
+    throw;
+  }
+  inside = false;
+}
 
 bool small_gemm_has_avx2() {
 #ifdef DART_X86
@@ -522,6 +663,62 @@ void small_gemm_f32(const float* x, const float* w, float* y, int64_t M, int64_t
 }
 void small_gemm_bf16(const float* x, const uint16_t* w, float* y, int64_t M, int64_t N, int64_t K, int threads) {
   run(x, w, y, M, N, K, std::max(1, threads));
+}
+
+}  // namespace dart
+
+namespace dart {
+namespace {
+#ifdef DART_X86
+__attribute__((target("avx2"))) uint64_t stream_read_avx2(const char* p, int64_t bytes) {
+  __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
+  int64_t i = 0;
+  for (; i + 128 <= bytes; i += 128) {
+    a = _mm256_xor_si256(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)));
+    b = _mm256_xor_si256(b, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
+    c = _mm256_xor_si256(c, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
+    d = _mm256_xor_si256(d, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
+  }
+  a = _mm256_xor_si256(_mm256_xor_si256(a, b), _mm256_xor_si256(c, d));
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), a);
+  uint64_t s = lanes[0] ^ lanes[1] ^ lanes[2] ^ lanes[3];
+  for (; i < bytes; ++i) s += static_cast<unsigned char>(p[i]);
+  return s;
+}
+#endif
+uint64_t stream_read_plain(const char* p, int64_t bytes) {
+  uint64_t s = 0;
+  int64_t i = 0;
+  for (; i + 8 <= bytes; i += 8) {
+    uint64_t v;
+    std::memcpy(&v, p + i, 8);
+    s ^= v;
+  }
+  for (; i < bytes; ++i) s += static_cast<unsigned char>(p[i]);
+  return s;
+}
+}  // namespace
+
+uint64_t stream_read(const void* p, int64_t bytes, int threads) {
+  // Chunks of 256 KiB claimed in order by the GEMM's thread pool, as the GEMM's rows are: each thread streams
+  // whole chunks of consecutive bytes.
+  threads = std::max(1, threads);
+  const char* base = static_cast<const char*>(p);
+  int64_t chunk = 256 << 10;
+  while ((bytes + chunk - 1) / chunk > 4096) chunk *= 2;
+  const int64_t chunks = (bytes + chunk - 1) / chunk;
+  std::vector<uint64_t> sums(static_cast<size_t>(chunks), 0);
+  parallel_for_items(threads, chunks, [&](int64_t i) {
+    const int64_t a = i * chunk, b = std::min<int64_t>(bytes, a + chunk);
+#ifdef DART_X86
+    if (small_gemm_has_avx2()) { sums[i] = stream_read_avx2(base + a, b - a); return; }
+#endif
+    sums[i] = stream_read_plain(base + a, b - a);
+  });
+  uint64_t s = 0;
+  for (uint64_t v : sums) s ^= v;
+  return s;
 }
 
 }  // namespace dart
