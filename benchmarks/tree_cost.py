@@ -127,8 +127,12 @@ def measure_prefill(model: str | None, dtype: str, device: str, n: int, reps: in
 
 
 def measure(model: str | None, dtype: str, device: str, prefix: int, sizes: list[int], max_depth: int,
-            reps: int, warmup: int, seed: int, backends: list[str], head_rows: list[int]) -> list[dict]:
-    """One result per backend and LM-head setting, all timed in one interleaved loop on one loaded target."""
+            reps: int, warmup: int, seed: int, backends: list[str], head_rows: list[int],
+            gemm_paths: list[str | None] | None = None) -> list[dict]:
+    """One result per backend, LM-head setting and small-GEMM path (``gemm_paths``: None = the current one), all
+    timed in one interleaved loop on one loaded target."""
+    from dart_core import _native
+    gemm_paths = gemm_paths or [None]
     target = load_target(model, dtype=dtype, device=device)
     rng = np.random.default_rng(seed)
     vocab = target.vocab_size
@@ -143,28 +147,33 @@ def measure(model: str | None, dtype: str, device: str, prefix: int, sizes: list
         sessions[b] = target.new_session(prefix + max(sizes) + 1)
         sessions[b].prefill(prompt)
     dev = target.device
-    arms = [(b, r) for b in backends for r in (head_rows if b == "native" else head_rows[:1])]
+    arms = [(b, r, g) for b in backends for r in (head_rows if b == "native" else head_rows[:1])
+            for g in (gemm_paths if b == "native" else [None])]
     times: dict[tuple, list[float]] = {(*arm, n): [] for arm in arms for n in trees}
     default_rows = target_module.LM_HEAD_FIRST_ROWS
+    path_before = _native.small_gemm_path()
     try:
         for rep in range(warmup + reps):  # interleaved: load drifts hit every arm alike
-            for b, r in arms:
+            for b, r, g in arms:
                 target.set_fast_forward(b == "native")
                 target_module.LM_HEAD_FIRST_ROWS = r
+                _native.small_gemm_set_path(g or path_before)
                 for n, tree in trees.items():
                     dt = time_verify(sessions[b], tree, prefix, dev)
                     if rep >= warmup:
-                        times[(b, r, n)].append(dt)
+                        times[(b, r, g, n)].append(dt)
     finally:
         target_module.LM_HEAD_FIRST_ROWS = default_rows
+        _native.small_gemm_set_path(path_before)
     out = []
-    for b, r in arms:
-        one_ms = 1000 * statistics.median(times[(b, r, 1)])
+    for b, r, g in arms:
+        one_ms = 1000 * statistics.median(times[(b, r, g, 1)])
         res = {"dtype": dtype_name(target.dtype), "backend": b, "device": str(dev), "model": target.name,
+               "gemm_path": (g or path_before) if b == "native" else None,
                "prefix": prefix, "lm_head_first_rows": "all" if r >= ALL_ROWS or b == "hf" else r,
                "one_token_ms": one_ms, "trees": {}}
         for n in sizes:
-            ms = 1000 * statistics.median(times[(b, r, n)])
+            ms = 1000 * statistics.median(times[(b, r, g, n)])
             res["trees"][n] = {"nodes": n, "max_depth": int(trees[n].max_depth), "median_ms": ms,
                                "ratio": ms / one_ms}
         out.append(res)
@@ -279,8 +288,8 @@ def main(argv=None) -> int:
     p.add_argument("--bandwidth", action="store_true",
                    help="only measure the plain step against the memory read bandwidth, per small-GEMM path")
     p.add_argument("--paths", default=None,
-                   help="--bandwidth: comma-separated small-GEMM paths (default: every path this CPU runs but "
-                        "portable)")
+                   help="comma-separated small-GEMM paths to time side by side, interleaved (the tree table: default "
+                        "the current path; --bandwidth: default every path this CPU runs but portable)")
     p.add_argument("--read-mib", type=int, default=512, help="--bandwidth: MiB of the plain read (default 512)")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
@@ -314,13 +323,20 @@ def main(argv=None) -> int:
           + (f", {machine['gpu']}" if machine.get("gpu") else "")
           + f", {machine['torch_threads']} threads, load average {machine['load_average']}, prefix {args.prefix}"
           + f", small-GEMM path {machine.get('gemm_path')}")
-    print("| dtype | backend | LM head rows first | nodes | max depth | 1-token step ms | tree ms | ratio to 1 token "
-          "| speedup over hf |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    gemm_paths = None
+    if args.paths:
+        from dart_core import _native
+        gemm_paths = [x.strip() for x in args.paths.split(",") if x.strip()]
+        missing = [x for x in gemm_paths if x not in _native.small_gemm_paths()]
+        if missing:
+            raise SystemExit(f"--paths: this CPU does not run {missing} (it runs {_native.small_gemm_paths()})")
+    print("| dtype | backend | GEMM path | LM head rows first | nodes | max depth | 1-token step ms | tree ms "
+          "| ratio to 1 token | speedup over hf |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     results = []
     for dtype in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
         rs = measure(args.base_model_name_or_path, dtype, args.device, args.prefix, sizes, args.max_depth,
-                     args.reps, args.warmup, args.seed, backends, head_rows)
+                     args.reps, args.warmup, args.seed, backends, head_rows, gemm_paths)
         results.extend(rs)
         hf = next((r for r in rs if r["backend"] == "hf"), None)
         for r in rs:
@@ -331,7 +347,8 @@ def main(argv=None) -> int:
                 if hf is not None and r is not hf:
                     base = hf["one_token_ms"] if n == 1 else hf["trees"][n]["median_ms"]
                     vs = f"{base / t['median_ms']:.2f}x"
-                print(f"| {r['dtype']} | {r['backend']} | {r['lm_head_first_rows']} | {t['nodes']} | {t['max_depth']} "
+                print(f"| {r['dtype']} | {r['backend']} | {r['gemm_path'] or '–'} | {r['lm_head_first_rows']} "
+                      f"| {t['nodes']} | {t['max_depth']} "
                       f"| {r['one_token_ms']:.1f} | {t['median_ms']:.1f} | {t['ratio']:.2f}x | {vs} |", flush=True)
     heads = {}
     if args.lm_head:

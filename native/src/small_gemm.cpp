@@ -7,6 +7,9 @@
 //    order. x is copied into 64-byte aligned rows when it is not aligned (the values unchanged).
 //  * AVX2: 4 weight rows x 3 activation rows, 8 lanes (8 x 1 for one row).
 //  * portable: plain loops in the AVX2 kernel's summation order.
+//  * AVX512-BF16 (bf16 weights): the activations rounded to bf16 once per call, VDPBF16PS against the weights as
+//    loaded (no widening), 8 weight rows for M <= 2, 4 x 6 blocks above; float32 weights run the AVX-512 kernel.
+// The calls split the weight rows into chunks that a persistent thread pool claims in order (parallel_items).
 // Each weight element is loaded from memory once per call. The lane-wise partial sums are
 // reduced in one fixed order at the end of every dot product, which makes the result
 // independent of M and of the row blocking (within one path).
@@ -19,6 +22,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -385,7 +389,8 @@ DART_AVX512 void rows_avx512(const float* x, int64_t ldx, const W* w, float* y, 
     // (bit-identical to block512), prefetching the 4 rows after the next 4 (the AVX2 kernel's distance;
     // the next 4 measured 5-15% slower at M = 1). Measured on Zen 4 streaming the 49152 x 576 LM head
     // from memory, interleaved A/B against the AVX2 kernel: 512-bit loads ran 0.80-0.91x (M = 1..3),
-    // these 0.94-1.1x.
+    // these 0.94-1.1x. 8 rows in flight (prefetching the 8 after the next 8) measured 0.96-0.98x these at M = 1
+    // on an Emerald Rapids VM (weights from memory, 1 and 2 threads, interleaved in one process).
     const int64_t block_lines = static_cast<int64_t>(4 * K * sizeof(W) + 63) / 64;
     for (; n + 4 <= n1; n += 4) {
       const char* next = n + 12 <= n1 ? reinterpret_cast<const char*>(w + (n + 8) * K) : nullptr;
@@ -407,6 +412,124 @@ DART_AVX512 void rows_avx512(const float* x, int64_t ldx, const W* w, float* y, 
     row_block512<4, 6>(x, ldx, w, y, M, N, K, n, next, next ? block_lines : 0);
   }
   for (; n < n1; ++n) row_block512<1, 6>(x, ldx, w, y, M, N, K, n, nullptr, 0);
+}
+#endif
+
+#ifdef DART_X86
+// ---- AVX512-BF16: bf16 dot products (VDPBF16PS), bf16 weights only ----------------------------------------------
+// The activations are rounded to bf16 once per call (round to nearest even, VCVTNE2PS2BF16) into rows of ldb
+// elements, zero-padded to a multiple of 32; every step multiplies 32 bf16 activations by 32 bf16 weights (exact
+// products) and adds each pair into one of 16 float32 lane sums. Summation order of one output (fixed by K alone):
+// the 16 lane sums over the 32-wide steps of the body, then the K % 32 tail as one more step (the weights masked,
+// the activations zero past K), then hsum16. Blocking never changes it, so a row does not depend on M, nor on the
+// other rows of the call. The weights are used as loaded: no widening.
+#define DART_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
+
+// x [M, K] float32 -> xb [M, ldb] bf16 bit patterns, ldb = K rounded up to 32, zeros past K.
+DART_AVX512BF16 void pack_bf16_rows(const float* x, int64_t M, int64_t K, int64_t ldb, uint16_t* xb) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x + m * K;
+    uint16_t* o = xb + m * ldb;
+    for (int64_t k = 0; k < ldb; k += 32) {
+      const int64_t left = K - k;
+      const __mmask16 lo = static_cast<__mmask16>(left >= 16 ? 0xFFFFu : left > 0 ? (1u << left) - 1u : 0u);
+      const __mmask16 hi = static_cast<__mmask16>(left >= 32 ? 0xFFFFu : left > 16 ? (1u << (left - 16)) - 1u : 0u);
+      const __m512 a = _mm512_maskz_loadu_ps(lo, xr + k), b = _mm512_maskz_loadu_ps(hi, xr + k + 16);
+      const __m512bh v = _mm512_cvtne2ps_pbh(b, a);   // elements 0-15 from a, 16-31 from b
+      _mm512_storeu_si512(o + k, reinterpret_cast<const __m512i&>(v));
+    }
+  }
+}
+
+DART_AVX512BF16 inline __m512bh as_bh(__m512i v) { return reinterpret_cast<__m512bh&>(v); }
+
+// R weight rows x C activation rows: R * C accumulators + R weight vectors + 1 activation vector <= 32 registers.
+template <int R, int C>
+DART_AVX512BF16 void block_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_t* w, float* y, int64_t N,
+                                  int64_t K, int64_t n, int64_t m, const char* prefetch = nullptr,
+                                  int64_t prefetch_lines = 0) {
+  __m512 acc[R][C];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  const int64_t body = K - K % 32;
+  const int64_t lines_per_step = prefetch ? (prefetch_lines * 32 + body - 1) / std::max<int64_t>(body, 32) : 0;
+  int64_t line = 0;
+  const uint16_t* xr = xb + m * ldb;
+  const uint16_t* wr = w + n * K;
+  for (int64_t k = 0; k < body; k += 32) {
+    for (int64_t p = 0; p < lines_per_step && line < prefetch_lines; ++p, ++line)
+      _mm_prefetch(prefetch + line * 64, _MM_HINT_T0);
+    __m512i wv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_si512(wr + r * K + k);
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      const __m512bh xv = as_bh(_mm512_loadu_si512(xr + c * ldb + k));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, as_bh(wv[r]));
+    }
+  }
+  if (body < K) {   // the K % 32 tail: one masked step, the same lanes for every row
+    const __mmask32 mask = static_cast<__mmask32>((1ull << (K - body)) - 1ull);
+    __m512i wv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_epi16(mask, wr + r * K + body);
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      const __m512bh xv = as_bh(_mm512_loadu_si512(xr + c * ldb + body));   // zeros past K (packed)
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, as_bh(wv[r]));
+    }
+  }
+  if constexpr (R % 4 == 0) {
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c)
+#pragma GCC unroll 8
+      for (int r = 0; r < R; r += 4)
+        _mm_storeu_ps(y + (m + c) * N + n + r, hsum16x4(acc[r][c], acc[r + 1][c], acc[r + 2][c], acc[r + 3][c]));
+  } else {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) y[(m + c) * N + n + r] = hsum16(acc[r][c]);
+  }
+}
+
+// All M packed activation rows against weight rows [n0, n1): M <= 2 streams 8 weight rows at a time, M >= 3 runs
+// 4 weight rows against groups of 6 activation rows (the block stays in L1 while the groups pass).
+DART_AVX512BF16 void rows_avx512bf16(const uint16_t* xb, int64_t ldb, const uint16_t* w, float* y, int64_t M,
+                                     int64_t N, int64_t K, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  if (M <= 2) {
+    const int64_t block_lines = (8 * K * 2 + 63) / 64;
+    for (; n + 8 <= n1; n += 8) {
+      const char* next = n + 16 <= n1 ? reinterpret_cast<const char*>(w + (n + 8) * K) : nullptr;
+      if (M == 1) block_bf16dp<8, 1>(xb, ldb, w, y, N, K, n, 0, next, next ? block_lines : 0);
+      else block_bf16dp<8, 2>(xb, ldb, w, y, N, K, n, 0, next, next ? block_lines : 0);
+    }
+  } else {
+    const int64_t block_lines = (4 * K * 2 + 63) / 64;
+    for (; n + 4 <= n1; n += 4) {
+      const char* next = n + 8 <= n1 ? reinterpret_cast<const char*>(w + (n + 4) * K) : nullptr;
+      const int64_t lines = next ? block_lines : 0;
+      int64_t m = 0;
+      for (; m + 6 <= M; m += 6) block_bf16dp<4, 6>(xb, ldb, w, y, N, K, n, m, m ? nullptr : next, m ? 0 : lines);
+      const char* p = m ? nullptr : next;
+      const int64_t pl = m ? 0 : lines;
+      switch (M - m) {
+        case 5: block_bf16dp<4, 5>(xb, ldb, w, y, N, K, n, m, p, pl); break;
+        case 4: block_bf16dp<4, 4>(xb, ldb, w, y, N, K, n, m, p, pl); break;
+        case 3: block_bf16dp<4, 3>(xb, ldb, w, y, N, K, n, m, p, pl); break;
+        case 2: block_bf16dp<4, 2>(xb, ldb, w, y, N, K, n, m, p, pl); break;
+        case 1: block_bf16dp<4, 1>(xb, ldb, w, y, N, K, n, m, p, pl); break;
+        default: break;
+      }
+    }
+  }
+  for (; n < n1; ++n)
+    for (int64_t m = 0; m < M; ++m) block_bf16dp<1, 1>(xb, ldb, w, y, N, K, n, m);
 }
 #endif
 
@@ -544,9 +667,24 @@ void run(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, 
   // decoding step) is read from L1 by 256-bit loads and runs as it is.
   const float* xa = x;
   int64_t ldx = K;
+  constexpr bool bf16_weights = std::is_same<W, uint16_t>::value;
+  // The AVX512-BF16 path runs float32 weights through the float32 AVX-512 kernel (the same results).
+  const bool dp_bf16 = bf16_weights && path == GemmPath::Avx512Bf16;
+  const bool f32_512 = path == GemmPath::Avx512 || (path == GemmPath::Avx512Bf16 && !bf16_weights);
+  const uint16_t* xb = nullptr;
+  int64_t ldb = 0;
 #ifdef DART_X86
+  thread_local std::vector<uint16_t> packed_bf16;
+  if (dp_bf16) {   // the activations rounded to bf16 once per call, rows 64-byte aligned
+    ldb = (K + 31) / 32 * 32;
+    packed_bf16.resize(static_cast<size_t>(M * ldb + 32));
+    const uintptr_t at = reinterpret_cast<uintptr_t>(packed_bf16.data());
+    uint16_t* base = packed_bf16.data() + ((64 - at % 64) % 64) / sizeof(uint16_t);
+    pack_bf16_rows(x, M, K, ldb, base);
+    xb = base;
+  }
   thread_local std::vector<float> packed;
-  if (path == GemmPath::Avx512 && M >= 2 && (reinterpret_cast<uintptr_t>(x) % 64 != 0 || K % 16 != 0)) {
+  if (f32_512 && M >= 2 && (reinterpret_cast<uintptr_t>(x) % 64 != 0 || K % 16 != 0)) {
     ldx = (K + 15) / 16 * 16;
     packed.resize(static_cast<size_t>(M * ldx + 16));
     const uintptr_t at = reinterpret_cast<uintptr_t>(packed.data());
@@ -557,7 +695,10 @@ void run(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, 
 #endif
   auto rows = [&](int64_t n0, int64_t n1) {
 #ifdef DART_X86
-    if (path == GemmPath::Avx512) return rows_avx512(xa, ldx, w, y, M, N, K, n0, n1);
+    if constexpr (bf16_weights) {
+      if (dp_bf16) return rows_avx512bf16(xb, ldb, w, y, M, N, K, n0, n1);
+    }
+    if (f32_512) return rows_avx512(xa, ldx, w, y, M, N, K, n0, n1);
     if (path == GemmPath::Avx2) return rows_avx2(x, w, y, M, N, K, n0, n1);
 #endif
     rows_portable(x, w, y, M, N, K, n0, n1);
@@ -565,6 +706,10 @@ void run(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, 
   (void)path;
   (void)xa;
   (void)ldx;
+  (void)xb;
+  (void)ldb;
+  (void)dp_bf16;
+  (void)f32_512;
   if (threads <= 1 || N < 64) return rows(0, N);
   constexpr int64_t kChunkBytes = 48 << 10;
   const int64_t row_bytes = std::max<int64_t>(1, K * static_cast<int64_t>(sizeof(W)));
@@ -578,6 +723,15 @@ void run(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, 
 // The forced path (-1: none, use DART_GEMM_PATH or the best).
 std::atomic<int> forced_path{-1};
 
+// Whether "auto" (and no DART_GEMM_PATH) runs the AVX512-BF16 path on a CPU that has it. Not by default: measured
+// on an Intel Emerald Rapids VM (model 207, 2 vCPUs, no AMX), bf16 weights, interleaved in one process
+// (benchmarks/bench_native.py --gemm --paths avx512bf16,avx512,avx2; tree_cost.py --paths ...), VDPBF16PS runs the
+// tree rows' blocks (M >= 4) at 0.6-0.85x the float32 AVX-512 kernel's multiply-adds/s (it issues on one port, two
+// FMAs on two), while one row from memory ran 1.05-1.1x. Trees are what a speculative step verifies, and the path is
+// one per process (a tree row must equal the plain step's row), so the float32-activation path stays the default;
+// DART_GEMM_PATH=avx512bf16 chooses it.
+constexpr bool kBf16DotIsDefault = false;
+
 GemmPath clamp_to_cpu(GemmPath want) {
   return static_cast<GemmPath>(std::min(static_cast<int>(want), static_cast<int>(small_gemm_best_path())));
 }
@@ -586,11 +740,11 @@ GemmPath env_path() {
   static const GemmPath p = [] {
     const char* v = std::getenv("DART_GEMM_PATH");
     const std::string name = v ? v : "";
-    if (name.empty() || name == "auto") return small_gemm_best_path();
-    for (GemmPath q : {GemmPath::Avx512, GemmPath::Avx2, GemmPath::Portable})
+    if (name.empty() || name == "auto") return small_gemm_default_path();
+    for (GemmPath q : {GemmPath::Avx512Bf16, GemmPath::Avx512, GemmPath::Avx2, GemmPath::Portable})
       if (name == small_gemm_path_name(q)) return clamp_to_cpu(q);
-    std::fprintf(stderr, "DART_GEMM_PATH=%s is not one of avx512, avx2, portable, auto: ignored\n", v);
-    return small_gemm_best_path();
+    std::fprintf(stderr, "DART_GEMM_PATH=%s is not one of avx512bf16, avx512, avx2, portable, auto: ignored\n", v);
+    return small_gemm_default_path();
   }();
   return p;
 }
@@ -629,13 +783,18 @@ GemmPath small_gemm_best_path() {
     // __builtin_cpu_supports also checks that the OS saves the zmm / ymm state (XGETBV).
     if (small_gemm_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl"))
-      return GemmPath::Avx512;
+      return __builtin_cpu_supports("avx512bf16") ? GemmPath::Avx512Bf16 : GemmPath::Avx512;
     return small_gemm_has_avx2() ? GemmPath::Avx2 : GemmPath::Portable;
   }();
   return best;
 #else
   return GemmPath::Portable;
 #endif
+}
+
+GemmPath small_gemm_default_path() {
+  const GemmPath best = small_gemm_best_path();
+  return (best == GemmPath::Avx512Bf16 && !kBf16DotIsDefault) ? GemmPath::Avx512 : best;
 }
 
 GemmPath small_gemm_path() {
@@ -652,6 +811,7 @@ void small_gemm_set_path(GemmPath path) {
 
 const char* small_gemm_path_name(GemmPath path) {
   switch (path) {
+    case GemmPath::Avx512Bf16: return "avx512bf16";
     case GemmPath::Avx512: return "avx512";
     case GemmPath::Avx2: return "avx2";
     default: return "portable";

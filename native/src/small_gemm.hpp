@@ -30,12 +30,21 @@ bool small_gemm_has_avx2();
 // bit-identical to the same row computed alone. Different paths may round differently
 // (16-lane vs 8-lane partial sums): that is fine because vanilla decoding and speculative
 // verification in one process always run the same path.
-enum class GemmPath : int { Portable = 0, Avx2 = 1, Avx512 = 2 };
+//   Avx512Bf16  AVX512-BF16 (Zen 4, Sapphire Rapids and later): for bf16 weights the activations are rounded to
+//            bf16 (nearest even) once per call and multiplied by VDPBF16PS (exact bf16 products, float32 sums,
+//            16 lanes of 32-element steps, the K % 32 tail masked), so its results differ from the float32-activation
+//            paths by the activations' rounding; float32 weights run the Avx512 kernel (the same bits). Rows are
+//            independent as on every path.
+// No AMX path: the machines this was written on have no AMX to test it on.
+enum class GemmPath : int { Portable = 0, Avx2 = 1, Avx512 = 2, Avx512Bf16 = 3 };
 
-// The best path this CPU supports.
+// The best path this CPU supports (the paths are ordered: each runs where the ones below it do).
 GemmPath small_gemm_best_path();
-// The path calls run now: the best one, unless DART_GEMM_PATH (read once, at the first call:
-// "avx512" | "avx2" | "portable" | "auto") or small_gemm_set_path chose a lower one. A request for a
+// The path "auto" (and no DART_GEMM_PATH) runs: the best one, except AVX512-BF16, which is chosen only by name
+// (measured: see small_gemm.cpp, kBf16DotIsDefault).
+GemmPath small_gemm_default_path();
+// The path calls run now: the default one, unless DART_GEMM_PATH (read once, at the first call:
+// "avx512bf16" | "avx512" | "avx2" | "portable" | "auto") or small_gemm_set_path chose another. A request for a
 // path the CPU lacks runs the best path below it; an unknown name is ignored (a warning on stderr).
 GemmPath small_gemm_path();
 // Forces a path for all later calls (tests, benchmarks); throws std::invalid_argument when this
