@@ -390,12 +390,18 @@ DART_AVX512 void rows_avx512(const float* x, int64_t ldx, const W* w, float* y, 
     // the next 4 measured 5-15% slower at M = 1). Measured on Zen 4 streaming the 49152 x 576 LM head
     // from memory, interleaved A/B against the AVX2 kernel: 512-bit loads ran 0.80-0.91x (M = 1..3),
     // these 0.94-1.1x. 8 rows in flight (prefetching the 8 after the next 8) measured 0.96-0.98x these at M = 1
-    // on an Emerald Rapids VM (weights from memory, 1 and 2 threads, interleaved in one process).
+    // on an Emerald Rapids VM (weights from memory, 1 and 2 threads, interleaved in one process). There, one row
+    // with 512-bit operations (block512<4, 1>, the same FMAs in the same lanes: the same bits) streamed 71% of the
+    // read bandwidth against 65-68% (tree_cost.py-style sweep of the decoder's matrices, 2 threads), and a prefetch
+    // distance of 16 or 32 rows, none, or one past the end of the thread's chunk all measured worse than 8; so Intel
+    // CPUs run M = 1 with zmm operations (M = 2, 3 not measured there: unchanged).
+    static const bool intel = __builtin_cpu_is("intel");
     const int64_t block_lines = static_cast<int64_t>(4 * K * sizeof(W) + 63) / 64;
     for (; n + 4 <= n1; n += 4) {
       const char* next = n + 12 <= n1 ? reinterpret_cast<const char*>(w + (n + 8) * K) : nullptr;
       const int64_t lines = next ? block_lines : 0;
-      if (M == 1) block512_row<4, 1>(x, ldx, w, y, N, K, n, 0, next, lines);
+      if (M == 1 && intel) block512<4, 1>(x, ldx, w, y, N, K, n, 0, next, lines);
+      else if (M == 1) block512_row<4, 1>(x, ldx, w, y, N, K, n, 0, next, lines);
       else if (M == 2) block512_row<4, 2>(x, ldx, w, y, N, K, n, 0, next, lines);
       else block512_row<4, 3>(x, ldx, w, y, N, K, n, 0, next, lines);
     }
@@ -711,6 +717,8 @@ void run(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, 
   (void)dp_bf16;
   (void)f32_512;
   if (threads <= 1 || N < 64) return rows(0, N);
+  // 48 KiB: 16 KiB measured 60% of the read bandwidth (one-row sweep), 48-128 KiB 66-68%, 512 KiB 72% in a run whose
+  // read was slower (Emerald Rapids VM, 2 threads); smaller chunks balance better on a busy machine.
   constexpr int64_t kChunkBytes = 48 << 10;
   const int64_t row_bytes = std::max<int64_t>(1, K * static_cast<int64_t>(sizeof(W)));
   int64_t chunk = std::max<int64_t>(8, (kChunkBytes / row_bytes + 7) / 8 * 8);
