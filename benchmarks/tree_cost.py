@@ -131,8 +131,10 @@ def measure(model: str | None, dtype: str, device: str, prefix: int, sizes: list
             gemm_paths: list[str | None] | None = None) -> list[dict]:
     """One result per backend, LM-head setting and small-GEMM path (``gemm_paths``: None = the current one), all
     timed in one interleaved loop on one loaded target."""
-    from dart_core import _native
     gemm_paths = gemm_paths or [None]
+    native = "native" in backends
+    if native:
+        from dart_core import _native
     target = load_target(model, dtype=dtype, device=device)
     rng = np.random.default_rng(seed)
     vocab = target.vocab_size
@@ -151,20 +153,22 @@ def measure(model: str | None, dtype: str, device: str, prefix: int, sizes: list
             for g in (gemm_paths if b == "native" else [None])]
     times: dict[tuple, list[float]] = {(*arm, n): [] for arm in arms for n in trees}
     default_rows = target_module.LM_HEAD_FIRST_ROWS
-    path_before = _native.small_gemm_path()
+    path_before = _native.small_gemm_path() if native else None
     try:
         for rep in range(warmup + reps):  # interleaved: load drifts hit every arm alike
             for b, r, g in arms:
                 target.set_fast_forward(b == "native")
                 target_module.LM_HEAD_FIRST_ROWS = r
-                _native.small_gemm_set_path(g or path_before)
+                if b == "native":
+                    _native.small_gemm_set_path(g or path_before)
                 for n, tree in trees.items():
                     dt = time_verify(sessions[b], tree, prefix, dev)
                     if rep >= warmup:
                         times[(b, r, g, n)].append(dt)
     finally:
         target_module.LM_HEAD_FIRST_ROWS = default_rows
-        _native.small_gemm_set_path(path_before)
+        if native:
+            _native.small_gemm_set_path(path_before)
     out = []
     for b, r, g in arms:
         one_ms = 1000 * statistics.median(times[(b, r, g, 1)])

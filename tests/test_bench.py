@@ -405,6 +405,13 @@ def test_tree_cost_bandwidth_reports_every_path(tiny_dir, tmp_path, capsys):
     assert f"| float32 | {paths[0]} |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="does not run"):
         tree_cost.main(["--base-model-name-or-path", str(tiny_dir), "--bandwidth", "--paths", "sse9"])
+    # The tree table times the paths side by side too, and names each.
+    out2 = tmp_path / "trees.json"
+    assert tree_cost.main(["--base-model-name-or-path", str(tiny_dir), "--dtypes", "float32", "--nodes", "3",
+                           "--prefix", "4", "--reps", "1", "--warmup", "0", "--paths", ",".join(paths[:2]),
+                           "--json", str(out2)]) == 0
+    assert [r["gemm_path"] for r in json.loads(out2.read_text())["results"]] == paths[:2]
+    assert _native.small_gemm_path() == before
 
 
 def test_stream_read_reads_every_byte():
