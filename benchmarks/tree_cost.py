@@ -214,7 +214,7 @@ def decoder_weight_arrays(target) -> list[np.ndarray]:
 
 
 def measure_bandwidth(model: str | None, dtype: str, device: str, prefix: int, reps: int, warmup: int, seed: int,
-                      paths: list[str], threads: int, read_mib: int = 512) -> list[dict]:
+                      paths: list[str], threads: int, read_mib: int = 512, before: bool = False) -> list[dict]:
     """Per small-GEMM path: the plain read bandwidth, the one-row GEMV sweep over the decoder weights and the
     one-token step, interleaved rep by rep (see the module docstring). Medians of ``reps``."""
     from dart_core import _native
@@ -231,14 +231,17 @@ def measure_bandwidth(model: str | None, dtype: str, device: str, prefix: int, r
     root = DraftTree.root_only(int(rng.integers(0, target.vocab_size)))
     session = target.new_session(prefix + 2)
     session.prefill(prompt)
-    before = _native.small_gemm_path()
+    path_before = _native.small_gemm_path()
     read: list[float] = []
-    gemv: dict[str, list[float]] = {p: [] for p in paths}
-    step: dict[str, list[float]] = {p: [] for p in paths}
+    arms = [(p, False) for p in paths] + ([(p, True) for p in paths if p != "avx512bf16"] if before else [])
+    gemv: dict[tuple, list[float]] = {a: [] for a in arms}
+    step: dict[tuple, list[float]] = {a: [] for a in arms}
     try:
         for rep in range(warmup + reps):
-            for p in paths:      # interleaved: load drifts hit every arm alike
+            for a in arms:      # interleaved: load drifts hit every arm alike
+                p, legacy = a
                 _native.small_gemm_set_path(p)
+                _native._small_gemm_set_legacy(legacy)
                 t0 = time.perf_counter()
                 _native.stream_read(buf, threads)
                 dt_read = time.perf_counter() - t0
@@ -246,18 +249,21 @@ def measure_bandwidth(model: str | None, dtype: str, device: str, prefix: int, r
                 dt_step = time_verify(session, root, prefix, target.device)
                 if rep >= warmup:
                     read.append(dt_read)
-                    gemv[p].append(dt_gemv)
-                    step[p].append(dt_step)
+                    gemv[a].append(dt_gemv)
+                    step[a].append(dt_step)
     finally:
-        _native.small_gemm_set_path(before)
+        _native.small_gemm_set_path(path_before)
+        _native._small_gemm_set_legacy(False)
     read_gbs = buf.nbytes / statistics.median(read) / 1e9
     out = []
-    for p in paths:
-        g = gemv_bytes / statistics.median(gemv[p]) / 1e9
-        st = statistics.median(step[p])
-        out.append({"dtype": dtype_name(target.dtype), "gemm_path": p, "threads": threads, "prefix": prefix,
+    for a in arms:
+        p, legacy = a
+        g = gemv_bytes / statistics.median(gemv[a]) / 1e9
+        st = statistics.median(step[a])
+        out.append({"dtype": dtype_name(target.dtype), "gemm_path": p, "before": legacy, "threads": threads,
+                    "prefix": prefix,
                     "read_gbs": read_gbs, "read_bytes": buf.nbytes,
-                    "gemv_bytes": gemv_bytes, "gemv_ms": 1000 * statistics.median(gemv[p]), "gemv_gbs": g,
+                    "gemv_bytes": gemv_bytes, "gemv_ms": 1000 * statistics.median(gemv[a]), "gemv_gbs": g,
                     "gemv_share_of_read": g / read_gbs,
                     "step_bytes": step_bytes, "one_token_ms": 1000 * st, "step_gbs": step_bytes / st / 1e9,
                     "step_share_of_read": step_bytes / st / 1e9 / read_gbs, "reps": reps})
@@ -294,6 +300,9 @@ def main(argv=None) -> int:
     p.add_argument("--paths", default=None,
                    help="comma-separated small-GEMM paths to time side by side, interleaved (the tree table: default "
                         "the current path; --bandwidth: default every path this CPU runs but portable)")
+    p.add_argument("--before", action="store_true",
+                   help="--bandwidth: also time each path as before the thread pool (an OpenMP region per GEMM call; "
+                        "one row with 256-bit blocks; the attention keeps the pool), interleaved in the same run")
     p.add_argument("--read-mib", type=int, default=512, help="--bandwidth: MiB of the plain read (default 512)")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
@@ -401,9 +410,10 @@ def bandwidth_main(args, machine: dict) -> int:
     results = []
     for dtype in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
         for r in measure_bandwidth(args.base_model_name_or_path, dtype, args.device, args.prefix, args.reps,
-                                   args.warmup, args.seed, paths, threads, args.read_mib):
+                                   args.warmup, args.seed, paths, threads, args.read_mib, args.before):
             results.append(r)
-            print(f"| {r['dtype']} | {r['gemm_path']} | {r['read_gbs']:.1f} | {r['gemv_bytes'] / 1e6:.0f} "
+            name = r["gemm_path"] + (" (before)" if r["before"] else "")
+            print(f"| {r['dtype']} | {name} | {r['read_gbs']:.1f} | {r['gemv_bytes'] / 1e6:.0f} "
                   f"| {r['gemv_gbs']:.1f} | {r['gemv_share_of_read']:.0%} | {r['one_token_ms']:.2f} "
                   f"| {r['step_bytes'] / 1e6:.0f} | {r['step_gbs']:.1f} | {r['step_share_of_read']:.0%} |", flush=True)
     if args.json:

@@ -394,10 +394,12 @@ def test_tree_cost_bandwidth_reports_every_path(tiny_dir, tmp_path, capsys):
     paths = list(_native.small_gemm_paths())
     assert tree_cost.main(["--base-model-name-or-path", str(tiny_dir), "--dtypes", "float32", "--bandwidth",
                            "--paths", ",".join(paths), "--prefix", "4", "--reps", "2", "--warmup", "0",
-                           "--read-mib", "8", "--json", str(out)]) == 0
+                           "--read-mib", "8", "--before", "--json", str(out)]) == 0
     assert _native.small_gemm_path() == before
     res = json.loads(out.read_text())
-    assert [r["gemm_path"] for r in res["bandwidth"]] == paths
+    now = [r for r in res["bandwidth"] if not r["before"]]
+    assert [r["gemm_path"] for r in now] == paths
+    assert [r["gemm_path"] for r in res["bandwidth"] if r["before"]] == [p for p in paths if p != "avx512bf16"]
     assert res["machine"]["gemm_path"] == before and res["machine"]["gemm_paths"] == paths
     for r in res["bandwidth"]:
         assert r["read_gbs"] > 0 and r["gemv_gbs"] > 0 and r["step_gbs"] > 0 and r["step_bytes"] > r["gemv_bytes"]

@@ -385,6 +385,9 @@ PYBIND11_MODULE(_native, m) {
   }, py::arg("buf"), py::arg("threads") = 1,
         "Reads every byte of a contiguous array once with `threads` threads, each a contiguous range (a plain "
         "memory read-bandwidth loop for benchmarks); returns a checksum.");
+  m.def("_small_gemm_set_legacy", &dart::small_gemm_set_legacy, py::arg("on"),
+        "Benchmarks only: run the small-GEMM calls as before the thread pool (OpenMP region per call, equal "
+        "ranges; one row with 256-bit blocks). The same results either way.");
   m.def("gemv_sweep", &gemv_sweep, py::arg("ws"), py::arg("threads") = 1, py::arg("reps") = 1,
         "Benchmarks: one float32 row through each weight matrix of `ws` in turn (the small-GEMM kernel at M = 1, "
         "the current path), `reps` times; the seconds of each sweep.");

@@ -47,6 +47,10 @@ namespace dart {
 namespace {
 
 
+// Benchmarks only (small_gemm_set_legacy): run the kernels as before the thread pool (an OpenMP region per call,
+// equal contiguous ranges) and one row with 256-bit blocks on every CPU, for before/after arms in one process.
+std::atomic<bool> legacy_mode{false};
+
 inline float bf16_to_f32(uint16_t v) {
   uint32_t bits = static_cast<uint32_t>(v) << 16;
   float f;
@@ -400,7 +404,7 @@ DART_AVX512 void rows_avx512(const float* x, int64_t ldx, const W* w, float* y, 
     for (; n + 4 <= n1; n += 4) {
       const char* next = n + 12 <= n1 ? reinterpret_cast<const char*>(w + (n + 8) * K) : nullptr;
       const int64_t lines = next ? block_lines : 0;
-      if (M == 1 && intel) block512<4, 1>(x, ldx, w, y, N, K, n, 0, next, lines);
+      if (M == 1 && intel && !legacy_mode.load(std::memory_order_relaxed)) block512<4, 1>(x, ldx, w, y, N, K, n, 0, next, lines);
       else if (M == 1) block512_row<4, 1>(x, ldx, w, y, N, K, n, 0, next, lines);
       else if (M == 2) block512_row<4, 2>(x, ldx, w, y, N, K, n, 0, next, lines);
       else block512_row<4, 3>(x, ldx, w, y, N, K, n, 0, next, lines);
@@ -717,6 +721,17 @@ void run(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, 
   (void)dp_bf16;
   (void)f32_512;
   if (threads <= 1 || N < 64) return rows(0, N);
+#ifdef _OPENMP
+  if (legacy_mode.load(std::memory_order_relaxed)) {   // as before the pool: equal ranges, a region per call
+    const int64_t per = ((N + threads - 1) / threads + 7) / 8 * 8;
+#pragma omp parallel for num_threads(threads) schedule(static, 1)
+    for (int t = 0; t < threads; ++t) {
+      const int64_t n0 = std::min<int64_t>(N, t * per), n1 = std::min<int64_t>(N, n0 + per);
+      if (n0 < n1) rows(n0, n1);
+    }
+    return;
+  }
+#endif
   // 48 KiB: 16 KiB measured 60% of the read bandwidth (one-row sweep), 48-128 KiB 66-68%, 512 KiB 72% in a run whose
   // read was slower (Emerald Rapids VM, 2 threads); smaller chunks balance better on a busy machine.
   constexpr int64_t kChunkBytes = 48 << 10;
@@ -760,6 +775,8 @@ GemmPath env_path() {
 }
 
 }  // namespace
+
+void small_gemm_set_legacy(bool on) { legacy_mode.store(on, std::memory_order_relaxed); }
 
 void parallel_items(int threads, int64_t total, void (*fn)(void*, int64_t), void* ctx) {
   thread_local bool inside = false;   // a nested call (from an item) runs on its own thread

@@ -68,6 +68,10 @@ void parallel_for_items(int threads, int64_t total, F&& f) {
   parallel_items(threads, total, [](void* c, int64_t i) { (*static_cast<F*>(c))(i); }, &f);
 }
 
+// Benchmarks only (tree_cost.py --bandwidth --before): true runs the GEMM calls as before the thread pool (an OpenMP
+// region per call, equal contiguous ranges; one row with 256-bit blocks on every CPU). Same results either way.
+void small_gemm_set_legacy(bool on);
+
 // Benchmarks (benchmarks/tree_cost.py --bandwidth). Reads `bytes` bytes at p once with `threads` threads, each a
 // contiguous range, 64 bytes per load; returns a checksum (so the reads are not optimised away).
 uint64_t stream_read(const void* p, int64_t bytes, int threads);
