@@ -23,6 +23,13 @@ this script does not run. ``--lm-head`` also times the LM head alone by row coun
 multiply-adds per second (the decoder layers' weights times N, plus causal attention), beside the rate torch's own
 large float32 GEMM reaches in the same run (``--gemm-rows`` x K @ K x N at the target's hidden sizes): the ratio
 says how close the prompt runs to this machine's GEMM speed.
+
+``--bandwidth`` measures how close the plain step runs to the memory floor, per small-GEMM path (``--paths``,
+default every vector path this CPU runs), interleaved rep by rep in one process: (a) a plain read of a 512 MiB
+buffer by the native streaming loop (``_native.stream_read``, the same threads), (b) one row (M = 1) through every
+decoder weight matrix of the target in turn (``_native.gemv_sweep``, timed natively: bytes / time), (c) the whole
+one-token step (the decoder weights and the LM head's bytes / the step's time, prefix ``--prefix``). Each as GB/s
+(1e9 bytes/s) and as a share of (a).
 """
 from __future__ import annotations
 
@@ -120,8 +127,14 @@ def measure_prefill(model: str | None, dtype: str, device: str, n: int, reps: in
 
 
 def measure(model: str | None, dtype: str, device: str, prefix: int, sizes: list[int], max_depth: int,
-            reps: int, warmup: int, seed: int, backends: list[str], head_rows: list[int]) -> list[dict]:
-    """One result per backend and LM-head setting, all timed in one interleaved loop on one loaded target."""
+            reps: int, warmup: int, seed: int, backends: list[str], head_rows: list[int],
+            gemm_paths: list[str | None] | None = None) -> list[dict]:
+    """One result per backend, LM-head setting and small-GEMM path (``gemm_paths``: None = the current one), all
+    timed in one interleaved loop on one loaded target."""
+    gemm_paths = gemm_paths or [None]
+    native = "native" in backends
+    if native:
+        from dart_core import _native
     target = load_target(model, dtype=dtype, device=device)
     rng = np.random.default_rng(seed)
     vocab = target.vocab_size
@@ -136,28 +149,35 @@ def measure(model: str | None, dtype: str, device: str, prefix: int, sizes: list
         sessions[b] = target.new_session(prefix + max(sizes) + 1)
         sessions[b].prefill(prompt)
     dev = target.device
-    arms = [(b, r) for b in backends for r in (head_rows if b == "native" else head_rows[:1])]
+    arms = [(b, r, g) for b in backends for r in (head_rows if b == "native" else head_rows[:1])
+            for g in (gemm_paths if b == "native" else [None])]
     times: dict[tuple, list[float]] = {(*arm, n): [] for arm in arms for n in trees}
     default_rows = target_module.LM_HEAD_FIRST_ROWS
+    path_before = _native.small_gemm_path() if native else None
     try:
         for rep in range(warmup + reps):  # interleaved: load drifts hit every arm alike
-            for b, r in arms:
+            for b, r, g in arms:
                 target.set_fast_forward(b == "native")
                 target_module.LM_HEAD_FIRST_ROWS = r
+                if b == "native":
+                    _native.small_gemm_set_path(g or path_before)
                 for n, tree in trees.items():
                     dt = time_verify(sessions[b], tree, prefix, dev)
                     if rep >= warmup:
-                        times[(b, r, n)].append(dt)
+                        times[(b, r, g, n)].append(dt)
     finally:
         target_module.LM_HEAD_FIRST_ROWS = default_rows
+        if native:
+            _native.small_gemm_set_path(path_before)
     out = []
-    for b, r in arms:
-        one_ms = 1000 * statistics.median(times[(b, r, 1)])
+    for b, r, g in arms:
+        one_ms = 1000 * statistics.median(times[(b, r, g, 1)])
         res = {"dtype": dtype_name(target.dtype), "backend": b, "device": str(dev), "model": target.name,
+               "gemm_path": (g or path_before) if b == "native" else None,
                "prefix": prefix, "lm_head_first_rows": "all" if r >= ALL_ROWS or b == "hf" else r,
                "one_token_ms": one_ms, "trees": {}}
         for n in sizes:
-            ms = 1000 * statistics.median(times[(b, r, n)])
+            ms = 1000 * statistics.median(times[(b, r, g, n)])
             res["trees"][n] = {"nodes": n, "max_depth": int(trees[n].max_depth), "median_ms": ms,
                                "ratio": ms / one_ms}
         out.append(res)
@@ -179,6 +199,76 @@ def measure_lm_head(model: str | None, dtype: str, device: str, rows: list[int],
             if rep >= 2:
                 times[r].append(time.perf_counter() - t0)
     return {r: 1000 * statistics.median(times[r]) for r in rows}
+
+
+def decoder_weight_arrays(target) -> list[np.ndarray]:
+    """The arrays the native kernel reads for every decoder layer (q, k, v, o, gate, up, down), in the decoder's
+    order."""
+    from dart_core.models.native_linear import kernel_array
+    out = []
+    for layer in target.model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+            out.append(kernel_array(m.weight))
+    return out
+
+
+def measure_bandwidth(model: str | None, dtype: str, device: str, prefix: int, reps: int, warmup: int, seed: int,
+                      paths: list[str], threads: int, read_mib: int = 512, before: bool = False) -> list[dict]:
+    """Per small-GEMM path: the plain read bandwidth, the one-row GEMV sweep over the decoder weights and the
+    one-token step, interleaved rep by rep (see the module docstring). Medians of ``reps``."""
+    from dart_core import _native
+    target = load_target(model, dtype=dtype, device=device)
+    target.set_fast_forward(True)
+    if target.fast is None:
+        raise SystemExit(f"--bandwidth needs the native path: {target.fast_unavailable_reason}")
+    ws = decoder_weight_arrays(target)
+    gemv_bytes = sum(w.nbytes for w in ws)
+    step_bytes = gemv_bytes + target.fast.lm_head_array.nbytes
+    buf = np.ones(read_mib << 20, dtype=np.uint8)     # touched: every page is mapped before timing
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(0, target.vocab_size, size=prefix).tolist()
+    root = DraftTree.root_only(int(rng.integers(0, target.vocab_size)))
+    session = target.new_session(prefix + 2)
+    session.prefill(prompt)
+    path_before = _native.small_gemm_path()
+    read: list[float] = []
+    arms = [(p, False) for p in paths] + ([(p, True) for p in paths if p != "avx512bf16"] if before else [])
+    gemv: dict[tuple, list[float]] = {a: [] for a in arms}
+    step: dict[tuple, list[float]] = {a: [] for a in arms}
+    try:
+        for rep in range(warmup + reps):
+            for a in arms:      # interleaved: load drifts hit every arm alike
+                p, legacy = a
+                _native.small_gemm_set_path(p)
+                _native._small_gemm_set_legacy(legacy)
+                t0 = time.perf_counter()
+                _native.stream_read(buf, threads)
+                dt_read = time.perf_counter() - t0
+                dt_gemv = _native.gemv_sweep(ws, threads, 1)[0]
+                dt_step = time_verify(session, root, prefix, target.device)
+                if rep >= warmup:
+                    read.append(dt_read)
+                    gemv[a].append(dt_gemv)
+                    step[a].append(dt_step)
+    finally:
+        _native.small_gemm_set_path(path_before)
+        _native._small_gemm_set_legacy(False)
+    read_gbs = buf.nbytes / statistics.median(read) / 1e9
+    out = []
+    for a in arms:
+        p, legacy = a
+        g = gemv_bytes / statistics.median(gemv[a]) / 1e9
+        st = statistics.median(step[a])
+        out.append({"dtype": dtype_name(target.dtype), "gemm_path": p, "before": legacy, "threads": threads,
+                    "prefix": prefix,
+                    "read_gbs": read_gbs, "read_bytes": buf.nbytes,
+                    "gemv_bytes": gemv_bytes, "gemv_ms": 1000 * statistics.median(gemv[a]), "gemv_gbs": g,
+                    "gemv_share_of_read": g / read_gbs,
+                    "step_bytes": step_bytes, "one_token_ms": 1000 * st, "step_gbs": step_bytes / st / 1e9,
+                    "step_share_of_read": step_bytes / st / 1e9 / read_gbs, "reps": reps})
+    del session, target, buf
+    return out
 
 
 def main(argv=None) -> int:
@@ -205,6 +295,15 @@ def main(argv=None) -> int:
                    help="also time the prefill of a prompt of this many tokens (e.g. 2000; 0 = skip)")
     p.add_argument("--prefill-reps", type=int, default=3)
     p.add_argument("--gemm-rows", type=int, default=2048, help="rows of torch's large reference GEMM")
+    p.add_argument("--bandwidth", action="store_true",
+                   help="only measure the plain step against the memory read bandwidth, per small-GEMM path")
+    p.add_argument("--paths", default=None,
+                   help="comma-separated small-GEMM paths to time side by side, interleaved (the tree table: default "
+                        "the current path; --bandwidth: default every path this CPU runs but portable)")
+    p.add_argument("--before", action="store_true",
+                   help="--bandwidth: also time each path as before the thread pool (an OpenMP region per GEMM call; "
+                        "one row with 256-bit blocks; the attention keeps the pool), interleaved in the same run")
+    p.add_argument("--read-mib", type=int, default=512, help="--bandwidth: MiB of the plain read (default 512)")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
     try:
@@ -231,16 +330,26 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
 
     machine = describe_machine(args.device)
+    if args.bandwidth:
+        return bandwidth_main(args, machine)
     print(f"# tree verification cost: {machine['cpu_model']}"
           + (f", {machine['gpu']}" if machine.get("gpu") else "")
-          + f", {machine['torch_threads']} threads, load average {machine['load_average']}, prefix {args.prefix}")
-    print("| dtype | backend | LM head rows first | nodes | max depth | 1-token step ms | tree ms | ratio to 1 token "
-          "| speedup over hf |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+          + f", {machine['torch_threads']} threads, load average {machine['load_average']}, prefix {args.prefix}"
+          + f", small-GEMM path {machine.get('gemm_path')}")
+    gemm_paths = None
+    if args.paths:
+        from dart_core import _native
+        gemm_paths = [x.strip() for x in args.paths.split(",") if x.strip()]
+        missing = [x for x in gemm_paths if x not in _native.small_gemm_paths()]
+        if missing:
+            raise SystemExit(f"--paths: this CPU does not run {missing} (it runs {_native.small_gemm_paths()})")
+    print("| dtype | backend | GEMM path | LM head rows first | nodes | max depth | 1-token step ms | tree ms "
+          "| ratio to 1 token | speedup over hf |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     results = []
     for dtype in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
         rs = measure(args.base_model_name_or_path, dtype, args.device, args.prefix, sizes, args.max_depth,
-                     args.reps, args.warmup, args.seed, backends, head_rows)
+                     args.reps, args.warmup, args.seed, backends, head_rows, gemm_paths)
         results.extend(rs)
         hf = next((r for r in rs if r["backend"] == "hf"), None)
         for r in rs:
@@ -251,7 +360,8 @@ def main(argv=None) -> int:
                 if hf is not None and r is not hf:
                     base = hf["one_token_ms"] if n == 1 else hf["trees"][n]["median_ms"]
                     vs = f"{base / t['median_ms']:.2f}x"
-                print(f"| {r['dtype']} | {r['backend']} | {r['lm_head_first_rows']} | {t['nodes']} | {t['max_depth']} "
+                print(f"| {r['dtype']} | {r['backend']} | {r['gemm_path'] or '–'} | {r['lm_head_first_rows']} "
+                      f"| {t['nodes']} | {t['max_depth']} "
                       f"| {r['one_token_ms']:.1f} | {t['median_ms']:.1f} | {t['ratio']:.2f}x | {vs} |", flush=True)
     heads = {}
     if args.lm_head:
@@ -281,6 +391,33 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": machine, "results": results, "lm_head_ms": heads,
                                                "prefill": prefills}, indent=1) + "\n")
+    return 0
+
+
+def bandwidth_main(args, machine: dict) -> int:
+    from dart_core import _native
+    paths = ([x.strip() for x in args.paths.split(",") if x.strip()] if args.paths
+             else [x for x in _native.small_gemm_paths() if x != "portable"] or ["portable"])
+    missing = [x for x in paths if x not in _native.small_gemm_paths()]
+    if missing:
+        raise SystemExit(f"--paths: this CPU does not run {missing} (it runs {_native.small_gemm_paths()})")
+    threads = torch.get_num_threads()
+    print(f"# the plain step against the memory floor: {machine['cpu_model']}, {threads} threads, load average "
+          f"{machine['load_average']}, prefix {args.prefix}, {args.reps} reps interleaved (medians)")
+    print("| dtype | GEMM path | read GB/s | 1-row GEMV MB | GEMV GB/s | GEMV / read | 1-token ms | step MB "
+          "| step GB/s | step / read |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    results = []
+    for dtype in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
+        for r in measure_bandwidth(args.base_model_name_or_path, dtype, args.device, args.prefix, args.reps,
+                                   args.warmup, args.seed, paths, threads, args.read_mib, args.before):
+            results.append(r)
+            name = r["gemm_path"] + (" (before)" if r["before"] else "")
+            print(f"| {r['dtype']} | {name} | {r['read_gbs']:.1f} | {r['gemv_bytes'] / 1e6:.0f} "
+                  f"| {r['gemv_gbs']:.1f} | {r['gemv_share_of_read']:.0%} | {r['one_token_ms']:.2f} "
+                  f"| {r['step_bytes'] / 1e6:.0f} | {r['step_gbs']:.1f} | {r['step_share_of_read']:.0%} |", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": machine, "bandwidth": results}, indent=1) + "\n")
     return 0
 
 

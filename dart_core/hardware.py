@@ -76,7 +76,18 @@ def describe_machine(device: str | torch.device | None = None, dtype: str | torc
         "torch": torch.__version__,
         "transformers": _version("transformers"),
     }
+    info.update(gemm_paths())
     return info
+
+
+def gemm_paths() -> dict:
+    """The native small-GEMM path calls run now (``gemm_path``: what the decoder and the LM head ran) and the
+    paths this CPU runs, best first; None where the extension is missing."""
+    try:
+        from . import _native
+        return {"gemm_path": _native.small_gemm_path(), "gemm_paths": list(_native.small_gemm_paths())}
+    except Exception:  # noqa: BLE001 - an extension that does not load is reported as no path
+        return {"gemm_path": None, "gemm_paths": None}
 
 
 def measure_memory_bandwidth_gbs(size_mib: int | None = None, repeats: int = 5,

@@ -376,11 +376,55 @@ def test_tree_cost_times_each_lm_head_setting(tiny_dir, tmp_path, capsys):
     assert [r["lm_head_first_rows"] for r in res["results"]] == ["all", 2]
     assert all(set(r["trees"]) == {"3", "5"} for r in res["results"])
     assert set(res["lm_head_ms"]["float32"]) == {str(r) for r in tree_cost.LM_HEAD_ROWS}
-    assert "| float32 | native | all | 5 |" in capsys.readouterr().out
+    assert "| all | 5 |" in capsys.readouterr().out
     for bad, needle in (("0", ">= 1"), ("four", "integers and 'all'")):
         with pytest.raises(SystemExit):
             tree_cost.main(["--base-model-name-or-path", str(tiny_dir), "--lm-head-first-rows", bad])
         assert needle in capsys.readouterr().err
+
+
+def test_tree_cost_bandwidth_reports_every_path(tiny_dir, tmp_path, capsys):
+    """benchmarks/tree_cost.py --bandwidth: per small-GEMM path the read bandwidth, the one-row GEMV over the
+    decoder weights and the one-token step, in GB/s and as shares of the read; the forced path is restored."""
+    from dart_core import _native
+
+    tree_cost = _bench_script("tree_cost")
+    out = tmp_path / "bw.json"
+    before = _native.small_gemm_path()
+    paths = list(_native.small_gemm_paths())
+    assert tree_cost.main(["--base-model-name-or-path", str(tiny_dir), "--dtypes", "float32", "--bandwidth",
+                           "--paths", ",".join(paths), "--prefix", "4", "--reps", "2", "--warmup", "0",
+                           "--read-mib", "8", "--before", "--json", str(out)]) == 0
+    assert _native.small_gemm_path() == before
+    res = json.loads(out.read_text())
+    now = [r for r in res["bandwidth"] if not r["before"]]
+    assert [r["gemm_path"] for r in now] == paths
+    assert [r["gemm_path"] for r in res["bandwidth"] if r["before"]] == [p for p in paths if p != "avx512bf16"]
+    assert res["machine"]["gemm_path"] == before and res["machine"]["gemm_paths"] == paths
+    for r in res["bandwidth"]:
+        assert r["read_gbs"] > 0 and r["gemv_gbs"] > 0 and r["step_gbs"] > 0 and r["step_bytes"] > r["gemv_bytes"]
+        assert r["gemv_share_of_read"] == pytest.approx(r["gemv_gbs"] / r["read_gbs"])
+    assert f"| float32 | {paths[0]} |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="does not run"):
+        tree_cost.main(["--base-model-name-or-path", str(tiny_dir), "--bandwidth", "--paths", "sse9"])
+    # The tree table times the paths side by side too, and names each.
+    out2 = tmp_path / "trees.json"
+    assert tree_cost.main(["--base-model-name-or-path", str(tiny_dir), "--dtypes", "float32", "--nodes", "3",
+                           "--prefix", "4", "--reps", "1", "--warmup", "0", "--paths", ",".join(paths[:2]),
+                           "--json", str(out2)]) == 0
+    assert [r["gemm_path"] for r in json.loads(out2.read_text())["results"]] == paths[:2]
+    assert _native.small_gemm_path() == before
+
+
+def test_stream_read_reads_every_byte():
+    """The plain-read loop of --bandwidth: the same checksum whatever the thread count (every byte read once)."""
+    import numpy as np
+    from dart_core import _native
+
+    buf = np.random.default_rng(0).integers(0, 256, size=(3 << 20) + 77, dtype=np.uint8)
+    sums = {_native.stream_read(buf, t) for t in (1, 2, 3)}
+    assert len(sums) == 1
+
 
 # ------------------------------------------------------------------------------------------- automatic trees
 @pytest.fixture(scope="module")

@@ -46,8 +46,17 @@ def test_a_row_does_not_depend_on_the_other_rows(weights):
 
 
 # ---------------------------------------------------------------------------- kernel paths
-# The kernel picks AVX-512, AVX2 or a portable loop at run time; every path this CPU runs is tested.
+# The kernel picks AVX512-BF16, AVX-512, AVX2 or a portable loop at run time; every path this CPU runs is tested.
 PATHS = _native.small_gemm_paths()
+ALL_PATHS = ["avx512bf16", "avx512", "avx2", "portable"]
+# "auto" runs the best path except AVX512-BF16, which runs only when named (native/src/small_gemm.cpp).
+DEFAULT_PATH = PATHS[1] if PATHS[0] == "avx512bf16" else PATHS[0]
+
+
+def kernel_x(x: torch.Tensor, gemm_path: str, weights: str) -> torch.Tensor:
+    """The activations as the path multiplies them: rounded to bf16 on the AVX512-BF16 path with bf16 weights
+    (float32 weights run the float32 AVX-512 kernel there), as they are elsewhere."""
+    return x.bfloat16().float() if gemm_path == "avx512bf16" and weights == "bfloat16" else x
 
 
 @pytest.fixture(params=PATHS)
@@ -65,8 +74,9 @@ def gemm_weights(w: torch.Tensor, weights: str):
 
 
 def test_the_paths_are_listed_best_first():
-    assert PATHS[-1] == "portable" and set(PATHS) <= {"avx512", "avx2", "portable"}
-    assert PATHS == sorted(PATHS, key=["avx512", "avx2", "portable"].index)
+    assert PATHS[-1] == "portable" and set(PATHS) <= set(ALL_PATHS)
+    assert PATHS == sorted(PATHS, key=ALL_PATHS.index)
+    assert PATHS == ALL_PATHS[ALL_PATHS.index(PATHS[0]):]   # each path runs where the ones above it do
     assert bool(_native.small_gemm_has_avx2()) == ("avx2" in PATHS)
 
 
@@ -83,7 +93,7 @@ def test_every_path_matches_a_float64_product(gemm_path, weights, N, K, threads)
         buf, y = guarded(M, N)
         _native.small_gemm(x.numpy(), w_array, y, threads)
         assert_guards_intact(buf, M)
-        want = (x.double() @ w_exact.T).numpy()
+        want = (kernel_x(x, gemm_path, weights).double() @ w_exact.T).numpy()
         np.testing.assert_allclose(y, want, atol=1e-5 * K ** 0.5, rtol=1e-5, err_msg=f"{gemm_path} M={M}")
 
 
@@ -136,10 +146,10 @@ def test_forcing_a_path():
         _native.small_gemm_set_path("portable")
         assert _native.small_gemm_path() == "portable"
         _native.small_gemm_set_path("auto")
-        assert _native.small_gemm_path() == PATHS[0]
+        assert _native.small_gemm_path() == DEFAULT_PATH
         with pytest.raises(ValueError, match="not one of"):
             _native.small_gemm_set_path("sse2")
-        for missing in {"avx512", "avx2"} - set(PATHS):
+        for missing in {"avx512bf16", "avx512", "avx2"} - set(PATHS):
             with pytest.raises(ValueError, match="cannot run"):
                 _native.small_gemm_set_path(missing)
     finally:
@@ -154,7 +164,7 @@ def test_the_path_environment_variable(env, want):
     out = subprocess.run([sys.executable, "-c", "from dart_core import _native; print(_native.small_gemm_path())"],
                          env={**os.environ, "DART_GEMM_PATH": env}, capture_output=True, text=True, check=True)
     # avx512 on a CPU without it runs the best path below; an unknown name is ignored with a warning.
-    assert out.stdout.strip() == (want or PATHS[0])
+    assert out.stdout.strip() == (want or DEFAULT_PATH)
     assert ("is not one of" in out.stderr) == (env == "bogus")
 
 
@@ -277,8 +287,10 @@ def bf16_round(a: np.ndarray) -> np.ndarray:
     return torch.from_numpy(a).bfloat16().float().numpy()
 
 
-def reference_layers(h, layers, keys, values, start, cos, sin, allowed, heads, kv_heads, eps):
-    """float64 numpy decoder layers (the HF arithmetic): updates h, keys and values in place."""
+def reference_layers(h, layers, keys, values, start, cos, sin, allowed, heads, kv_heads, eps, round_x=None):
+    """float64 numpy decoder layers (the HF arithmetic): updates h, keys and values in place. round_x: applied to
+    the input of every weight product (the AVX512-BF16 path rounds it to bf16)."""
+    r = round_x or (lambda a: a)
     q_len, D = h.shape[0], cos.shape[1]
     end, group, half = start + q_len, heads // kv_heads, D // 2
 
@@ -291,9 +303,9 @@ def reference_layers(h, layers, keys, values, start, cos, sin, allowed, heads, k
 
     for w in layers:
         x = rms(h, w["in_norm"])
-        q = (x @ w["q"].T + w.get("q_bias", 0)).reshape(q_len, heads, D)
-        k = (x @ w["k"].T + w.get("k_bias", 0)).reshape(q_len, kv_heads, D)
-        v = (x @ w["v"].T + w.get("v_bias", 0)).reshape(q_len, kv_heads, D)
+        q = (r(x) @ w["q"].T + w.get("q_bias", 0)).reshape(q_len, heads, D)
+        k = (r(x) @ w["k"].T + w.get("k_bias", 0)).reshape(q_len, kv_heads, D)
+        v = (r(x) @ w["v"].T + w.get("v_bias", 0)).reshape(q_len, kv_heads, D)
         if "q_norm" in w:
             q, k = rms(q, w["q_norm"]), rms(k, w["k_norm"])
         q, k = rope(q), rope(k)
@@ -308,10 +320,10 @@ def reference_layers(h, layers, keys, values, start, cos, sin, allowed, heads, k
             s = np.where(mask, s, -np.inf)
             p = np.exp(s - s.max(-1, keepdims=True))
             out[:, hh] = (p / p.sum(-1, keepdims=True)) @ vv
-        h = h + out.reshape(q_len, heads * D) @ w["o"].T
+        h = h + r(out.reshape(q_len, heads * D)) @ w["o"].T
         x = rms(h, w["post_norm"])
-        g, u = x @ w["gate"].T, x @ w["up"].T
-        h = h + (g / (1 + np.exp(-g)) * u) @ w["down"].T
+        g, u = r(x) @ w["gate"].T, r(x) @ w["up"].T
+        h = h + r(g / (1 + np.exp(-g)) * u) @ w["down"].T
     return h
 
 
@@ -357,8 +369,11 @@ def test_native_decoder_edge_sizes_match_a_float64_reference(gemm_path, q_len, b
         allowed[:, :start] = True
         allowed[np.arange(q_len), start + np.arange(q_len)] = True
     dec.run(h, cos, sin, allowed, start, _native.DecoderCache(keys, values), 0, n_layers, 2)
+    bf16_dot = bf16 and gemm_path == "avx512bf16"
     want = reference_layers(h0, layers, ref_keys, ref_values, start, cos.astype(np.float64),
-                            sin.astype(np.float64), allowed, heads, kv_heads, eps)
+                            sin.astype(np.float64), allowed, heads, kv_heads, eps,
+                            round_x=(lambda a: bf16_round(a.astype(np.float32)).astype(np.float64)) if bf16_dot
+                            else None)
     assert_guards_intact(buf, q_len)
     np.testing.assert_allclose(h, want, atol=2e-4, rtol=2e-4)
     for got, ref in zip(keys + values, ref_keys + ref_values):

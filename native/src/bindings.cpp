@@ -150,6 +150,34 @@ void small_gemm_checked(const py::array& x, const py::array& w, py::array& y, in
   }
 }
 
+// Benchmarks: one row (M = 1) through each weight matrix of `ws` in turn, `reps` times; the seconds of each
+// sweep, timed here (no Python call between the matrices, as in the decoder).
+std::vector<double> gemv_sweep(const std::vector<py::array>& ws, int threads, int reps) {
+  if (threads < 1 || reps < 1) throw py::value_error("gemv_sweep: threads and reps must be >= 1");
+  int64_t kmax = 1, nmax = 1;
+  for (const auto& w : ws) {
+    if (w.ndim() != 2 || !c_contig(w)) throw py::value_error("gemv_sweep: every w must be 2-D and C-contiguous");
+    if (!is_f32(w) && !w.dtype().is(py::dtype::of<uint16_t>()))
+      throw py::type_error("gemv_sweep: w must be float32 or uint16 (bfloat16 bit patterns)");
+    nmax = std::max<int64_t>(nmax, w.shape(0));
+    kmax = std::max<int64_t>(kmax, w.shape(1));
+  }
+  std::vector<float> x(static_cast<size_t>(kmax)), y(static_cast<size_t>(nmax));
+  for (int64_t k = 0; k < kmax; ++k) x[k] = 0.01f * static_cast<float>(k % 97) - 0.5f;
+  std::vector<double> out;
+  py::gil_scoped_release release;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (const auto& w : ws) {
+      const int64_t N = w.shape(0), K = w.shape(1);
+      if (is_f32(w)) dart::small_gemm_f32(x.data(), static_cast<const float*>(w.data()), y.data(), 1, N, K, threads);
+      else dart::small_gemm_bf16(x.data(), static_cast<const uint16_t*>(w.data()), y.data(), 1, N, K, threads);
+    }
+    out.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return out;
+}
+
 // ---- decoder layers (dart_core/models/fast_forward.py) -----------------------------------------
 
 void require(bool ok, const std::string& what) {
@@ -379,9 +407,24 @@ PYBIND11_MODULE(_native, m) {
            py::arg("start"), py::arg("cache"), py::arg("begin"), py::arg("end"), py::arg("threads"))
       .def_property_readonly("num_layers", [](const PyDecoder& d) { return d.layers.size(); });
   bind_head_step(m);
+  m.def("stream_read", [](const py::array& buf, int threads) {
+    if (!c_contig(buf)) throw py::value_error("stream_read: the buffer must be C-contiguous");
+    const void* p = buf.data();
+    const int64_t bytes = static_cast<int64_t>(buf.nbytes());
+    py::gil_scoped_release release;
+    return dart::stream_read(p, bytes, threads);
+  }, py::arg("buf"), py::arg("threads") = 1,
+        "Reads every byte of a contiguous array once with `threads` threads, each a contiguous range (a plain "
+        "memory read-bandwidth loop for benchmarks); returns a checksum.");
+  m.def("_small_gemm_set_legacy", &dart::small_gemm_set_legacy, py::arg("on"),
+        "Benchmarks only: run the small-GEMM calls as before the thread pool (OpenMP region per call, equal "
+        "ranges; one row with 256-bit blocks). The same results either way.");
+  m.def("gemv_sweep", &gemv_sweep, py::arg("ws"), py::arg("threads") = 1, py::arg("reps") = 1,
+        "Benchmarks: one float32 row through each weight matrix of `ws` in turn (the small-GEMM kernel at M = 1, "
+        "the current path), `reps` times; the seconds of each sweep.");
   m.def("small_gemm_has_avx2", &dart::small_gemm_has_avx2, "True when this CPU runs the AVX2+FMA small-GEMM kernel.");
   m.def("small_gemm_path", []() { return std::string(dart::small_gemm_path_name(dart::small_gemm_path())); },
-        "The small-GEMM kernel calls run now: 'avx512', 'avx2' or 'portable' (the best this CPU runs, unless "
+        "The small-GEMM kernel calls run now: 'avx512bf16', 'avx512', 'avx2' or 'portable' (the default, unless "
         "DART_GEMM_PATH or small_gemm_set_path chose another).");
   m.def("small_gemm_paths", []() {
     std::vector<std::string> out;
@@ -390,13 +433,13 @@ PYBIND11_MODULE(_native, m) {
     return out;
   }, "The small-GEMM paths this CPU runs, best first.");
   m.def("small_gemm_set_path", [](const std::string& name) {
-    for (auto p : {dart::GemmPath::Avx512, dart::GemmPath::Avx2, dart::GemmPath::Portable})
+    for (auto p : {dart::GemmPath::Avx512Bf16, dart::GemmPath::Avx512, dart::GemmPath::Avx2, dart::GemmPath::Portable})
       if (name == dart::small_gemm_path_name(p)) return dart::small_gemm_set_path(p);
-    if (name == "auto") return dart::small_gemm_set_path(dart::small_gemm_best_path());
-    throw py::value_error("small_gemm_set_path: '" + name + "' is not one of avx512, avx2, portable, auto");
+    if (name == "auto") return dart::small_gemm_set_path(dart::small_gemm_default_path());
+    throw py::value_error("small_gemm_set_path: '" + name + "' is not one of avx512bf16, avx512, avx2, portable, auto");
   }, py::arg("path"),
-        "Force the small-GEMM path of later calls (the decoder's included): 'avx512', 'avx2', 'portable' or 'auto' "
-        "(the best). ValueError when this CPU cannot run it. For tests and benchmarks; not thread-safe against "
+        "Force the small-GEMM path of later calls (the decoder's included): 'avx512bf16', 'avx512', 'avx2', "
+        "'portable' or 'auto' (the default: the best, except that avx512bf16 runs only when named). ValueError when this CPU cannot run it. For tests and benchmarks; not thread-safe against "
         "calls in flight.");
   m.def("has_openmp", []() {
 #if defined(_OPENMP)

@@ -224,8 +224,8 @@ void attention(const DecoderShape& s, const float* qs, const LayerCache& cache, 
   const int64_t H = s.heads, D = s.head_dim, group = s.heads / s.kv_heads, end = start + q;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1 && H > 1)
-  for (int64_t h = 0; h < H; ++h) {
+  // Heads are claimed one at a time by the GEMM's thread pool (one pool: no OpenMP team spinning beside it).
+  parallel_for_items(H > 1 ? threads : 1, H, [&](int64_t h) {
     const int64_t kvh = h / group;
     const float* keys = cache.keys + kvh * capacity * D;
     const float* values = cache.values + kvh * capacity * D;
@@ -253,7 +253,7 @@ void attention(const DecoderShape& s, const float* qs, const LayerCache& cache, 
       weighted_rows(p.data(), values, last, D, o);
       for (int64_t d = 0; d < D; ++d) o[d] *= inv;
     }
-  }
+  });
 }
 
 }  // namespace

@@ -7,6 +7,9 @@
 //    order. x is copied into 64-byte aligned rows when it is not aligned (the values unchanged).
 //  * AVX2: 4 weight rows x 3 activation rows, 8 lanes (8 x 1 for one row).
 //  * portable: plain loops in the AVX2 kernel's summation order.
+//  * AVX512-BF16 (bf16 weights): the activations rounded to bf16 once per call, VDPBF16PS against the weights as
+//    loaded (no widening), 8 weight rows for M <= 2, 4 x 6 blocks above; float32 weights run the AVX-512 kernel.
+// The calls split the weight rows into chunks that a persistent thread pool claims in order (parallel_items).
 // Each weight element is loaded from memory once per call. The lane-wise partial sums are
 // reduced in one fixed order at the end of every dot product, which makes the result
 // independent of M and of the row blocking (within one path).
@@ -14,7 +17,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <type_traits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -30,10 +38,18 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#if defined(__unix__) || defined(__APPLE__)
+#include <pthread.h>
+#define DART_PTHREAD 1
+#endif
 
 namespace dart {
 namespace {
 
+
+// Benchmarks only (small_gemm_set_legacy): run the kernels as before the thread pool (an OpenMP region per call,
+// equal contiguous ranges) and one row with 256-bit blocks on every CPU, for before/after arms in one process.
+std::atomic<bool> legacy_mode{false};
 
 inline float bf16_to_f32(uint16_t v) {
   uint32_t bits = static_cast<uint32_t>(v) << 16;
@@ -377,12 +393,19 @@ DART_AVX512 void rows_avx512(const float* x, int64_t ldx, const W* w, float* y, 
     // (bit-identical to block512), prefetching the 4 rows after the next 4 (the AVX2 kernel's distance;
     // the next 4 measured 5-15% slower at M = 1). Measured on Zen 4 streaming the 49152 x 576 LM head
     // from memory, interleaved A/B against the AVX2 kernel: 512-bit loads ran 0.80-0.91x (M = 1..3),
-    // these 0.94-1.1x.
+    // these 0.94-1.1x. 8 rows in flight (prefetching the 8 after the next 8) measured 0.96-0.98x these at M = 1
+    // on an Emerald Rapids VM (weights from memory, 1 and 2 threads, interleaved in one process). There, one row
+    // with 512-bit operations (block512<4, 1>, the same FMAs in the same lanes: the same bits) streamed 71% of the
+    // read bandwidth against 65-68% (tree_cost.py-style sweep of the decoder's matrices, 2 threads), and a prefetch
+    // distance of 16 or 32 rows, none, or one past the end of the thread's chunk all measured worse than 8; so Intel
+    // CPUs run M = 1 with zmm operations (M = 2, 3 not measured there: unchanged).
+    static const bool intel = __builtin_cpu_is("intel");
     const int64_t block_lines = static_cast<int64_t>(4 * K * sizeof(W) + 63) / 64;
     for (; n + 4 <= n1; n += 4) {
       const char* next = n + 12 <= n1 ? reinterpret_cast<const char*>(w + (n + 8) * K) : nullptr;
       const int64_t lines = next ? block_lines : 0;
-      if (M == 1) block512_row<4, 1>(x, ldx, w, y, N, K, n, 0, next, lines);
+      if (M == 1 && intel && !legacy_mode.load(std::memory_order_relaxed)) block512<4, 1>(x, ldx, w, y, N, K, n, 0, next, lines);
+      else if (M == 1) block512_row<4, 1>(x, ldx, w, y, N, K, n, 0, next, lines);
       else if (M == 2) block512_row<4, 2>(x, ldx, w, y, N, K, n, 0, next, lines);
       else block512_row<4, 3>(x, ldx, w, y, N, K, n, 0, next, lines);
     }
@@ -402,14 +425,250 @@ DART_AVX512 void rows_avx512(const float* x, int64_t ldx, const W* w, float* y, 
 }
 #endif
 
+#ifdef DART_X86
+// ---- AVX512-BF16: bf16 dot products (VDPBF16PS), bf16 weights only ----------------------------------------------
+// The activations are rounded to bf16 once per call (round to nearest even, VCVTNE2PS2BF16) into rows of ldb
+// elements, zero-padded to a multiple of 32; every step multiplies 32 bf16 activations by 32 bf16 weights (exact
+// products) and adds each pair into one of 16 float32 lane sums. Summation order of one output (fixed by K alone):
+// the 16 lane sums over the 32-wide steps of the body, then the K % 32 tail as one more step (the weights masked,
+// the activations zero past K), then hsum16. Blocking never changes it, so a row does not depend on M, nor on the
+// other rows of the call. The weights are used as loaded: no widening.
+#define DART_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
+
+// x [M, K] float32 -> xb [M, ldb] bf16 bit patterns, ldb = K rounded up to 32, zeros past K.
+DART_AVX512BF16 void pack_bf16_rows(const float* x, int64_t M, int64_t K, int64_t ldb, uint16_t* xb) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x + m * K;
+    uint16_t* o = xb + m * ldb;
+    for (int64_t k = 0; k < ldb; k += 32) {
+      const int64_t left = K - k;
+      const __mmask16 lo = static_cast<__mmask16>(left >= 16 ? 0xFFFFu : left > 0 ? (1u << left) - 1u : 0u);
+      const __mmask16 hi = static_cast<__mmask16>(left >= 32 ? 0xFFFFu : left > 16 ? (1u << (left - 16)) - 1u : 0u);
+      const __m512 a = _mm512_maskz_loadu_ps(lo, xr + k), b = _mm512_maskz_loadu_ps(hi, xr + k + 16);
+      const __m512bh v = _mm512_cvtne2ps_pbh(b, a);   // elements 0-15 from a, 16-31 from b
+      _mm512_storeu_si512(o + k, reinterpret_cast<const __m512i&>(v));
+    }
+  }
+}
+
+DART_AVX512BF16 inline __m512bh as_bh(__m512i v) { return reinterpret_cast<__m512bh&>(v); }
+
+// R weight rows x C activation rows: R * C accumulators + R weight vectors + 1 activation vector <= 32 registers.
+template <int R, int C>
+DART_AVX512BF16 void block_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_t* w, float* y, int64_t N,
+                                  int64_t K, int64_t n, int64_t m, const char* prefetch = nullptr,
+                                  int64_t prefetch_lines = 0) {
+  __m512 acc[R][C];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  const int64_t body = K - K % 32;
+  const int64_t lines_per_step = prefetch ? (prefetch_lines * 32 + body - 1) / std::max<int64_t>(body, 32) : 0;
+  int64_t line = 0;
+  const uint16_t* xr = xb + m * ldb;
+  const uint16_t* wr = w + n * K;
+  for (int64_t k = 0; k < body; k += 32) {
+    for (int64_t p = 0; p < lines_per_step && line < prefetch_lines; ++p, ++line)
+      _mm_prefetch(prefetch + line * 64, _MM_HINT_T0);
+    __m512i wv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_si512(wr + r * K + k);
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      const __m512bh xv = as_bh(_mm512_loadu_si512(xr + c * ldb + k));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, as_bh(wv[r]));
+    }
+  }
+  if (body < K) {   // the K % 32 tail: one masked step, the same lanes for every row
+    const __mmask32 mask = static_cast<__mmask32>((1ull << (K - body)) - 1ull);
+    __m512i wv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_epi16(mask, wr + r * K + body);
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      const __m512bh xv = as_bh(_mm512_loadu_si512(xr + c * ldb + body));   // zeros past K (packed)
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, as_bh(wv[r]));
+    }
+  }
+  if constexpr (R % 4 == 0) {
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c)
+#pragma GCC unroll 8
+      for (int r = 0; r < R; r += 4)
+        _mm_storeu_ps(y + (m + c) * N + n + r, hsum16x4(acc[r][c], acc[r + 1][c], acc[r + 2][c], acc[r + 3][c]));
+  } else {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) y[(m + c) * N + n + r] = hsum16(acc[r][c]);
+  }
+}
+
+// All M packed activation rows against weight rows [n0, n1): M <= 2 streams 8 weight rows at a time, M >= 3 runs
+// 4 weight rows against groups of 6 activation rows (the block stays in L1 while the groups pass).
+DART_AVX512BF16 void rows_avx512bf16(const uint16_t* xb, int64_t ldb, const uint16_t* w, float* y, int64_t M,
+                                     int64_t N, int64_t K, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  if (M <= 2) {
+    const int64_t block_lines = (8 * K * 2 + 63) / 64;
+    for (; n + 8 <= n1; n += 8) {
+      const char* next = n + 16 <= n1 ? reinterpret_cast<const char*>(w + (n + 8) * K) : nullptr;
+      if (M == 1) block_bf16dp<8, 1>(xb, ldb, w, y, N, K, n, 0, next, next ? block_lines : 0);
+      else block_bf16dp<8, 2>(xb, ldb, w, y, N, K, n, 0, next, next ? block_lines : 0);
+    }
+  } else {
+    const int64_t block_lines = (4 * K * 2 + 63) / 64;
+    for (; n + 4 <= n1; n += 4) {
+      const char* next = n + 8 <= n1 ? reinterpret_cast<const char*>(w + (n + 4) * K) : nullptr;
+      const int64_t lines = next ? block_lines : 0;
+      int64_t m = 0;
+      for (; m + 6 <= M; m += 6) block_bf16dp<4, 6>(xb, ldb, w, y, N, K, n, m, m ? nullptr : next, m ? 0 : lines);
+      const char* p = m ? nullptr : next;
+      const int64_t pl = m ? 0 : lines;
+      switch (M - m) {
+        case 5: block_bf16dp<4, 5>(xb, ldb, w, y, N, K, n, m, p, pl); break;
+        case 4: block_bf16dp<4, 4>(xb, ldb, w, y, N, K, n, m, p, pl); break;
+        case 3: block_bf16dp<4, 3>(xb, ldb, w, y, N, K, n, m, p, pl); break;
+        case 2: block_bf16dp<4, 2>(xb, ldb, w, y, N, K, n, m, p, pl); break;
+        case 1: block_bf16dp<4, 1>(xb, ldb, w, y, N, K, n, m, p, pl); break;
+        default: break;
+      }
+    }
+  }
+  for (; n < n1; ++n)
+    for (int64_t m = 0; m < M; ++m) block_bf16dp<1, 1>(xb, ldb, w, y, N, K, n, m);
+}
+#endif
+
+
+// ---- the thread pool of parallel_items -------------------------------------------------------------------------
+// One job at a time. state packs the job's generation (24 bits), its thread count (8), its item count (16) and the
+// next unclaimed item (16): a worker claims item i of generation g by one compare-exchange from (g, t, n, i) to
+// (g, t, n, i + 1), so it can never claim an item of a job that has ended (the generation differs) and reads the job
+// (fn, ctx) only after a successful claim, while the caller still waits for that item. Idle workers spin for
+// DART_POOL_SPIN_US microseconds (default 300: longer than the gaps between a decoding step's GEMMs), then sleep.
+class Pool {
+ public:
+  void run(int threads, int64_t total, void (*fn)(void*, int64_t), void* ctx) {
+    std::unique_lock<std::mutex> busy(call_mutex_, std::try_to_lock);
+    if (!busy.owns_lock()) {   // another thread's call is in flight: run this one here
+      for (int64_t i = 0; i < total; ++i) fn(ctx, i);
+      return;
+    }
+    threads = std::min(threads, 255);
+    while (static_cast<int>(workers_) < threads - 1) {
+      std::thread(&Pool::worker, this, static_cast<int>(workers_)).detach();
+      ++workers_;
+    }
+    fn_ = fn;
+    ctx_ = ctx;
+    done_.store(0, std::memory_order_relaxed);
+    gen_ = (gen_ + 1) & 0xFFFFFFu;
+    state_.store((static_cast<uint64_t>(gen_) << 40) | (static_cast<uint64_t>(threads) << 32) |
+                 (static_cast<uint64_t>(total) << 16), std::memory_order_seq_cst);
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+      { std::lock_guard<std::mutex> lock(sleep_mutex_); }
+      wake_.notify_all();
+    }
+    int64_t mine = 0;
+    work(gen_, &mine);
+    while (done_.load(std::memory_order_acquire) + mine < total) pause();
+  }
+
+ private:
+  static uint32_t gen_of(uint64_t s) { return static_cast<uint32_t>(s >> 40); }
+  static int threads_of(uint64_t s) { return static_cast<int>((s >> 32) & 0xFF); }
+  static int64_t total_of(uint64_t s) { return static_cast<int64_t>((s >> 16) & 0xFFFF); }
+  static int64_t next_of(uint64_t s) { return static_cast<int64_t>(s & 0xFFFF); }
+  static void pause() {
+#ifdef DART_X86
+    _mm_pause();
+#else
+    std::this_thread::yield();
+#endif
+  }
+
+  // Claims and runs items of generation gen until none is left; counts them in *ran (the caller) or done_.
+  void work(uint32_t gen, int64_t* ran) {
+    uint64_t s = state_.load(std::memory_order_acquire);
+    while (gen_of(s) == gen && next_of(s) < total_of(s)) {
+      if (!state_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+      fn_(ctx_, next_of(s));
+      if (ran) ++*ran;
+      else done_.fetch_add(1, std::memory_order_release);
+      s = state_.load(std::memory_order_acquire);
+    }
+  }
+
+  void worker(int id) {
+    uint32_t seen = gen_of(state_.load(std::memory_order_acquire));
+    const auto spin = std::chrono::microseconds(spin_us());
+    for (;;) {
+      uint64_t s = state_.load(std::memory_order_acquire);
+      if (gen_of(s) == seen) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0;; ++i) {
+          pause();
+          s = state_.load(std::memory_order_acquire);
+          if (gen_of(s) != seen) break;
+          if ((i & 255) == 255 && std::chrono::steady_clock::now() - t0 > spin) {
+            std::unique_lock<std::mutex> lock(sleep_mutex_);
+            sleepers_.fetch_add(1, std::memory_order_seq_cst);
+            wake_.wait(lock, [&] { return gen_of(state_.load(std::memory_order_seq_cst)) != seen; });
+            sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+            s = state_.load(std::memory_order_acquire);
+            break;
+          }
+        }
+      }
+      seen = gen_of(s);
+      if (id < threads_of(s) - 1) work(seen, nullptr);
+    }
+  }
+
+  static long spin_us() {
+    const char* v = std::getenv("DART_POOL_SPIN_US");
+    return v ? std::max(0L, std::atol(v)) : 300L;
+  }
+
+  std::mutex call_mutex_;
+  unsigned workers_ = 0;
+  uint32_t gen_ = 0;
+  void (*fn_)(void*, int64_t) = nullptr;
+  void* ctx_ = nullptr;
+  std::atomic<uint64_t> state_{0};
+  std::atomic<int64_t> done_{0};
+  std::atomic<int> sleepers_{0};
+  std::mutex sleep_mutex_;
+  std::condition_variable wake_;
+};
+
+// Never destroyed (detached workers may still wait on it at exit); a forked child starts a new one (the parent's
+// workers do not exist there, and its mutexes may be held).
+Pool* the_pool = nullptr;
+std::once_flag pool_once;
+Pool& pool() {
+  std::call_once(pool_once, [] {
+    the_pool = new Pool();
+#ifdef DART_PTHREAD
+    pthread_atfork(nullptr, nullptr, [] { the_pool = new Pool(); });
+#endif
+  });
+  return *the_pool;
+}
+
 template <typename W>
 void run(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, int threads) {
-  // Split the weight rows into equal contiguous ranges (multiples of 8): each thread reads
-  // its own part of the matrix once.
+  // The weight rows are cut into chunks of consecutive rows (multiples of 8, about kChunkBytes of weights each, at
+  // least 2 per thread) that the threads claim in order (parallel_items): each thread streams whole chunks, and a
+  // thread the OS has not scheduled yet (a busy machine) leaves its chunks to the others instead of holding the
+  // call up. An output does not depend on which thread or chunk computes it (the summation order is fixed by K).
   // An empty product writes nothing; the multi-row kernels start with 2 rows in the AVX2 path, so
   // M = 0 must never reach them (it once wrote two rows past a 0-row y).
   if (M <= 0 || N <= 0) return;
-  const int64_t per = ((N + threads - 1) / threads + 7) / 8 * 8;
   const GemmPath path = small_gemm_path();
   // The AVX-512 kernel loads one 64-byte line per x vector: rows that do not start on a line boundary
   // split every such load in two (measured on Zen 4, 4 x rows of 576: 24-27 against 40 G multiply-adds/s).
@@ -418,9 +677,24 @@ void run(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, 
   // decoding step) is read from L1 by 256-bit loads and runs as it is.
   const float* xa = x;
   int64_t ldx = K;
+  constexpr bool bf16_weights = std::is_same<W, uint16_t>::value;
+  // The AVX512-BF16 path runs float32 weights through the float32 AVX-512 kernel (the same results).
+  const bool dp_bf16 = bf16_weights && path == GemmPath::Avx512Bf16;
+  const bool f32_512 = path == GemmPath::Avx512 || (path == GemmPath::Avx512Bf16 && !bf16_weights);
+  const uint16_t* xb = nullptr;
+  int64_t ldb = 0;
 #ifdef DART_X86
+  thread_local std::vector<uint16_t> packed_bf16;
+  if (dp_bf16) {   // the activations rounded to bf16 once per call, rows 64-byte aligned
+    ldb = (K + 31) / 32 * 32;
+    packed_bf16.resize(static_cast<size_t>(M * ldb + 32));
+    const uintptr_t at = reinterpret_cast<uintptr_t>(packed_bf16.data());
+    uint16_t* base = packed_bf16.data() + ((64 - at % 64) % 64) / sizeof(uint16_t);
+    pack_bf16_rows(x, M, K, ldb, base);
+    xb = base;
+  }
   thread_local std::vector<float> packed;
-  if (path == GemmPath::Avx512 && M >= 2 && (reinterpret_cast<uintptr_t>(x) % 64 != 0 || K % 16 != 0)) {
+  if (f32_512 && M >= 2 && (reinterpret_cast<uintptr_t>(x) % 64 != 0 || K % 16 != 0)) {
     ldx = (K + 15) / 16 * 16;
     packed.resize(static_cast<size_t>(M * ldx + 16));
     const uintptr_t at = reinterpret_cast<uintptr_t>(packed.data());
@@ -429,11 +703,12 @@ void run(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, 
     xa = base;
   }
 #endif
-  auto part = [&](int t) {
-    const int64_t n0 = std::min<int64_t>(N, t * per), n1 = std::min<int64_t>(N, n0 + per);
-    if (n0 >= n1) return;
+  auto rows = [&](int64_t n0, int64_t n1) {
 #ifdef DART_X86
-    if (path == GemmPath::Avx512) return rows_avx512(xa, ldx, w, y, M, N, K, n0, n1);
+    if constexpr (bf16_weights) {
+      if (dp_bf16) return rows_avx512bf16(xb, ldb, w, y, M, N, K, n0, n1);
+    }
+    if (f32_512) return rows_avx512(xa, ldx, w, y, M, N, K, n0, n1);
     if (path == GemmPath::Avx2) return rows_avx2(x, w, y, M, N, K, n0, n1);
 #endif
     rows_portable(x, w, y, M, N, K, n0, n1);
@@ -441,18 +716,46 @@ void run(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, 
   (void)path;
   (void)xa;
   (void)ldx;
+  (void)xb;
+  (void)ldb;
+  (void)dp_bf16;
+  (void)f32_512;
+  if (threads <= 1 || N < 64) return rows(0, N);
 #ifdef _OPENMP
-  if (threads > 1 && N >= 64) {
+  if (legacy_mode.load(std::memory_order_relaxed)) {   // as before the pool: equal ranges, a region per call
+    const int64_t per = ((N + threads - 1) / threads + 7) / 8 * 8;
 #pragma omp parallel for num_threads(threads) schedule(static, 1)
-    for (int t = 0; t < threads; ++t) part(t);
+    for (int t = 0; t < threads; ++t) {
+      const int64_t n0 = std::min<int64_t>(N, t * per), n1 = std::min<int64_t>(N, n0 + per);
+      if (n0 < n1) rows(n0, n1);
+    }
     return;
   }
 #endif
-  for (int t = 0; t < threads; ++t) part(t);
+  // 48 KiB: 16 KiB measured 60% of the read bandwidth (one-row sweep), 48-128 KiB 66-68%, 512 KiB 72% in a run whose
+  // read was slower (Emerald Rapids VM, 2 threads); smaller chunks balance better on a busy machine.
+  constexpr int64_t kChunkBytes = 48 << 10;
+  const int64_t row_bytes = std::max<int64_t>(1, K * static_cast<int64_t>(sizeof(W)));
+  int64_t chunk = std::max<int64_t>(8, (kChunkBytes / row_bytes + 7) / 8 * 8);
+  chunk = std::min(chunk, std::max<int64_t>(8, (N / (2 * threads) + 7) / 8 * 8));
+  while ((N + chunk - 1) / chunk > 4096) chunk *= 2;
+  const int64_t chunks = (N + chunk - 1) / chunk;
+  parallel_for_items(threads, chunks, [&](int64_t i) { rows(i * chunk, std::min(N, (i + 1) * chunk)); });
 }
 
 // The forced path (-1: none, use DART_GEMM_PATH or the best).
 std::atomic<int> forced_path{-1};
+
+// Whether "auto" (and no DART_GEMM_PATH) runs the AVX512-BF16 path on a CPU that has it. Not by default: measured
+// on an Intel Emerald Rapids VM (model 207, 2 vCPUs, no AMX), bf16 weights, interleaved in one process
+// (benchmarks/bench_native.py --gemm --paths avx512bf16,avx512,avx2; tree_cost.py --paths ...), VDPBF16PS runs the
+// tree rows' blocks (M >= 4) at 0.6-0.85x the float32 AVX-512 kernel's multiply-adds/s (it issues on one port, two
+// FMAs on two), while one row from memory ran 1.05-1.1x; the whole verify of the bundled SmolLM2-135M (tree_cost.py,
+// prefix 300, 2 threads): 1 node 0.96x the avx512 path's time, 3 nodes 0.93x, 5-17 nodes 1.00-1.02x, 61 nodes 1.06x.
+// Trees are what a speculative step verifies, and the path is
+// one per process (a tree row must equal the plain step's row), so the float32-activation path stays the default;
+// DART_GEMM_PATH=avx512bf16 chooses it.
+constexpr bool kBf16DotIsDefault = false;
 
 GemmPath clamp_to_cpu(GemmPath want) {
   return static_cast<GemmPath>(std::min(static_cast<int>(want), static_cast<int>(small_gemm_best_path())));
@@ -462,16 +765,35 @@ GemmPath env_path() {
   static const GemmPath p = [] {
     const char* v = std::getenv("DART_GEMM_PATH");
     const std::string name = v ? v : "";
-    if (name.empty() || name == "auto") return small_gemm_best_path();
-    for (GemmPath q : {GemmPath::Avx512, GemmPath::Avx2, GemmPath::Portable})
+    if (name.empty() || name == "auto") return small_gemm_default_path();
+    for (GemmPath q : {GemmPath::Avx512Bf16, GemmPath::Avx512, GemmPath::Avx2, GemmPath::Portable})
       if (name == small_gemm_path_name(q)) return clamp_to_cpu(q);
-    std::fprintf(stderr, "DART_GEMM_PATH=%s is not one of avx512, avx2, portable, auto: ignored\n", v);
-    return small_gemm_best_path();
+    std::fprintf(stderr, "DART_GEMM_PATH=%s is not one of avx512bf16, avx512, avx2, portable, auto: ignored\n", v);
+    return small_gemm_default_path();
   }();
   return p;
 }
 
 }  // namespace
+
+void small_gemm_set_legacy(bool on) { legacy_mode.store(on, std::memory_order_relaxed); }
+
+void parallel_items(int threads, int64_t total, void (*fn)(void*, int64_t), void* ctx) {
+  thread_local bool inside = false;   // a nested call (from an item) runs on its own thread
+  if (threads <= 1 || total <= 1 || inside) {
+    for (int64_t i = 0; i < total; ++i) fn(ctx, i);
+    return;
+  }
+  if (total >= 65536) throw std::invalid_argument("parallel_items: total must be < 65536");
+  inside = true;
+  try {
+    pool().run(threads, total, fn, ctx);
+  } catch (...) {
+    inside = false;
+    throw;
+  }
+  inside = false;
+}
 
 bool small_gemm_has_avx2() {
 #ifdef DART_X86
@@ -488,13 +810,18 @@ GemmPath small_gemm_best_path() {
     // __builtin_cpu_supports also checks that the OS saves the zmm / ymm state (XGETBV).
     if (small_gemm_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl"))
-      return GemmPath::Avx512;
+      return __builtin_cpu_supports("avx512bf16") ? GemmPath::Avx512Bf16 : GemmPath::Avx512;
     return small_gemm_has_avx2() ? GemmPath::Avx2 : GemmPath::Portable;
   }();
   return best;
 #else
   return GemmPath::Portable;
 #endif
+}
+
+GemmPath small_gemm_default_path() {
+  const GemmPath best = small_gemm_best_path();
+  return (best == GemmPath::Avx512Bf16 && !kBf16DotIsDefault) ? GemmPath::Avx512 : best;
 }
 
 GemmPath small_gemm_path() {
@@ -511,6 +838,7 @@ void small_gemm_set_path(GemmPath path) {
 
 const char* small_gemm_path_name(GemmPath path) {
   switch (path) {
+    case GemmPath::Avx512Bf16: return "avx512bf16";
     case GemmPath::Avx512: return "avx512";
     case GemmPath::Avx2: return "avx2";
     default: return "portable";
@@ -522,6 +850,62 @@ void small_gemm_f32(const float* x, const float* w, float* y, int64_t M, int64_t
 }
 void small_gemm_bf16(const float* x, const uint16_t* w, float* y, int64_t M, int64_t N, int64_t K, int threads) {
   run(x, w, y, M, N, K, std::max(1, threads));
+}
+
+}  // namespace dart
+
+namespace dart {
+namespace {
+#ifdef DART_X86
+__attribute__((target("avx2"))) uint64_t stream_read_avx2(const char* p, int64_t bytes) {
+  __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
+  int64_t i = 0;
+  for (; i + 128 <= bytes; i += 128) {
+    a = _mm256_xor_si256(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)));
+    b = _mm256_xor_si256(b, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
+    c = _mm256_xor_si256(c, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
+    d = _mm256_xor_si256(d, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
+  }
+  a = _mm256_xor_si256(_mm256_xor_si256(a, b), _mm256_xor_si256(c, d));
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), a);
+  uint64_t s = lanes[0] ^ lanes[1] ^ lanes[2] ^ lanes[3];
+  for (; i < bytes; ++i) s += static_cast<unsigned char>(p[i]);
+  return s;
+}
+#endif
+uint64_t stream_read_plain(const char* p, int64_t bytes) {
+  uint64_t s = 0;
+  int64_t i = 0;
+  for (; i + 8 <= bytes; i += 8) {
+    uint64_t v;
+    std::memcpy(&v, p + i, 8);
+    s ^= v;
+  }
+  for (; i < bytes; ++i) s += static_cast<unsigned char>(p[i]);
+  return s;
+}
+}  // namespace
+
+uint64_t stream_read(const void* p, int64_t bytes, int threads) {
+  // Chunks of 256 KiB claimed in order by the GEMM's thread pool, as the GEMM's rows are: each thread streams
+  // whole chunks of consecutive bytes.
+  threads = std::max(1, threads);
+  const char* base = static_cast<const char*>(p);
+  int64_t chunk = 256 << 10;
+  while ((bytes + chunk - 1) / chunk > 4096) chunk *= 2;
+  const int64_t chunks = (bytes + chunk - 1) / chunk;
+  std::vector<uint64_t> sums(static_cast<size_t>(chunks), 0);
+  parallel_for_items(threads, chunks, [&](int64_t i) {
+    const int64_t a = i * chunk, b = std::min<int64_t>(bytes, a + chunk);
+#ifdef DART_X86
+    if (small_gemm_has_avx2()) { sums[i] = stream_read_avx2(base + a, b - a); return; }
+#endif
+    sums[i] = stream_read_plain(base + a, b - a);
+  });
+  uint64_t s = 0;
+  for (uint64_t v : sums) s ^= v;
+  return s;
 }
 
 }  // namespace dart

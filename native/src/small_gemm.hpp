@@ -30,12 +30,21 @@ bool small_gemm_has_avx2();
 // bit-identical to the same row computed alone. Different paths may round differently
 // (16-lane vs 8-lane partial sums): that is fine because vanilla decoding and speculative
 // verification in one process always run the same path.
-enum class GemmPath : int { Portable = 0, Avx2 = 1, Avx512 = 2 };
+//   Avx512Bf16  AVX512-BF16 (Zen 4, Sapphire Rapids and later): for bf16 weights the activations are rounded to
+//            bf16 (nearest even) once per call and multiplied by VDPBF16PS (exact bf16 products, float32 sums,
+//            16 lanes of 32-element steps, the K % 32 tail masked), so its results differ from the float32-activation
+//            paths by the activations' rounding; float32 weights run the Avx512 kernel (the same bits). Rows are
+//            independent as on every path.
+// No AMX path: the machines this was written on have no AMX to test it on.
+enum class GemmPath : int { Portable = 0, Avx2 = 1, Avx512 = 2, Avx512Bf16 = 3 };
 
-// The best path this CPU supports.
+// The best path this CPU supports (the paths are ordered: each runs where the ones below it do).
 GemmPath small_gemm_best_path();
-// The path calls run now: the best one, unless DART_GEMM_PATH (read once, at the first call:
-// "avx512" | "avx2" | "portable" | "auto") or small_gemm_set_path chose a lower one. A request for a
+// The path "auto" (and no DART_GEMM_PATH) runs: the best one, except AVX512-BF16, which is chosen only by name
+// (measured: see small_gemm.cpp, kBf16DotIsDefault).
+GemmPath small_gemm_default_path();
+// The path calls run now: the default one, unless DART_GEMM_PATH (read once, at the first call:
+// "avx512bf16" | "avx512" | "avx2" | "portable" | "auto") or small_gemm_set_path chose another. A request for a
 // path the CPU lacks runs the best path below it; an unknown name is ignored (a warning on stderr).
 GemmPath small_gemm_path();
 // Forces a path for all later calls (tests, benchmarks); throws std::invalid_argument when this
@@ -47,5 +56,24 @@ const char* small_gemm_path_name(GemmPath path);
 // writes nothing; K = 0 gives zeros.
 void small_gemm_f32(const float* x, const float* w, float* y, int64_t M, int64_t N, int64_t K, int threads);
 void small_gemm_bf16(const float* x, const uint16_t* w, float* y, int64_t M, int64_t N, int64_t K, int threads);
+
+// Runs fn(ctx, i) for every i in [0, total) on up to `threads` threads, the caller included, on a persistent
+// pool (no OpenMP region per call). Items are claimed one at a time in increasing order, so a thread the OS has
+// not scheduled yet never holds the others up: the caller does whatever nobody else took and waits only for items
+// already started. fn must not depend on which thread runs an item. total < 65536. threads <= 1, total <= 1, or a
+// pool busy with another caller's call: everything runs on the calling thread, in order.
+void parallel_items(int threads, int64_t total, void (*fn)(void*, int64_t), void* ctx);
+template <typename F>
+void parallel_for_items(int threads, int64_t total, F&& f) {
+  parallel_items(threads, total, [](void* c, int64_t i) { (*static_cast<F*>(c))(i); }, &f);
+}
+
+// Benchmarks only (tree_cost.py --bandwidth --before): true runs the GEMM calls as before the thread pool (an OpenMP
+// region per call, equal contiguous ranges; one row with 256-bit blocks on every CPU). Same results either way.
+void small_gemm_set_legacy(bool on);
+
+// Benchmarks (benchmarks/tree_cost.py --bandwidth). Reads `bytes` bytes at p once with `threads` threads, each a
+// contiguous range, 64 bytes per load; returns a checksum (so the reads are not optimised away).
+uint64_t stream_read(const void* p, int64_t bytes, int threads);
 
 }  // namespace dart
