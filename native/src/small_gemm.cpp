@@ -398,14 +398,18 @@ DART_AVX512 void rows_avx512(const float* x, int64_t ldx, const W* w, float* y, 
     // with 512-bit operations (block512<4, 1>, the same FMAs in the same lanes: the same bits) streamed 71% of the
     // read bandwidth against 65-68% (tree_cost.py-style sweep of the decoder's matrices, 2 threads), and a prefetch
     // distance of 16 or 32 rows, none, or one past the end of the thread's chunk all measured worse than 8; so Intel
-    // CPUs run M = 1 with zmm operations (M = 2, 3 not measured there: unchanged).
+    // CPUs run M = 1 with zmm operations. M = 2, 3 too: on the same VM a verify of 2 and 3 nodes cost 1.14x and
+    // 1.24x one token with the 256-bit blocks (4 nodes, on block512: 1.21x) and 1.07-1.10x / 1.15x with these.
     static const bool intel = __builtin_cpu_is("intel");
     const int64_t block_lines = static_cast<int64_t>(4 * K * sizeof(W) + 63) / 64;
     for (; n + 4 <= n1; n += 4) {
       const char* next = n + 12 <= n1 ? reinterpret_cast<const char*>(w + (n + 8) * K) : nullptr;
       const int64_t lines = next ? block_lines : 0;
-      if (M == 1 && intel && !legacy_mode.load(std::memory_order_relaxed)) block512<4, 1>(x, ldx, w, y, N, K, n, 0, next, lines);
-      else if (M == 1) block512_row<4, 1>(x, ldx, w, y, N, K, n, 0, next, lines);
+      if (intel && !legacy_mode.load(std::memory_order_relaxed)) {
+        if (M == 1) block512<4, 1>(x, ldx, w, y, N, K, n, 0, next, lines);
+        else if (M == 2) block512<4, 2>(x, ldx, w, y, N, K, n, 0, next, lines);
+        else block512<4, 3>(x, ldx, w, y, N, K, n, 0, next, lines);
+      } else if (M == 1) block512_row<4, 1>(x, ldx, w, y, N, K, n, 0, next, lines);
       else if (M == 2) block512_row<4, 2>(x, ldx, w, y, N, K, n, 0, next, lines);
       else block512_row<4, 3>(x, ldx, w, y, N, K, n, 0, next, lines);
     }
