@@ -26,6 +26,7 @@ for tests and reading).
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
@@ -315,7 +316,7 @@ class TreeBuilder:
         tree = DraftTree.trusted(r["tree_tokens"], r["tree_parents"], r["tree_depths"], r["tree_scores"])
         if self._hot["beam_width"] == int(config.beam_width):
             return tree, _candidates(r)
-        snapshot = PruningConfig(**config.to_dict())   # the sizer may change the budget before someone reads
+        snapshot = copy.copy(config)   # the sizer may change the budget before someone reads (copy: no re-validation)
 
         def full_beam() -> ScoredCandidates:
             full_tree, cands = prune_dart_tree(topk_logits, topk_tokens, tail, self.store, self.eos_token_ids,

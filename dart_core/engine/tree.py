@@ -205,6 +205,9 @@ class DraftTree:
     def truncated_with_index(self, max_depth: int | None = None,
                              max_nodes: int | None = None) -> tuple["DraftTree", np.ndarray | None]:
         """``truncated`` plus the old -> new node index map (-1 = cut), or None when nothing is cut."""
+        if (max_nodes is None or len(self) <= max(max_nodes, 1)) and (
+                max_depth is None or int(self.depths.max()) <= max(max_depth, 0)):
+            return self, None   # the common case, every step: nothing to cut
         keep = np.ones(len(self), dtype=bool)
         if max_depth is not None:
             keep &= self.depths <= max(max_depth, 0)
