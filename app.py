@@ -39,6 +39,7 @@ space.zerogpu_module()  # ZeroGPU wants `spaces` imported before torch touches C
 import gradio as gr  # noqa: E402
 
 from dart_core.engine.trace_stats import step_for_token  # noqa: E402
+from dart_core.hardware import gemm_paths  # noqa: E402
 from dart_core.loading import BASELINE, EngineFactory  # noqa: E402
 from dart_core.ui import teaching, viz  # noqa: E402
 from dart_core.ui.narration import narrate_step  # noqa: E402
@@ -483,7 +484,8 @@ class Visualiser:
                 self._dart_rates = rates
                 others = {label_of(s): autos[s].rates()[0]["label"] for s in self.view_slots
                           if s != "dart" and s in autos}
-                out = {self.cost_text: viz.tree_cost_text(costs, rates, others=others),
+                out = {self.cost_text: viz.tree_cost_text(costs, rates, others=others,
+                                                          kernel=gemm_paths()["gemm_path"]),
                        self.cost_verify_plot: viz.verify_cost_figure(costs),
                        self.cost_rate_plot: (viz.budget_rate_figure(rates) if rates
                                              else _empty_fig("DART is not loaded: no budget to weigh")),

@@ -597,6 +597,8 @@ def test_tree_cost_sentence_follows_the_measured_curve(curve, words, small):
     assert (best <= 8) if small else (best >= 20), rates[0]
     # the sentence alone (no AutoTree yet) still explains the machine
     assert words in viz.tree_cost_text(costs) and "chooser" not in viz.tree_cost_text(costs)
+    # the kernels' path, when given, is named (a figure says what ran)
+    assert "*avx2* path" in viz.tree_cost_text(costs, kernel="avx2") and "path" not in viz.tree_cost_text(costs)
 
 
 def test_verify_cost_figure_shows_measured_points_and_the_curve():
