@@ -147,10 +147,13 @@ def _machine_key(target) -> dict:
             pass
         machine = f"{cpu_model()} {flags}".strip()
     from .. import __version__
+    from ..hardware import gemm_paths
     return {"machine": machine, "device": dev.type, "target": str(target.name),
             # weights and activations: bf16 weights may run with float32 activations, as float32 weights do
             "dtype": f"{str(target.dtype).replace('torch.', '')}/{str(target.activation_dtype).replace('torch.', '')}",
             "threads": torch.get_num_threads(),
+            # the CPU kernels' path (DART_GEMM_PATH) changes what a verify costs
+            "gemm_path": gemm_paths()["gemm_path"] if dev.type == "cpu" else None,
             "code": f"{__version__}/{COST_MODEL_VERSION}"}
 
 
