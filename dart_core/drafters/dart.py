@@ -42,10 +42,7 @@ class DartDrafter(FeatureDrafter):
         store: an NgramStore (None = no N-gram term). backend: the pruner, "native" or "python".
         head_backend: how the head runs (models.heads.native_step.HEAD_BACKENDS; "auto": one native call a
         step on a CPU)."""
-        super().__init__(head, name, loader="load_dart_head")
-        self.head_backend, self._step = prepare_head(self.head, head_backend)
-        if self._step is not None:
-            self._cache = self._step.new_cache()
+        super().__init__(head, name, loader="load_dart_head", prepare=lambda h: prepare_head(h, head_backend))
         self.store = store
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self.pruning = pruning or PruningConfig()

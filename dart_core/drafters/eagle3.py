@@ -92,10 +92,7 @@ class Eagle3Drafter(FeatureDrafter):
         """head: an Eagle3Head with the target's embedding attached, on the target's device and dtype.
         head_backend: how the head runs (models.heads.native_step.HEAD_BACKENDS; "auto": one native call per
         depth on a CPU)."""
-        super().__init__(head, name, loader="load_eagle3_head")
-        self.head_backend, self._step = prepare_head(self.head, head_backend)
-        if self._step is not None:
-            self._cache = self._step.new_cache()
+        super().__init__(head, name, loader="load_eagle3_head", prepare=lambda h: prepare_head(h, head_backend))
         self.tree_config = tree or Eagle3TreeConfig()
         self.tree_config.validate()
         # the best total_token - 1 of at most k + depth * k^2 candidates, plus the root

@@ -65,18 +65,18 @@ class FeatureDrafter:
     needs_aux = True
     _pending: torch.Tensor | None = None
 
-    def __init__(self, head, name: str, *, loader: str, prepare: Callable[[Any], Any] | None = None):
+    def __init__(self, head, name: str, *, loader: str, prepare: Callable[[Any], tuple[str, Any]] | None = None):
         """head: a draft head with the target's embedding attached, on the target's device and dtype
         (``head.kind`` names it in errors). loader: the load function the error recommends.
-        prepare: applied once to the head in eval mode (the drafters pass the native small-GEMM linears)."""
+        prepare: applied once to the head in eval mode, returns (how the head runs, its native step or None);
+        the drafters pass ``models.heads.native_step.prepare_head``. A native step brings its own head cache."""
         if head._embed is None:
             raise ValueError(f"the {head.kind} head has no token embedding: load it with {loader}(path, target) "
                              "or call head.attach_embedding(target embedding)")
         self.head = head.eval()
-        if prepare is not None:
-            prepare(self.head)
+        self.head_backend, self._step = prepare(self.head) if prepare is not None else ("torch", None)
         self.name = name
-        self._cache = head.new_cache()
+        self._cache = self._step.new_cache() if self._step is not None else head.new_cache()
         self._pending = None      # [n, 3H] features of positions not yet in the head cache
         self._proposed = False    # a proposal awaits its observe()
 
