@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "binding_checks.hpp"
 #include "errors.hpp"
 #include "ngram_builder.hpp"
 #include "ngram_store.hpp"
@@ -106,8 +107,8 @@ py::dict stats_dict(const dart::BuildStats& s) {
 
 // y = x @ w^T into a caller-owned y; every array must already have the right dtype and be
 // C-contiguous (no silent copies: the caller packs weights once, at load time).
-bool is_f32(const py::array& a) { return a.dtype().is(py::dtype::of<float>()); }
-bool c_contig(const py::array& a) { return (a.flags() & py::array::c_style) != 0; }
+using dart_bindings::c_contig;
+using dart_bindings::is_f32;
 
 // Whether two C-contiguous arrays share a byte (an empty array shares none).
 bool overlaps(const py::array& a, const py::array& b) {
@@ -184,13 +185,8 @@ void require(bool ok, const std::string& what) {
   if (!ok) throw py::value_error("native decoder: " + what);
 }
 
-// a * b for positive sizes, refused when the product does not fit in int64.
 int64_t checked_mul(int64_t a, int64_t b, const char* what) {
-  int64_t out = 0;
-  require(!__builtin_mul_overflow(a, b, &out),
-          std::string(what) + " (" + std::to_string(a) + " x " + std::to_string(b) +
-              ") overflows 64 bits; check the model config's sizes");
-  return out;
+  return dart_bindings::checked_mul(a, b, "native decoder: ", what);
 }
 
 // A session's K/V buffers, bound once: one float32 [kv_heads, capacity, head_dim] array per layer.

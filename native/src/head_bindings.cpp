@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "binding_checks.hpp"
 #include "head_step.hpp"
 
 namespace py = pybind11;
@@ -18,20 +19,21 @@ namespace {
 void require(bool ok, const std::string& what) {
   if (!ok) throw py::value_error("draft head kernel: " + what);
 }
-bool is_f32(const py::array& a) { return a.dtype().is(py::dtype::of<float>()); }
-bool is_u16(const py::array& a) { return a.dtype().is(py::dtype::of<uint16_t>()); }
-bool is_i64(const py::array& a) { return a.dtype().is(py::dtype::of<int64_t>()); }
-bool c_contig(const py::array& a) { return (a.flags() & py::array::c_style) != 0; }
+
+using dart_bindings::c_contig;
+using dart_bindings::is_f32;
+using dart_bindings::is_i64;
+using dart_bindings::is_u16;
+
 std::string dims(std::initializer_list<int64_t> d) {
   std::string s = "[";
   for (int64_t v : d) s += (s.size() > 1 ? ", " : "") + std::to_string(v);
   return s + "]";
 }
-// a * b, refused when it would not fit an int64 (sizes come from a config file).
+
+// a * b for sizes from a config file (dart_bindings::checked_mul, this binding's prefix).
 int64_t checked_mul(int64_t a, int64_t b, const char* what) {
-  require(a >= 0 && b >= 0 && (a == 0 || b <= std::numeric_limits<int64_t>::max() / a),
-          std::string(what) + " overflows");
-  return a * b;
+  return dart_bindings::checked_mul(a, b, "draft head kernel: ", what);
 }
 
 template <class T>
