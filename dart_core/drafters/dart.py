@@ -43,14 +43,24 @@ class DartDrafter(FeatureDrafter):
         head_backend: how the head runs (models.heads.native_step.HEAD_BACKENDS; "auto": one native call a
         step on a CPU)."""
         super().__init__(head, name, loader="load_dart_head", prepare=lambda h: prepare_head(h, head_backend))
-        self.store = store
-        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self._builder = TreeBuilder(store, eos_token_ids, backend)   # holds the store, EOS ids and pruner backend
         self.pruning = pruning or PruningConfig()
         self.pruning.validate()
-        self.backend = backend
-        self._builder = TreeBuilder(store, self.eos_token_ids, backend)
         self.max_tree_nodes = self._tree_size_bound(head.config.draft_length + 1, head.config.draft_vocab_size)
         self._d2t = head.d2t
+
+    # Read-only views of what the tree builder holds (one place, so they cannot drift apart).
+    @property
+    def store(self):
+        return self._builder.store
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self._builder.eos_token_ids
+
+    @property
+    def backend(self) -> str:
+        return self._builder.backend
 
     def _tree_size_bound(self, rows: int, draft_vocab: int) -> int:
         """Nodes (root included) of the largest tree this drafter can propose: the budget, or fewer when the
