@@ -111,6 +111,47 @@ def test_verify_curve_interpolates_extends_and_learns():
     assert all(b >= a for a, b in zip(c.seconds, c.seconds[1:]))       # never cheaper with more nodes
 
 
+@pytest.mark.parametrize("speed, observed", [(1.6, [1]), (1.6, [3]), (0.6, [3]), (0.6, [1, 64])])
+def test_a_machine_that_changes_speed_moves_the_whole_verify_curve(speed, observed):
+    """A VM slowing down (or speeding up) mid-run changes every size by one factor; the steps only show the
+    sizes the chooser takes. The curve must follow at every size, keep its shape, and never be bent by the
+    monotone rule (a slowed plain step once lifted sizes 2..9 to its cost, trees looked dear or free by turns
+    and the automatic trees fell back to plain steps)."""
+    sizes = sorted(THIS_CPU)
+    c = VerifyCurve(sizes, [THIS_CPU[n] / 1e3 for n in sizes])
+    for step in range(150):
+        n = observed[step % len(observed)]
+        c.observe(n, speed * THIS_CPU[n] / 1e3)
+    for n in sizes:
+        assert c(n) == pytest.approx(speed * THIS_CPU[n] / 1e3, rel=0.12), n
+    assert c(3) / c(1) == pytest.approx(THIS_CPU[3] / THIS_CPU[1], rel=0.05)
+    assert all(b >= a for a, b in zip(c.seconds, c.seconds[1:]))
+
+
+def test_the_chosen_tree_survives_a_uniform_slowdown_seen_only_in_plain_steps():
+    auto = AutoTree(_fake("dart"), _costs(THIS_CPU, 1.5, 0.2), AcceptanceModel.from_hit_rates(*BUNDLED))
+    before = auto.choose()
+    assert not before.plain
+    for _ in range(100):                                            # plain steps on a 1.6x slower machine
+        auto.costs.observe({"verify": 1.6 * THIS_CPU[1] / 1e3, "commit": 0.0001}, 1)
+    for name in ("dart", "eagle3"):                                # ... and its drafts as slow
+        auto.costs.draft_cost(name).coef *= 1.6
+    assert auto.choose() == before
+
+
+def test_the_draft_cost_follows_a_machine_that_slows_down():
+    """Recent steps weigh more: 150 drafts at one speed, then 60 at 1.6x; the fit prices the new speed."""
+    rng = np.random.default_rng(1)
+    cost = DraftCost()
+    true = np.array([0.001, 0.001, 0.0002, 0.0])
+    for i in range(210):
+        work = (1, int(rng.integers(1, 12)), 0)
+        cost.add(work, (1.0 if i < 150 else 1.6) * float(DraftCost.features(work) @ true))
+    for rows in (1, 6, 11):
+        x = DraftCost.features((1, rows, 0))
+        assert x @ cost.coef == pytest.approx(1.6 * x @ true, rel=0.05)
+
+
 def test_draft_cost_fit_is_non_negative_and_recovers_a_linear_cost():
     rng = np.random.default_rng(0)
     cost = DraftCost()

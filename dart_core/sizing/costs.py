@@ -7,7 +7,8 @@
 
 verify: the target's forward over a tree of n nodes after a short prefix, measured at a handful of sizes
 (1..64, chains: the cost depends on the node count, not the shape) and interpolated piecewise-linearly
-(beyond the last measured size: extended along the last segment). commit: the median commit. Both are
+(beyond the last measured size: extended along the last segment); every step moves its level for all
+sizes at once (the machine's speed drifts) and its shape slowly. commit: the median commit. Both are
 kept in the user cache (``~/.cache/dart-demo/costs/``), keyed by the machine, target, dtype, threads and
 code version, and re-measured when any of them changes.
 
@@ -41,8 +42,15 @@ VERIFY_SIZES = (1, 64, 9, 3, 33, 17, 5, 2)
 #: Sizes timed whatever the budget (the curve needs both ends and a middle).
 MIN_SIZES = 3
 PREFIX_TOKENS = 64
-#: How fast measured step times replace the curve (exponential moving average weight per step).
+#: How fast measured step times move the commit time (exponential moving average weight per step).
 VERIFY_ALPHA = 0.05
+#: How fast the verify curve follows the steps: its level (the machine's speed, every size by one factor; a VM's
+#: speed drifts by 1.5x within an hour here) quickly, its shape (one size against the others) slowly, from what
+#: the level does not explain.
+SPEED_ALPHA = 0.1
+SHAPE_ALPHA = 0.05
+#: Weight of a draft-cost sample per newer sample after it (a window of about 20 steps, as the curve's level).
+DRAFT_FORGET = 0.95
 #: What a cache record may hold (anything else is damage: it is refused and measured again). The writer keeps
 #: at most len(VERIFY_SIZES) sizes; a verify or commit over a minute is no timing of a step.
 MAX_CACHED_SIZES = 64
@@ -60,6 +68,7 @@ class VerifyCurve:
     """Seconds of one verify per tree size (nodes, root included), interpolated between measured sizes."""
     sizes: list[int]
     seconds: list[float]
+    drift: float = field(default=0.0, repr=False)   # recent common log error of the steps (see observe)
 
     def __call__(self, nodes: int) -> float:
         return float(self.table(np.array([nodes]))[0])
@@ -73,9 +82,19 @@ class VerifyCurve:
         slope = max((t[-1] - t[-2]) / (s[-1] - s[-2]), 0.0)
         return np.where(n <= s[-1], np.interp(n, s, t), t[-1] + slope * (n - s[-1]))
 
-    def observe(self, nodes: int, seconds: float, alpha: float = VERIFY_ALPHA) -> None:
-        """Move the curve toward one measured verify: the measured sizes around ``nodes`` share the update
-        by their interpolation weights."""
+    def observe(self, nodes: int, seconds: float) -> None:
+        """Move the curve toward one measured verify, in two parts. The level: every size moves by one factor,
+        so a VM that slows down or speeds up mid-run is followed at every size although the steps show only the
+        sizes the chooser takes (moving those alone once priced every tree dearer than a plain step after a
+        slowdown, and the run fell back to plain steps). The shape: the measured sizes around ``nodes`` move by
+        what this step's error has beyond the recent common one (``drift``), so sizes seen side by side correct
+        each other (a start-up timed on a busy machine heals) while a speed change seen at one size alone
+        leaves the shape as it is."""
+        predicted = self(nodes)
+        if not (seconds > 0 and predicted > 0):
+            return
+        err = float(np.log(seconds / predicted))
+        self.drift += SPEED_ALPHA * (err - self.drift)
         s = self.sizes
         if nodes <= s[0]:
             pairs = [(0, 1.0)]
@@ -85,10 +104,15 @@ class VerifyCurve:
             j = int(np.searchsorted(s, nodes))
             w = (nodes - s[j - 1]) / (s[j] - s[j - 1])
             pairs = [(j - 1, 1.0 - w), (j, w)]
-        err = seconds - self(nodes)
+        self.seconds = [t * float(np.exp(SPEED_ALPHA * err)) for t in self.seconds]
         for i, w in pairs:
-            self.seconds[i] = max(self.seconds[i] + alpha * w * err, 1e-6)
-        for i in range(1, len(self.seconds)):      # a bigger tree never costs less
+            self.seconds[i] = max(self.seconds[i] * float(np.exp(SHAPE_ALPHA * w * (err - self.drift))), 1e-6)
+        # a bigger tree never costs less: the sizes just measured stand, their neighbours give way (lifting a
+        # measured size back up to an unmeasured smaller one would undo the measurement)
+        lo = pairs[0][0]
+        for i in range(lo - 1, -1, -1):
+            self.seconds[i] = min(self.seconds[i], self.seconds[i + 1])
+        for i in range(lo + 1, len(self.seconds)):
             self.seconds[i] = max(self.seconds[i], self.seconds[i - 1])
 
 
@@ -113,7 +137,10 @@ class DraftCost:
             return
         X = np.stack([x for x, _ in self.samples])
         y = np.array([t for _, t in self.samples])
-        self.coef = _nonneg_lstsq(X, y)
+        # recent steps weigh more: the machine's speed drifts, and a fit that still averaged the old speed over
+        # its whole window priced drafts at a speed the verify curve had already left
+        w = np.sqrt(DRAFT_FORGET ** np.arange(len(y) - 1, -1, -1))
+        self.coef = _nonneg_lstsq(X * w[:, None], y * w)
 
 
 def _nonneg_lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -342,5 +369,5 @@ class CostModel:
         return model
 
 
-__all__ = ["COST_MODEL_VERSION", "CostCacheError", "CostModel", "DraftCost", "VerifyCurve", "cost_cache_dir",
+__all__ = ["COST_MODEL_VERSION", "SHAPE_ALPHA", "SPEED_ALPHA", "CostCacheError", "CostModel", "DraftCost", "VerifyCurve", "cost_cache_dir",
            "measure_verify_curve"]
