@@ -292,3 +292,19 @@ def test_node_logits_edges(tiny_target):
         logits.row(1)
     with pytest.raises(IndexError, match="node -1"):
         logits.rows([-1])
+
+
+def test_rope_rows_equal_the_rotary_modules_bit_for_bit(tiny_target):
+    """The lean path takes RoPE's cos / sin rows from tables (the module once, not every step): each row must be
+    the module's own output for that position, before and after the tables grow, in any order, repeated."""
+    fast = tiny_target.fast
+    if fast is None:
+        pytest.skip("the HF forward runs the rotary module itself")
+    for positions in ([0], [5, 3, 3, 0], [1023, 1024, 7], [5000, 2, 4999], []):
+        pos = np.array(positions, dtype=np.int64)
+        cos, sin = fast._rope(pos)
+        assert cos.shape == sin.shape == (len(positions), fast.head_dim) and cos.dtype == np.float32
+        for k, p in enumerate(positions):
+            with torch.inference_mode():
+                c, s = fast.rotary(torch.zeros(1, 1, fast.head_dim), torch.tensor([[p]]))
+            assert np.array_equal(cos[k], c[0, 0].numpy()) and np.array_equal(sin[k], s[0, 0].numpy()), p

@@ -278,8 +278,13 @@ class SpeculativeEngine:
 # Each step's lists are made by a function of that step's logits (a lambda in the loop would read whichever
 # step's logits the loop variable holds when a list is read later).
 def _node_target_argmax(logits) -> OnRequest:
-    """Per node, the target's most likely next token; computed when first read."""
-    return OnRequest(len(logits), lambda nodes: logits.rows(nodes).argmax(-1).tolist(), holds_nbytes=logits.nbytes)
+    """Per node, the target's most likely next token; computed when first read. numpy's argmax (the first
+    maximum, as torch's) runs on the calling thread: torch's would wake its OpenMP team for a row of V floats
+    every step, whose spinning threads then compete with the native kernels' pool for the same cores."""
+    def argmax(nodes: list[int]) -> list[int]:
+        rows = logits.rows(nodes)
+        return (rows.numpy().argmax(-1) if rows.device.type == "cpu" else rows.argmax(-1)).tolist()
+    return OnRequest(len(logits), argmax, holds_nbytes=logits.nbytes)
 
 
 def _node_probs(logits, config: GenerationConfig) -> OnRequest:

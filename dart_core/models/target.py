@@ -73,7 +73,7 @@ class NodeLogits:
         return self._full is None
 
     def rows(self, nodes: Sequence[int]) -> torch.Tensor:
-        """Logits [len(nodes), V] float32 of these nodes, in this order."""
+        """Logits [len(nodes), V] float32 of these nodes, in this order (read-only: rows may be the kept ones)."""
         nodes = [int(i) for i in nodes]
         bad = [i for i in nodes if not 0 <= i < self._n]
         if bad:
@@ -87,8 +87,12 @@ class NodeLogits:
             self.head_calls += 1
             for i, row in zip(missing, computed):
                 self._rows[i] = row
+            if missing == nodes:    # the usual step: the rows just computed, in order (no copy of V floats each)
+                return computed
         if not nodes:
             return self._head(self._hidden[:0])
+        if len(nodes) == 1:
+            return self._rows[nodes[0]].unsqueeze(0)
         return torch.stack([self._rows[i] for i in nodes])
 
     def row(self, node: int) -> torch.Tensor:
