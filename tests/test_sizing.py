@@ -6,6 +6,7 @@ import itertools
 import json
 import logging
 import math
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -201,6 +202,42 @@ def test_cost_model_is_measured_once_then_read_until_the_key_changes(tiny, tmp_p
     model.observe({"verify": 0.5, "commit": 0.0}, 9)
     auto.begin([1, 2, 3], None)
     assert CostModel.load_or_measure(target, cache_dir=tmp_path).verify_s(9) == pytest.approx(model.verify_s(9))
+
+
+class _BurstyTarget:
+    """A target whose verify of n nodes sleeps 2 + 0.5 n ms, except during one burst of load: three calls in a row
+    take 40 ms more (a VM's neighbour). The cost model must measure the undisturbed curve all the same."""
+    vocab_size = 100
+    device = torch.device("cpu")
+
+    def __init__(self, burst_from: int):
+        self.calls, self.burst = 0, range(burst_from, burst_from + 3)
+
+    def new_session(self, capacity):
+        target = self
+
+        class Session:
+            def prefill(self, ids):
+                pass
+
+            def verify(self, tree):
+                target.calls += 1
+                time.sleep((2 + 0.5 * len(tree) + (40 if target.calls in target.burst else 0)) / 1e3)
+
+            def commit(self, nodes):
+                pass
+
+            def truncate(self, n):
+                pass
+        return Session()
+
+
+@pytest.mark.parametrize("burst_from", [1, 4, 6, 9])
+def test_a_burst_of_load_does_not_bend_the_measured_curve(burst_from):
+    curve, _ = costs_mod.measure_verify_curve(_BurstyTarget(burst_from), sizes=(1, 9, 3), budget_s=10.0, reps=3)
+    assert curve.sizes == [1, 3, 9]
+    for n, t in zip(curve.sizes, curve.seconds):
+        assert (2 + 0.5 * n) / 1e3 <= t < (2 + 0.5 * n + 10) / 1e3, (n, t)
 
 
 # ---------------------------------------------------------------------------------------------- the chooser
