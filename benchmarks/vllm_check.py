@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.15, metavar="F",
                    help="vLLM's memory share; on a CPU the share of RAM it reserves (0.15)")
+    p.add_argument("--compile", action="store_true",
+                   help="let vLLM compile the target (its default); without it the engines run eagerly "
+                        "(compilation_config mode 0), which starts in minutes where compiling took over ten on 2 cores")
     p.add_argument("--no-ours", action="store_true", help="skip dart_core's own vanilla answers")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
     p.add_argument("--engine-run", default=None, help=argparse.SUPPRESS)   # internal: one engine, in a child process
@@ -219,7 +222,8 @@ def run_engine(method: str, settings: dict) -> dict:
     t0 = time.perf_counter()
     llm = LLM(model=settings["target"], dtype=settings["dtype"], max_model_len=settings["max_model_len"],
               max_num_seqs=settings["batch_size"], gpu_memory_utilization=settings["gpu_memory_utilization"],
-              disable_log_stats=False, seed=0, speculative_config=spec)
+              disable_log_stats=False, seed=0, speculative_config=spec,
+              **({} if settings["compile"] else {"compilation_config": {"mode": 0}}))
     start_s = time.perf_counter() - t0
     eos = set(settings["eos"])
     prompts = [TokensPrompt(prompt_token_ids=p) for p in settings["prompt_ids"]]
@@ -252,7 +256,8 @@ def run_engine_in_child(method: str, settings: dict) -> dict:
         cfg, out = Path(tmp) / "settings.json", Path(tmp) / "out.json"
         cfg.write_text(json.dumps(settings))
         proc = subprocess.run([sys.executable, __file__, "--questions", "-", "--engine-run", method,
-                               "--engine-out", str(out), "--json", str(cfg)], check=False)
+                               "--engine-out", str(out), "--json", str(cfg)], check=False,
+                              stdout=sys.stderr)     # vLLM logs to stdout: keep ours for the report
         if proc.returncode != 0 or not out.is_file():
             return {"error": f"the {method} engine's process failed (exit {proc.returncode}); its log is above"}
         return json.loads(out.read_text())
@@ -357,7 +362,7 @@ def main(argv=None) -> int:
     settings = {"target": path, "heads": resolved["heads"], "methods": resolved["methods"],
                 "num_speculative_tokens": args.num_speculative_tokens, "batch_size": args.batch_size,
                 "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "max_model_len": args.max_model_len,
-                "gpu_memory_utilization": args.gpu_memory_utilization, "eos": list(target.eos_token_ids),
+                "gpu_memory_utilization": args.gpu_memory_utilization, "compile": args.compile, "eos": list(target.eos_token_ids),
                 "question_sources": [str(s.path) for s in resolved["sources"]], "limit": args.limit,
                 "vllm": vllm_version, "torch": torch.__version__, "machine": machine(),
                 "prompt_ids": [p["prompt_ids"] for p in prompts]}

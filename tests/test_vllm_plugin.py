@@ -209,3 +209,23 @@ def test_the_plugin_registers_the_dart_architectures():
     from dart_core.integrations.vllm_plugin import ARCHITECTURES, register
     register()
     assert set(ARCHITECTURES) <= set(ModelRegistry.get_supported_archs())
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (an optional extra; docs/serving.md)")
+def test_dart_in_vllm_answers_as_vllms_vanilla(tmp_path):
+    """End to end in vLLM (minutes: two engines start): the shipped DART head drafts through the plugin, its greedy
+    answers equal vLLM's vanilla ones, and vLLM counts accepted drafts."""
+    from dart_core.bench.questions import resolve_question_set
+
+    try:
+        questions = resolve_question_set("mt_bench").path
+    except Exception as exc:  # noqa: BLE001 - no data folder here
+        pytest.skip(f"no mt_bench question file ({exc})")
+    out = tmp_path / "check.json"
+    r = subprocess.run([sys.executable, str(CHECK), "--questions", str(questions), "--limit", "2", "--methods",
+                        "dart", "--max-new-tokens", "24", "--batch-size", "2", "--no-ours", "--json", str(out)],
+                       capture_output=True, text=True, timeout=1500, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    dart = json.loads(out.read_text())["engines"]["dart"]
+    assert dart["checks"]["batch_1_vs_vllm_vanilla"]["identical"] == 2
+    assert dart["phases"]["batch_1"]["acceptance"]["accepted_tokens"] > 0

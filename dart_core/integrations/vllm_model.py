@@ -138,7 +138,7 @@ class DartEagle3ForCausalLM(Eagle3LlamaForCausalLM):
                 q = pos - d
                 valid = q >= 0
                 qc = q.clamp_min(0)
-                slot = table[req, qc // self.block_size].long() * self.block_size + qc % self.block_size
+                slot = table[req, (qc // self.block_size).clamp_max(table.shape[1] - 1)].long() * self.block_size + qc % self.block_size
                 tok = self._slot_tokens[slot.cpu()].to(tails.device)
                 tails[:m, T - 1 - d] = torch.where(valid, tok, torch.full_like(tok, -1)).float()
         return tails
