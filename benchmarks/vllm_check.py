@@ -302,7 +302,7 @@ def build_report(settings: dict, prompts: list[dict], engines: dict, ours: dict 
         entry = {"start_s": res["start_s"], "phases": {}, "checks": {}}
         for phase in ("batch_1", batch_key):
             ph = res[phase]
-            entry["phases"][phase] = {k: v for k, v in ph.items() if k != "answers"}
+            entry["phases"][phase] = dict(ph)    # the answers (token ids) stay: they are what the checks compare
             if ref_answers is not None and name != BASELINE:
                 entry["checks"][f"{phase}_vs_vllm_vanilla"] = compare(ph["answers"], ref_answers)
             if ours is not None:
