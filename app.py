@@ -26,7 +26,7 @@ from typing import Any, Iterator
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # offline: no request leaves the machine
 
-from dart_core.ui import space  # noqa: E402  (light: no torch, no native extension)
+from dart_core import space  # noqa: E402  (light: no torch, no native extension)
 
 # On a Hugging Face Space only: build the C++ extension if missing, before any module imports it (Spaces installs
 # requirements.txt before copying the repository, so `.` cannot be a requirement). A no-op elsewhere.

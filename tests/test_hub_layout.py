@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import app  # noqa: E402
-from dart_core.ui import space  # noqa: E402
+from dart_core import space  # noqa: E402
 from dart_core.api import open_ngram  # noqa: E402
 from dart_core.ui.session import RunSettings  # noqa: E402
 from dart_core.models.heads.dart import new_head_for_target, save_dart_head  # noqa: E402

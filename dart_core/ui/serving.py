@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-from . import space
+from .. import space
 
 MB = 1024 * 1024
 GB = 1024 * MB
