@@ -41,7 +41,7 @@ import gradio as gr  # noqa: E402
 from dart_core.engine.trace_stats import step_for_token  # noqa: E402
 from dart_core.hardware import gemm_paths  # noqa: E402
 from dart_core.loading import BASELINE, EngineFactory  # noqa: E402
-from dart_core.ui import teaching, viz  # noqa: E402
+from dart_core.ui import teaching_round, teaching_whatif, viz, viz_cost, viz_steps, viz_tree  # noqa: E402
 from dart_core.ui.narration import narrate_step  # noqa: E402
 from dart_core.ui.record import RunRecord, label_of, save_export  # noqa: E402
 from dart_core.ui.session import Comparison, RunSettings, StepSession, check_prompt_length  # noqa: E402
@@ -228,7 +228,7 @@ TREE_CHOICES = [("auto (measured on this machine)", "auto"), ("fixed (sliders)",
 PRESETS = {"fastest": "Fastest on this machine", "paper": "Paper's trees"}
 #: the step view: the whole step, or one stage of the round (dart_core.ui.teaching.round_frames keys)
 FRAME_ALL = "all"
-FRAMES = [("Whole step", FRAME_ALL)] + [(f"{i} · {key}", key) for i, key in enumerate(teaching.FRAME_KEYS, 1)]
+FRAMES = [("Whole step", FRAME_ALL)] + [(f"{i} · {key}", key) for i, key in enumerate(teaching_round.FRAME_KEYS, 1)]
 FRAME_KEYS = [k for _, k in FRAMES]
 #: the what-if's draft cost (x one plain step) before a run has measured one
 WHATIF_DRAFT_RATIO = 0.1
@@ -292,8 +292,8 @@ def _expected_dart(rates: Any, preset: str) -> str:
     best first, the plain step included): the best setting ("fastest") or budget 60 ("paper") over a plain step."""
     if not rates:
         return ""
-    rows, plain = viz.budget_rows(rates)
-    row = rates[0] if preset == "fastest" else next((r for b, r in rows if b == viz.PAPER_BUDGET), None)
+    rows, plain = viz_cost.budget_rows(rates)
+    row = rates[0] if preset == "fastest" else next((r for b, r in rows if b == viz_cost.PAPER_BUDGET), None)
     if plain is None or row is None or not float(plain["tokens_per_s"]):
         return ""
     return (f"DART expected {float(row['tokens_per_s']) / float(plain['tokens_per_s']):.2f}× "
@@ -484,10 +484,10 @@ class Visualiser:
                 self._dart_rates = rates
                 others = {label_of(s): autos[s].rates()[0]["label"] for s in self.view_slots
                           if s != "dart" and s in autos}
-                out = {self.cost_text: viz.tree_cost_text(costs, rates, others=others,
+                out = {self.cost_text: viz_cost.tree_cost_text(costs, rates, others=others,
                                                           kernel=gemm_paths()["gemm_path"]),
-                       self.cost_verify_plot: viz.verify_cost_figure(costs),
-                       self.cost_rate_plot: (viz.budget_rate_figure(rates) if rates
+                       self.cost_verify_plot: viz_cost.verify_cost_figure(costs),
+                       self.cost_rate_plot: (viz_cost.budget_rate_figure(rates) if rates
                                              else _empty_fig("DART is not loaded: no budget to weigh")),
                        self.preset_note: self.preset_text(rates=rates)}
             except Exception as exc:  # noqa: BLE001 - the rest of the page works without this view
@@ -523,7 +523,7 @@ class Visualiser:
             run = record.runs.get(s)
             if run is None or not run.traces:
                 continue
-            point = teaching.measured_point(run.traces, costs)
+            point = teaching_whatif.measured_point(run.traces, costs)
             point["label"] = f"{run.label} (this run)"
             if s in metrics and metrics[s].speedup:
                 point["speedup"] = float(metrics[s].speedup)
@@ -548,13 +548,13 @@ class Visualiser:
                 whatif = {"draft_ratio": float(points[0]["draft_ratio"]) if points else WHATIF_DRAFT_RATIO,
                           **whatif, "label": "your what-if"}
                 shown.append(whatif)
-            fig = teaching.whatif_figure(measured=shown or None)
+            fig = teaching_whatif.whatif_figure(measured=shown or None)
             if whatif is not None:
-                text = teaching.whatif_text(whatif["alpha"], whatif["verify_ratio"], whatif["draft_ratio"],
+                text = teaching_whatif.whatif_text(whatif["alpha"], whatif["verify_ratio"], whatif["draft_ratio"],
                                             whatif["depth"])
             elif points:
                 p0 = points[0]
-                text = (f"**{p0['label']}:** " + teaching.whatif_text(p0["alpha"], p0["verify_ratio"],
+                text = (f"**{p0['label']}:** " + teaching_whatif.whatif_text(p0["alpha"], p0["verify_ratio"],
                                                                         p0["draft_ratio"], p0.get("depth", 4)))
             else:
                 text = "Run a prompt to place this machine's measured point on the map."
@@ -658,7 +658,7 @@ class Visualiser:
                 text = (f"*Tree size (auto): **{chosen}**, the setting with the most expected tokens per second "
                         f"by this machine's costs and the head's acceptance so far.*\n\n{text}")
             if frame in FRAME_KEYS and frame != FRAME_ALL:
-                frames = teaching.round_frames(st, record.decode, engine=s, score_label=score_label)
+                frames = teaching_round.round_frames(st, record.decode, engine=s, score_label=score_label)
                 i = next((j for j, f in enumerate(frames) if f.key == frame), 0)
                 fig = frames[i].figure
                 text = (f"**Stage {i + 1} of {len(frames)}: {frames[i].title}.** {frames[i].sentence}\n\n"
@@ -666,11 +666,11 @@ class Visualiser:
             else:
                 # short lines: a tree column is a third of an 800 px window
                 sub = f"{st.accepted_drafts} of {st.tree.num_drafted} drafts accepted + 1 target token"
-                fig = viz.tree_figure(st, record.decode, score_label=score_label, show_pruned=show_pruned,
+                fig = viz_tree.tree_figure(st, record.decode, score_label=score_label, show_pruned=show_pruned,
                                       title=dict(text=f"{run.label} step {st.step}",
                                                  subtitle=dict(text=sub + (f"<br>tree{auto}" if chosen else ""))))
             out[self.tree_plot[s]] = self._linked(fig, s, record, st)
-            out[self.scatter_plot[s]] = viz.score_scatter(st, record.decode, score_label=score_label,
+            out[self.scatter_plot[s]] = viz_tree.score_scatter(st, record.decode, score_label=score_label,
                                                           title=f"{run.label} step {st.step}: every scored candidate")
             out[self.step_text[s]] = text
         return out
@@ -694,7 +694,7 @@ class Visualiser:
         """The stage-timing chart; ``marks``: engine label -> the step the step view shows (marked)."""
         if record is None or not any(r.traces for r in record.runs.values()):
             return _empty_fig("run a prompt to see stage timings")
-        return viz.timing_figure({r.label: r.traces for r in record.runs.values() if r.traces}, mark=marks or None)
+        return viz_steps.timing_figure({r.label: r.traces for r in record.runs.values() if r.traces}, mark=marks or None)
 
     def _marks(self, record: RunRecord | None, position: float | int | None, latest: bool = False) -> dict[str, int]:
         """Engine label -> the step number the step view shows for answer token ``position``."""
@@ -726,7 +726,7 @@ class Visualiser:
                 for p in self.acc_plots[s]:
                     out[p] = _empty_fig(f"{label_of(s)}: no steps")
                 continue
-            figs = viz.acceptance_figures(run.traces, name=run.label)
+            figs = viz_steps.acceptance_figures(run.traces, name=run.label)
             for p, f in zip(self.acc_plots[s], figs):
                 out[p] = f
         top = max(record.max_position(), 1)

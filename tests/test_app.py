@@ -11,7 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import app  # noqa: E402
-from dart_core.ui import serving, viz  # noqa: E402
+from dart_core.ui import serving, viz, viz_steps, viz_tree  # noqa: E402
 from dart_core.loading import EngineFactory  # noqa: E402
 from dart_core.ui.narration import narrate_step  # noqa: E402
 from dart_core.ui.record import EngineRun, RunRecord, lossless_check  # noqa: E402
@@ -396,16 +396,16 @@ def test_figures_from_the_recorded_trace():
     dart = record.runs["dart"]
     assert dart.traces and dart.tokens
     st = dart.traces[0]
-    x, y = viz.tree_layout(st.tree.parents, st.tree.scores)
+    x, y = viz_tree.tree_layout(st.tree.parents, st.tree.scores)
     assert x[0] == 0 and all(x[i] == x[int(st.tree.parents[i])] + 1 for i in range(1, len(st.tree)))
-    tree = viz.tree_figure(st, record.decode)
+    tree = viz_tree.tree_figure(st, record.decode)
     names = {t.name for t in tree.data}
     assert "accepted path" in names and tree.layout.xaxis.title.text and tree.layout.yaxis.title.text
-    scatter = viz.score_scatter(st, record.decode)
+    scatter = viz_tree.score_scatter(st, record.decode)
     assert sum(len(t.x) for t in scatter.data if t.x is not None) == len(st.candidates)
-    timing = viz.timing_figure({r.label: r.traces for r in record.runs.values()})
+    timing = viz_steps.timing_figure({r.label: r.traces for r in record.runs.values()})
     assert timing.layout.showlegend and any(t.name == "verify" for t in timing.data)
-    for fig in viz.acceptance_figures(dart.traces):
+    for fig in viz_steps.acceptance_figures(dart.traces):
         assert fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
     # the recorded spans rebuild the recorded answer and label tokens from the trace
     spans = record.spans("dart")
