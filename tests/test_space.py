@@ -193,6 +193,7 @@ def app_module():
 
 
 def test_launch_settings_become_app_args(cfg, app_module):
+    from dart_core.page.serve import launch_kwargs
     args = app_module.parse_args(cfg.app_argv())
     launch = cfg.launch
     assert args.base_model_name_or_path == launch.base_model == "Qwen/Qwen3-4B"
@@ -202,7 +203,7 @@ def test_launch_settings_become_app_args(cfg, app_module):
     assert args.eagle3_model_name_or_path == launch.eagle3_model == "AngelSlim/Qwen3-4B_eagle3"
     assert (args.dtype, args.max_new_tokens, args.max_length) == (launch.dtype, launch.max_new_tokens,
                                                                   launch.max_length)
-    assert args.listen is True and app_module.launch_kwargs(args)["server_name"] == "0.0.0.0"
+    assert args.listen is True and launch_kwargs(args)["server_name"] == "0.0.0.0"
     assert args.server_port == 7860 and args.share is False
 
 

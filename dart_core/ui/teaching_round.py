@@ -28,7 +28,8 @@ from ..engine.trace import StepTrace
 from ..engine.trace_stats import TraceLike, as_step, candidate_nodes
 from .narration import narrate_step
 from .record import label_of
-from .viz import NODE_STATES, OKABE_ITO, SCORE_COLORSCALE, as_decoder, as_floats, as_ints, panel_layout, token_hover, token_label
+from .viz import (NODE_STATES, OKABE_ITO, SCORE_COLORSCALE, as_decoder, as_floats, as_ints, panel_layout, token_hover,
+                  token_label)
 from .viz_tree import edge_lines, score_name_of, tree_layout
 
 # ---------------------------------------------------------------------------------------------- constants
@@ -54,7 +55,6 @@ def _plural(n: int, word: str, plural: str | None = None) -> str:
     return f"{n} {word if n == 1 else (plural or word + 's')}"
 
 
-
 def _plain(fig: go.Figure) -> str:
     """A figure's title as plain text (token labels in figures are HTML-escaped for plotly)."""
     return html.unescape(fig.layout.title.text or "")
@@ -70,8 +70,6 @@ def _q(decode: Callable[[list[int]], str], toks: Sequence[int]) -> str:
     """A token (or tokens) quoted for a sentence, whitespace and newlines made visible."""
     s = decode([int(t) for t in toks]).replace("\n", "\u21b5").replace("`", "'")
     return f"`{s}`" if s.strip() else f"`{s!r}`"
-
-
 
 
 def _root_node(tokens, xs, ys, decode) -> go.Scatter:

@@ -32,7 +32,6 @@ WHATIF_VERIFY_RANGE = (1.0, 4.0)
 WHATIF_CURVE_NODES = (9, 33)
 
 
-
 # ---------------------------------------------------------------------------------------------- what-if: the model
 def expected_tau(alpha: Any, depth: Any) -> Any:
     """Expected tokens per target pass of a chain draft of ``depth`` tokens whose tokens are each accepted

@@ -100,7 +100,6 @@ def as_ints(x: Any) -> list[int]:
     return [int(v) for v in np.asarray(x, dtype=np.int64).reshape(-1)]
 
 
-
 # ---------------------------------------------------------------------------------------------- page layout
 #: Pixels above the plot area for a one-line title (the title pushes the margin further if it needs more).
 TITLE_PX = 48
@@ -128,7 +127,8 @@ def page_layout(fig: go.Figure, title: str | Mapping[str, Any], *, top: int = TI
     return fig
 
 
-#: Titles of the teaching panels are cut to this many characters so they never run into the legend or each other at 640 px.
+#: Titles of the teaching panels are cut to this many characters so they never run into the legend or each other
+#: at 640 px.
 TITLE_CHARS = 58
 
 
@@ -146,3 +146,13 @@ def panel_layout(fig: go.Figure, title: str, *, height: int, xaxis: dict | None 
     if yaxis is not None:
         layout["yaxis"] = yaxis
     return page_layout(fig, short_title(title), left=40, **layout)
+
+
+def empty_fig(message: str) -> go.Figure:
+    """A blank figure that says ``message`` (what the page shows before there is anything to draw)."""
+    fig = go.Figure()
+    fig.add_annotation(text=message, xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False,
+                       font=dict(color="#555555"))
+    fig.update_layout(xaxis=dict(visible=False), yaxis=dict(visible=False), height=220, plot_bgcolor="#FFFFFF",
+                      margin=dict(l=20, r=20, t=30, b=20))
+    return fig

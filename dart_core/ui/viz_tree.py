@@ -27,7 +27,6 @@ def _fmt(v: float | None, digits: int = 3) -> str:
     return f"{v:.{digits}f}" if math.isfinite(v) else str(v)
 
 
-
 # ---------------------------------------------------------------------------------------------- layout
 def tree_layout(parents: Sequence[int], scores: Sequence[float] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Node-link layout of a rooted tree (or forest): x = depth, y = row, 0 at the top.
