@@ -33,9 +33,10 @@ class Layout:
         with gr.Blocks(title="DART speculative decoding visualiser", analytics_enabled=False,
                        delete_cache=self.limits.gradio_delete_cache()) as demo:
             # gr.State lists its delete_callback in the page config, which Gradio deep-copies on every page load
-            # and /config request. A bound method there would drag this Visualiser (target weights, tokenizer)
-            # into each copy: 1-5 s per page on a 2-core CPU, longer than launch()'s 3 s start-up probe waits.
-            # copy.deepcopy keeps a plain function as it is, so the callback is one.
+            # and /config request. A bound method there would drag its object into each copy (the tab registry and
+            # every tab's run; this Visualiser's target weights took 1-5 s per page on a 2-core CPU, longer than
+            # launch()'s 3 s start-up probe waits). copy.deepcopy keeps a plain function as it is, so the callback
+            # is one.
             on_state_deleted = self.tabs.on_state_deleted
 
             def release_state(tab: Any) -> None:
