@@ -74,7 +74,7 @@ TREE_CHOICES = [("auto (measured on this machine)", "auto"), ("fixed (sliders)",
 #: the two tree presets: "fastest" = automatic trees (sized by this machine's measured costs), "paper" = the
 #: paper's fixed trees (DART budget 60, EAGLE-3 60 / 7 / 10: the engines' base tree configs)
 PRESETS = {"fastest": "Fastest on this machine", "paper": "Paper's trees"}
-#: the step view: the whole step, or one stage of the round (dart_core.ui.teaching.round_frames keys)
+#: the step view: the whole step, or one stage of the round (dart_core.ui.teaching_round.round_frames keys)
 FRAMES = [("Whole step", FRAME_ALL)] + [(f"{i} · {key}", key) for i, key in enumerate(teaching_round.FRAME_KEYS, 1)]
 FRAME_KEYS = [k for _, k in FRAMES]
 #: the what-if's draft cost (x one plain step) before a run has measured one

@@ -20,7 +20,7 @@ from .viz import OKABE_ITO, as_ints, panel_layout
 #: The GPU regime the paper's setting sits in (a *regime*, not a measurement of this demo):
 #: on a data-centre GPU the target's forward over a few dozen tree nodes is memory-bound (the weights are
 #: read once whatever the node count), so a verify costs about as much as one plain token: verify ratio
-#: ~1.0-1.3 (compare viz.MEMORY_BOUND_RATIO, and the flat GPU verify curve the sizing tests use). With
+#: ~1.0-1.3 (compare viz_cost.MEMORY_BOUND_RATIO, and the flat GPU verify curve the sizing tests use). With
 #: the per-token acceptance of trained draft heads on such models in ~0.6-0.8, the chain model below gives
 #: tau ~2.3-3.4 at depth 4, i.e. the 2-3x speedups the DART paper (arXiv 2601.19278) reports on GPU.
 GPU_ALPHA_RANGE = (0.6, 0.8)
