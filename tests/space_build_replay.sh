@@ -41,7 +41,7 @@ t_b=$SECONDS
 "$V" -c "
 import logging, sys
 logging.basicConfig(level=logging.INFO, format='%(asctime)s %(name)s: %(message)s')
-from dart_core.ui import space
+from dart_core import space
 status = space.bootstrap_native(restart=lambda: None)   # the app re-executes itself here; the next steps do that
 print('bootstrap:', status); sys.exit(status != 'built')
 "
@@ -52,7 +52,7 @@ step "a fresh interpreter in the checkout (as python app.py) imports the extensi
 import sys; sys.path.insert(0, '.')
 import dart_core._native as n, dart_core
 assert dart_core.__file__.startswith('$WORK/app/'), dart_core.__file__   # the checkout's package, with the built module
-from dart_core.ui import space; assert space.bootstrap_native() == 'present'
+from dart_core import space; assert space.bootstrap_native() == 'present'
 import app   # runs app.py's top: bootstrap (present now), gradio, the engine modules
 print('native:', n.__file__); print('app argv on the Space:', ' '.join(space.space_app_argv()))
 "

@@ -11,8 +11,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import app  # noqa: E402
-from dart_core.ui import serving, viz  # noqa: E402
-from dart_core.loading import EngineFactory  # noqa: E402
+from dart_core.page.controls import EXAMPLES, FRAME_KEYS, SETTING_NAMES, SIZE_KNOBS  # noqa: E402
+from dart_core.page.serve import launch_kwargs  # noqa: E402
+from dart_core.page.tabs import TAB_TTL_S, TabState  # noqa: E402
+from dart_core.page.visualiser import Visualiser  # noqa: E402
+from dart_core.presets import KNOBS  # noqa: E402
+from dart_core.ui import serving, viz, viz_steps, viz_tree  # noqa: E402
+from dart_core.page.engines import EngineFactory  # noqa: E402
 from dart_core.ui.narration import narrate_step  # noqa: E402
 from dart_core.ui.record import EngineRun, RunRecord, lossless_check  # noqa: E402
 from dart_core.ui.session import Comparison, RunSettings  # noqa: E402
@@ -49,7 +54,7 @@ def tiny_args(tiny):
 
 @pytest.fixture(scope="module")
 def vis(tiny, tiny_args):
-    return app.Visualiser(tiny[0], tiny_args)
+    return Visualiser(tiny[0], tiny_args)
 
 
 def oracle_dart_engine(target, prompt_ids, cfg) -> SpeculativeEngine:
@@ -80,7 +85,7 @@ def test_cli_defaults_are_the_bundled_model():
     args = app.parse_args([])
     assert args.base_model_name_or_path is None and args.dart_model_name_or_path is None
     assert args.device == "auto" and args.dtype == "auto" and args.server_port == 7860 and not args.compare_eagle3
-    assert app.launch_kwargs(args) == dict(server_name="127.0.0.1", server_port=7860, share=False, ssr_mode=False,
+    assert launch_kwargs(args) == dict(server_name="127.0.0.1", server_port=7860, share=False, ssr_mode=False,
                                            max_file_size=serving.LOCAL.max_upload_bytes, show_error=True)
 
 
@@ -106,7 +111,7 @@ def test_tree_flag(capsys):
 def test_tree_control_reaches_run_settings(vis):
     """The last page value is the tree mode: fixed applies the size sliders, auto sends None for them (the
     chooser picks) and keeps every other knob; without it (an older API call) the page's default applies."""
-    assert app.SETTING_NAMES[-1] == "tree" and vis.controls.inputs()[-1] is vis.controls.tree
+    assert SETTING_NAMES[-1] == "tree" and vis.controls.inputs()[-1] is vis.controls.tree
     assert vis.default_tree == "auto" and vis.controls.tree.value == "auto"
     fixed = vis._settings(VALUES + ("fixed",))
     assert fixed.tree == "fixed" and (fixed.budget, fixed.eagle3_total_token, fixed.eagle3_depth,
@@ -114,7 +119,7 @@ def test_tree_control_reaches_run_settings(vis):
     assert fixed.fixed_sizes("dart") is None
     for auto in (vis._settings(VALUES + ("auto",)), vis._settings(VALUES)):
         assert auto.tree == "auto"
-        assert [getattr(auto, n) for n in app.SIZE_KNOBS] == [None] * 4, auto
+        assert [getattr(auto, n) for n in SIZE_KNOBS] == [None] * 4, auto
         assert (auto.beam_width, auto.level_top_k, auto.ngram_weight) == (6, 6, 0.5)
         assert auto.fixed_sizes("dart") == {} and auto.fixed_sizes("eagle3") == {}
     with pytest.raises(ConfigError, match="EAGLE-3 depth"):   # auto still checks the sliders it does not apply
@@ -169,7 +174,7 @@ def test_each_step_is_labelled_with_the_setting_it_used():
 
 def test_fixed_mode_runs_the_sliders(tiny):
     args = app.parse_args(tiny_app_argv(*tiny[1:], max_new_tokens=32) + ["--tree", "fixed"])
-    v = app.Visualiser(tiny[0], args)
+    v = Visualiser(tiny[0], args)
     assert v.default_tree == "fixed" and v.controls.tree.value == "fixed" and v.controls.budget.interactive is not False
     assert "sliders apply" in v.tree_note.value
     settings = v._settings(VALUES)                    # no tree value: the page's default, fixed
@@ -266,7 +271,7 @@ def test_step_once_export_replay_and_clear(vis, tmp_path):
     exported = vis.export(tab)
     path = Path(exported[vis.export_file])
     assert path.is_file() and "Exported" in exported[vis.status]
-    replayed = vis.replay(app.TabState(), str(path))
+    replayed = vis.replay(TabState(), str(path))
     assert replayed[vis.status].startswith("**Replaying")
     assert replayed[vis.answer["dart"]] == out[vis.answer["dart"]]
     bad = tmp_path / "bad.json"
@@ -281,16 +286,16 @@ def test_step_once_export_replay_and_clear(vis, tmp_path):
 def test_tab_state_is_released_on_unload_and_on_timeout(vis):
     from types import SimpleNamespace
     # a plain function: Gradio deep-copies the page config (which lists it) on every page load
-    assert vis.tab.time_to_live == app.TAB_TTL_S and type(vis.tab.delete_callback).__name__ == "function"
+    assert vis.tab.time_to_live == TAB_TTL_S and type(vis.tab.delete_callback).__name__ == "function"
     req = SimpleNamespace(session_hash="tab-1")
     out = vis.step_once(None, PROMPT, *VALUES, request=req)
     tab = out[vis.tab]
-    assert vis._tabs["tab-1"] is tab and tab.step_session is not None
-    vis._on_unload(req)                       # the browser tab closed
-    assert tab.released and tab.step_session is None and "tab-1" not in vis._tabs
+    assert vis.tabs.by_session["tab-1"] is tab and tab.step_session is not None
+    vis.tabs.on_unload(req)                       # the browser tab closed
+    assert tab.released and tab.step_session is None and "tab-1" not in vis.tabs.by_session
     other = vis.step_once(None, PROMPT, *VALUES, request=SimpleNamespace(session_hash="tab-2"))[vis.tab]
     vis.tab.delete_callback(other)            # Gradio's time-to-live expired
-    assert other.released and other.record is None and "tab-2" not in vis._tabs
+    assert other.released and other.record is None and "tab-2" not in vis.tabs.by_session
 
 
 def test_a_missing_eagle3_head_is_explained_and_the_rest_runs(tiny):
@@ -301,7 +306,7 @@ def test_a_missing_eagle3_head_is_explained_and_the_rest_runs(tiny):
     assert factory.names == ["dart", "vanilla"]
     assert "python -m dart_core.train eagle3" in factory.unavailable["eagle3"]
     args = app.parse_args(["--max-new-tokens", "16", "--compare-eagle3"])
-    v = app.Visualiser(target, args, factory)
+    v = Visualiser(target, args, factory)
     final = list(v.run(None, PROMPT, *VALUES))[-1]
     assert final[v.status].startswith("✓ **Done")
     assert "EAGLE-3 is unavailable" in final[v.metrics["eagle3"]]
@@ -396,16 +401,16 @@ def test_figures_from_the_recorded_trace():
     dart = record.runs["dart"]
     assert dart.traces and dart.tokens
     st = dart.traces[0]
-    x, y = viz.tree_layout(st.tree.parents, st.tree.scores)
+    x, y = viz_tree.tree_layout(st.tree.parents, st.tree.scores)
     assert x[0] == 0 and all(x[i] == x[int(st.tree.parents[i])] + 1 for i in range(1, len(st.tree)))
-    tree = viz.tree_figure(st, record.decode)
+    tree = viz_tree.tree_figure(st, record.decode)
     names = {t.name for t in tree.data}
     assert "accepted path" in names and tree.layout.xaxis.title.text and tree.layout.yaxis.title.text
-    scatter = viz.score_scatter(st, record.decode)
+    scatter = viz_tree.score_scatter(st, record.decode)
     assert sum(len(t.x) for t in scatter.data if t.x is not None) == len(st.candidates)
-    timing = viz.timing_figure({r.label: r.traces for r in record.runs.values()})
+    timing = viz_steps.timing_figure({r.label: r.traces for r in record.runs.values()})
     assert timing.layout.showlegend and any(t.name == "verify" for t in timing.data)
-    for fig in viz.acceptance_figures(dart.traces):
+    for fig in viz_steps.acceptance_figures(dart.traces):
         assert fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
     # the recorded spans rebuild the recorded answer and label tokens from the trace
     spans = record.spans("dart")
@@ -488,7 +493,7 @@ def test_gradio_client_on_the_bundled_defaults(bundled_fp32):
     """The app as `python app.py --compare-eagle3` builds it (bundled target, head and N-gram table)."""
     gradio_client = pytest.importorskip("gradio_client")
     args = app.parse_args(["--compare-eagle3", "--max-new-tokens", "16"])
-    v = app.Visualiser(bundled_fp32, args)
+    v = Visualiser(bundled_fp32, args)
     assert v.available == ["dart", "eagle3", "vanilla"]   # the bundled EAGLE-3 head ships in assets/eagle3
     url = _launch(v)
     try:
@@ -515,8 +520,8 @@ def test_tree_presets_set_the_controls_and_report_each_measured_speed(vis):
     fastest = vis.apply_preset("fastest")
     assert fastest[vis.controls.tree] == "auto" and fastest[vis.controls.budget].interactive is False
     # which preset a run's settings are: auto trees, the paper's fixed trees, or neither (custom sliders)
-    paper_values = tuple(paper[getattr(vis.controls, n)].value if n in app.KNOBS and app.KNOBS[n].engine else v
-                         for n, v in zip(app.SETTING_NAMES, VALUES))
+    paper_values = tuple(paper[getattr(vis.controls, n)].value if n in KNOBS and KNOBS[n].engine else v
+                         for n, v in zip(SETTING_NAMES, VALUES))
     assert vis.preset_of(vis._settings(paper_values + ("fixed",))) == "paper"
     assert vis.preset_of(vis._settings(VALUES + ("auto",))) == "fastest"
     assert vis.preset_of(vis._settings(VALUES + ("fixed",))) is None
@@ -580,7 +585,7 @@ def test_step_once_walks_the_round_stage_by_stage(vis):
         frame = nxt[vis.frame]
         seen.append(frame)
         if frame != "all":
-            assert nxt[vis.step_text["dart"]].startswith(f"**Stage {app.FRAME_KEYS.index(frame)} of 5")
+            assert nxt[vis.step_text["dart"]].startswith(f"**Stage {FRAME_KEYS.index(frame)} of 5")
             assert nxt[vis.tree_plot["dart"]].data
     assert seen == ["pruned", "checked", "accepted", "committed", "all"]
     # the whole step again, with the candidates the pruner dropped drawn faded where they would hang
@@ -608,6 +613,6 @@ def test_why_panel_places_this_run_on_the_speedup_map(vis):
 
 
 def test_guided_examples_each_ask_one_question():
-    assert [k for k, _, _ in app.EXAMPLES] == ["Chat", "Code", "Math"]
-    for _, prompt, question in app.EXAMPLES:
+    assert [k for k, _, _ in EXAMPLES] == ["Chat", "Code", "Math"]
+    for _, prompt, question in EXAMPLES:
         assert prompt.strip() and question.rstrip().endswith("?") and len(question) < 240

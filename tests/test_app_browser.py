@@ -35,20 +35,13 @@ def _browser_or_skip():
     return browser_or_skip()
 
 
-def app_module():
-    import app
-    return app
-
-
-
-
-
-
 @pytest.fixture(scope="module")
 def served_app(request):
     import app
     from dart_core.loading import bundled_head_dir
-    from dart_core.loading import EngineFactory
+    from dart_core.page.engines import EngineFactory
+    from dart_core.page.serve import launch_kwargs
+    from dart_core.page.visualiser import Visualiser
 
     _browser_or_skip()  # before loading anything: skip (or fail under CI=true) at once without a browser
     target = request.getfixturevalue("bundled_fp32")
@@ -57,14 +50,14 @@ def served_app(request):
     if (bundled_head_dir() / "config.json").is_file() or head:
         if head and not (bundled_head_dir() / "config.json").is_file():
             flags += ["--dart-model-name-or-path", head]
-        vis = app.Visualiser(target, app.parse_args(flags))
+        vis = Visualiser(target, app.parse_args(flags))
     else:  # no trained head here: a random one still draws trees, timings and the whole page
         from dart_core.models.heads.dart import new_head_for_target
         base = EngineFactory.from_flags(target, compare_eagle3=True)
         factory = EngineFactory(target, dart_head=new_head_for_target(target, seed=0).to(target.dtype),
                                 ngram=None, unavailable={k: v for k, v in base.unavailable.items() if k != "dart"})
-        vis = app.Visualiser(target, app.parse_args(flags), factory)
-    assert app.launch_kwargs(app.parse_args(flags))["ssr_mode"] is False
+        vis = Visualiser(target, app.parse_args(flags), factory)
+    assert launch_kwargs(app.parse_args(flags))["ssr_mode"] is False
     yield vis, launch_local(vis.demo)
     vis.demo.close()
 
@@ -171,8 +164,8 @@ def test_page_in_a_real_browser(served_app):
             page.wait_for_function("() => document.querySelector('#narration-dart').innerText.includes('step 1')",
                                    timeout=60_000)
             # a click on an answer token selects the step that produced it, in every engine
-            tab = next(iter(vis._tabs.values()))
-            best = app_module().Visualiser._default_position(tab.record)
+            tab = next(iter(vis.tabs.by_session.values()))
+            best = vis._default_position(tab.record)
             from dart_core.engine.trace_stats import step_for_token
             spans = tab.record.spans("dart")
             dart_steps = tab.record.runs["dart"].traces

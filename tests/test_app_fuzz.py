@@ -9,7 +9,7 @@ malformed bodies (wrong arity, data not a list, not JSON) go to Gradio's HTTP AP
 JSON. The case list is fixed (same calls every run); each call must end within CALL_TIMEOUT_S (a hang, not a
 speed check: the fuzz's total time is printed, not asserted, since a test is no place to measure speed).
 
-The server is launched with the app's own launch options (app.launch_kwargs). Every call must end with a result
+The server is launched with the app's own launch options (launch_kwargs). Every call must end with a result
 or a clear error: an error message for the caller (the page's status, a Gradio refusal of a wrong value), not an
 unhandled exception in the app's or the engine's code (a traceback through app.py or dart_core/ in the server's
 stderr, or the page's "Internal error"), not Gradio's message-less "the app raised an exception", not a timeout,
@@ -28,6 +28,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import app  # noqa: E402
+from dart_core.page.serve import launch_kwargs  # noqa: E402
+from dart_core.page.visualiser import Visualiser  # noqa: E402
 from gradio_server import launch_local  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -78,9 +80,9 @@ def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("fuzz")
     target, *dirs = make_tiny_app_models(root)
     args = app.parse_args(tiny_app_argv(*dirs, max_new_tokens=8))
-    vis = app.Visualiser(target, args)
+    vis = Visualiser(target, args)
     # the app's launch options (show_error, upload limit, ...) on a free local port
-    own = {k: v for k, v in app.launch_kwargs(args).items()
+    own = {k: v for k, v in launch_kwargs(args).items()
            if k not in ("server_name", "server_port", "share", "ssr_mode")}
     url = launch_local(vis.demo, **own)
     yield vis, url, root

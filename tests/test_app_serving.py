@@ -20,6 +20,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import app  # noqa: E402
+from dart_core.page.controls import SETTING_NAMES  # noqa: E402
+from dart_core.page import handlers  # noqa: E402
+from dart_core.page.handlers import TIME_LIMIT  # noqa: E402
+from dart_core.page.serve import launch_kwargs  # noqa: E402
+from dart_core.page.tabs import TabState  # noqa: E402
+from dart_core.page.visualiser import Visualiser  # noqa: E402
 from dart_core.ui import serving  # noqa: E402
 from dart_core.ui.record import RunRecord  # noqa: E402
 from dart_core.ui.session import Comparison, RunSettings  # noqa: E402
@@ -31,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RECORDED = ROOT / "tests" / "data" / "recorded_run.json"
 PROMPT = "Write a Python function."
 OTHER = "Name three colours."
-# page values in app.SETTING_NAMES order (small trees keep the tiny model fast)
+# page values in SETTING_NAMES order (small trees keep the tiny model fast)
 VALUES = (12, 0.0, 1.0, 0, 16, 6, 6, 0.5, 16, 3, 4)
 OTHER_VALUES = (10, 0.0, 1.0, 0, 8, 4, 4, 0.5, 8, 2, 3)
 FIXED = VALUES + ("fixed",)   # the same settings with fixed trees (tree sizes that do not follow timings)
@@ -43,9 +49,9 @@ def tiny(tmp_path_factory):
     return target, app.parse_args(tiny_app_argv(*dirs, max_new_tokens=32))
 
 
-def make_vis(tiny, **limits) -> app.Visualiser:
+def make_vis(tiny, **limits) -> Visualiser:
     target, args = tiny
-    return app.Visualiser(target, args, limits=dataclasses.replace(serving.LOCAL, **limits))
+    return Visualiser(target, args, limits=dataclasses.replace(serving.LOCAL, **limits))
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +65,7 @@ def tokens_of(outputs: list[dict], vis) -> dict[str, list[int]]:
 
 # ---------------------------------------------------------------------------------------------- 9: Stop while queued
 def test_stop_pressed_while_a_run_waits_in_the_queue_stops_it_before_it_starts(vis, monkeypatch):
-    tab = app.TabState()
+    tab = TabState()
     queued_at = time.monotonic()          # the run entered the queue ...
     assert "will not start" in vis.stop(tab)   # ... and Stop was pressed while it waited
     monkeypatch.setattr(vis, "_queued_at", lambda: queued_at)
@@ -140,15 +146,15 @@ def test_serving_limits_are_chosen_by_mode_applied_and_documented(tiny):
     # the page's own runs replay: the sliders' largest trees and candidate sets fit the replay limits (and the
     # settings API's largest trees: 1024 nodes + the root)
     target, args = tiny
-    c = app.Visualiser(target, args).controls
+    c = Visualiser(target, args).controls
     k, d = c.eagle3_top_k.maximum, c.eagle3_depth.maximum
     for lim in (serving.LOCAL, serving.HOSTED):
         assert lim.replay_max_tree_nodes >= max(1025, c.budget.maximum + 1, c.eagle3_total_token.maximum)
         assert lim.replay_max_candidates >= k + d * k * k            # EAGLE-3: k + depth * k * k candidates
     # applied: upload size (launch), file clean-up (Blocks), queue size
-    assert app.launch_kwargs(args)["max_file_size"] == serving.LOCAL.max_upload_bytes
-    assert app.launch_kwargs(app.parse_args(["--listen"]))["max_file_size"] == serving.HOSTED.max_upload_bytes
-    v = app.Visualiser(target, args, limits=serving.HOSTED)
+    assert launch_kwargs(args)["max_file_size"] == serving.LOCAL.max_upload_bytes
+    assert launch_kwargs(app.parse_args(["--listen"]))["max_file_size"] == serving.HOSTED.max_upload_bytes
+    v = Visualiser(target, args, limits=serving.HOSTED)
     assert v.demo.delete_cache == (h.file_sweep_s, h.file_ttl_s)
     assert v.queued()._queue.max_size == h.queue_max_size
 
@@ -168,7 +174,7 @@ def test_the_time_limit_stops_a_run_and_the_page_names_it(tiny):
     final = outs[-1]
     assert final[v.status].startswith("⏱ **Stopped by the time limit") and "run_time_limit_s" in final[v.status]
     runs = final[v.tab].record.runs.values()
-    assert {r.stop_reason for r in runs} == {app.TIME_LIMIT} and "stopped by time limit" in final[v.metrics["dart"]]
+    assert {r.stop_reason for r in runs} == {TIME_LIMIT} and "stopped by time limit" in final[v.metrics["dart"]]
     assert not any(e.busy for e in v.factory.build(RunSettings()).values())   # the engines went back
 
 
@@ -257,8 +263,8 @@ def test_a_tab_keeps_only_its_latest_export(vis):
 def test_interleaved_runs_of_two_tabs_give_the_answers_they_give_alone(vis, monkeypatch):
     alone_a = tokens_of(list(vis.run(None, PROMPT, *VALUES)), vis)
     alone_b = tokens_of(list(vis.run(None, OTHER, *OTHER_VALUES)), vis)
-    monkeypatch.setattr(app, "UI_INTERVAL_S", 0.0)     # yield after every engine step: the finest interleaving
-    gens = {"a": vis.run(app.TabState(), PROMPT, *VALUES), "b": vis.run(app.TabState(), OTHER, *OTHER_VALUES)}
+    monkeypatch.setattr(handlers, "UI_INTERVAL_S", 0.0)     # yield after every engine step: the finest interleaving
+    gens = {"a": vis.run(TabState(), PROMPT, *VALUES), "b": vis.run(TabState(), OTHER, *OTHER_VALUES)}
     outs: dict[str, list[dict]] = {"a": [], "b": []}
     steps = 0
     while gens:
@@ -278,7 +284,7 @@ def test_interleaved_runs_of_two_tabs_give_the_answers_they_give_alone(vis, monk
 
 def test_an_engine_belongs_to_one_run_at_a_time(vis):
     factory = vis.factory
-    settings = RunSettings.from_values(**dict(zip(app.SETTING_NAMES, VALUES)))
+    settings = RunSettings.from_values(**dict(zip(SETTING_NAMES, VALUES)))
     one = factory.checkout(settings)
     two = factory.checkout(settings)                   # another run meanwhile: engines of its own
     assert all(one.engines[n] is not two.engines[n] for n in factory.names)
@@ -319,6 +325,6 @@ def test_a_closed_or_abandoned_run_gives_its_engines_back(vis):
     assert tab.active == 1
     gen.close()                                        # the visitor left mid-run (Gradio closes the generator)
     assert tab.active == 0
-    settings = RunSettings.from_values(**dict(zip(app.SETTING_NAMES, (32,) + VALUES[1:])))
+    settings = RunSettings.from_values(**dict(zip(SETTING_NAMES, (32,) + VALUES[1:])))
     with vis.factory.checkout(settings) as lease:
         assert not any(e.busy for e in lease.engines.values())

@@ -5,7 +5,7 @@ Gradio's launch() checks its own page with one HEAD / and a 3-second timeout and
 timeout. The page used to take 1-5 s (Gradio deep-copies the page config on every GET / and /config, and the
 config held a bound method of the Visualiser, so each copy cloned the target's weights), and the app aborted at
 start on a 2-core machine. Covered here: the page config is plain data (cheap to copy), the app's own check
-(app.wait_for_page) waits out a slow page but still fails on one that never works, and the real start-up.
+(wait_for_page) waits out a slow page but still fails on one that never works, and the real start-up.
 """
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ from gradio_server import free_port
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import app  # noqa: E402
+from dart_core.page.serve import wait_for_page  # noqa: E402
+from dart_core.page.tabs import TabState  # noqa: E402
+from dart_core.page.visualiser import Visualiser  # noqa: E402
 
 CHROMIUM = os.environ.get("DART_CHROMIUM", shutil.which("chromium") or "/usr/bin/chromium")
 PROMPT = "What is 2 + 3?"
@@ -60,21 +63,21 @@ def test_page_config_is_plain_data_and_cheap_to_copy(tmp_path):
     eagle = save_eagle3_head(new_eagle3_head_for_target(target, seed=2), tmp_path / "eagle3", dtype=None)
     args = app.parse_args(["--base-model-name-or-path", str(model_dir), "--dart-model-name-or-path", str(dart),
                            "--ngram-model-name-or-path", "none", "--eagle3-model-name-or-path", str(eagle)])
-    vis = app.Visualiser(target, args)
+    vis = Visualiser(target, args)
     config = vis.demo.config
     assert not list(_non_plain_leaves(config))
     memo: dict = {}
     copy.deepcopy(config, memo)
     copied = [type(v).__name__ for v in memo.values()
-              if isinstance(v, (torch.Tensor, torch.nn.Module, app.Visualiser, app.TabState))]
+              if isinstance(v, (torch.Tensor, torch.nn.Module, Visualiser, TabState))]
     assert not copied, f"copying the page config copied {sorted(set(copied))}"
 
 
 def test_startup_names_the_cost_model():
-    """The start-up log line that names the cost model sizing the trees (dart_core.ui.startup.cost_summary)."""
+    """The start-up log line that names the cost model sizing the trees (dart_core.page.startup.cost_summary)."""
     from types import SimpleNamespace
     from dart_core.sizing.costs import CostModel, VerifyCurve
-    from dart_core.ui.startup import cost_summary
+    from dart_core.page.startup import cost_summary
 
     costs = CostModel(VerifyCurve([1, 9, 33], [0.002, 0.003, 0.006]), 1e-4, source="measured in 1.3 s")
     factory = SimpleNamespace(costs=costs)
@@ -85,7 +88,7 @@ def test_startup_names_the_cost_model():
     assert "cost model cached /somewhere/abc.json, read in " in cost_summary(factory)
 
 
-# ---------------------------------------------------------------------------------------------- app.wait_for_page
+# ---------------------------------------------------------------------------------------------- wait_for_page
 class _Handler(http.server.BaseHTTPRequestHandler):
     delay_first_s = 0.0      # the first request waits this long before it answers
     status = 200
@@ -116,7 +119,7 @@ def test_a_slow_first_page_fails_gradios_check_and_passes_the_apps():
     server, url = _serve(delay_first_s=3.5)
     try:
         assert networking.url_ok(url) is False        # Gradio's check: one 3 s timeout and it gives up
-        assert app.wait_for_page(url, timeout_s=30) is None
+        assert wait_for_page(url, timeout_s=30) is None
     finally:
         server.shutdown()
         server.server_close()
@@ -125,14 +128,14 @@ def test_a_slow_first_page_fails_gradios_check_and_passes_the_apps():
 def test_a_page_that_never_works_still_fails_the_apps_check():
     server, url = _serve(status=500)
     try:
-        problem = app.wait_for_page(url, timeout_s=30)
+        problem = wait_for_page(url, timeout_s=30)
         assert problem and "answered 500 5 times" in problem
     finally:
         server.shutdown()
         server.server_close()
     port = free_port()   # nothing listens there
     t0 = time.monotonic()
-    problem = app.wait_for_page(f"http://127.0.0.1:{port}/", timeout_s=1.5)
+    problem = wait_for_page(f"http://127.0.0.1:{port}/", timeout_s=1.5)
     assert problem and "did not answer within 2 s" in problem and "ConnectError" in problem
     assert time.monotonic() - t0 < 10
 

@@ -21,7 +21,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import app  # noqa: E402
-from dart_core.ui import space  # noqa: E402
+from dart_core.page.controls import SETTING_NAMES  # noqa: E402
+from dart_core.page.visualiser import Visualiser  # noqa: E402
+import gradio as gr  # noqa: E402
+from dart_core import space  # noqa: E402
 from dart_core.api import open_ngram  # noqa: E402
 from dart_core.ui.session import RunSettings  # noqa: E402
 from dart_core.models.heads.dart import new_head_for_target, save_dart_head  # noqa: E402
@@ -29,7 +32,7 @@ from dart_core.models.heads.files import DartHeadError, Eagle3HeadError, HeadTar
 from dart_core.models.heads.eagle3 import new_eagle3_head_for_target, save_eagle3_head  # noqa: E402
 from dart_core.models.loader import load_target  # noqa: E402
 from dart_core.ngram.reference import write_original_trie  # noqa: E402
-from dart_core.ui.startup import startup_summary, warm_up  # noqa: E402
+from dart_core.page.startup import startup_summary, warm_up  # noqa: E402
 from gradio_server import launch_local  # noqa: E402
 from tiny_models import make_tiny_model_dir  # noqa: E402
 import test_dart_head as dart_synth  # noqa: E402  (synthetic published-layout DART checkpoints)
@@ -43,7 +46,7 @@ DART_KEYS = {"fc.weight", "midlayer.mask_rep", "norm.weight", "lm_head.weight", 
              *(f"midlayer.mlp.{p}_proj.weight" for p in ("gate", "up", "down")),
              *(f"midlayer.{n}.weight" for n in ("hidden_norm", "input_layernorm", "post_attention_layernorm"))}
 PROMPTS = ["Write a Python function that returns the sum", "The quick brown fox", "What is 12 times 7?"]
-VALUES = (12, 0.0, 1.0, 0, 16, 6, 6, 0.5, 16, 3, 4)  # page values in app.SETTING_NAMES order (small trees)
+VALUES = (12, 0.0, 1.0, 0, 16, 6, 6, 0.5, 16, 3, 4)  # page values in SETTING_NAMES order (small trees)
 
 
 # ---------------------------------------------------------------------------------------------- the published layouts
@@ -116,7 +119,7 @@ def loaded(repos):
                                  "--max-length", "256"))
     target = load_target(args.base_model_name_or_path, dtype=args.dtype, device=args.device,
                          template_name=args.template_name)
-    return target, args, app.Visualiser(target, args)
+    return target, args, Visualiser(target, args)
 
 
 def test_directories_have_the_published_layouts(repos):
@@ -163,7 +166,7 @@ def test_startup_line_and_warm_up(loaded, caplog):
                  f"EAGLE-3 head {vis.factory.eagle3_head.source}", f"N-gram table {vis.factory.ngram.path}",
                  "order 4", "engines DART, EAGLE-3, Vanilla", "forward: native small-GEMM"):
         assert part in line, (part, line)
-    with caplog.at_level(logging.INFO, logger="dart_core.ui.startup"):
+    with caplog.at_level(logging.INFO, logger="dart_core.page.startup"):
         seconds = warm_up(vis.factory, vis.template, max_length=args.max_length)
     assert set(seconds) == {"dart", "eagle3", "vanilla"} and "warm-up: DART" in caplog.text
     # the warmed engines are the ones a request at the page's default settings reuses (same trees, caches): with
@@ -219,7 +222,7 @@ def test_a_head_for_another_target_is_refused(repos, tmp_path, flag, caplog):
     assert "load the base model this head was made for" in msg and "python -m dart_core.train" in msg
     target = load_target(str(repos[TARGET]), dtype="float32", device="cpu")
     with pytest.raises(HeadTargetMismatch) as err:
-        app.Visualiser(target, app.parse_args(argv))
+        Visualiser(target, app.parse_args(argv))
     # the mismatch is also the head's own error (what callers of that head catch), never the other head's
     own, other = (DartHeadError, Eagle3HeadError) if flag.startswith("--dart") else (Eagle3HeadError, DartHeadError)
     assert isinstance(err.value, own) and not isinstance(err.value, other)
@@ -255,7 +258,7 @@ def test_space_launch_settings_load_by_repo_id_from_the_hub_cache(repos, tmp_pat
     args = app.parse_args(argv + ["--dtype", "float32", "--max-length", "256"])  # later flags win
     assert args.is_small_ngram and args.listen
     target = load_target(args.base_model_name_or_path, dtype=args.dtype, device="cpu")
-    vis = app.Visualiser(target, args)
+    vis = Visualiser(target, args)
     assert vis.available == ["dart", "eagle3", "vanilla"]
     assert vis.factory.dart_head.source == DART and vis.factory.eagle3_head.source == EAGLE3
     assert "startup: target Qwen/Qwen3-4B (float32 on cpu" in startup_summary(target, vis.factory)
@@ -319,7 +322,7 @@ def test_main_on_a_space_without_cuda_shows_the_banner_logs_and_warms_up(repos, 
     monkeypatch.delenv("SPACES_ZERO_GPU", raising=False)
     monkeypatch.setattr(space, "cpu_fallback", fake_fallback)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(app.gr.Blocks, "launch", lambda self, **kw: seen.setdefault("launch", (self, kw)))
+    monkeypatch.setattr(gr.Blocks, "launch", lambda self, **kw: seen.setdefault("launch", (self, kw)))
     with caplog.at_level(logging.INFO):
         app.main()
     demo, kw = seen["launch"]
@@ -381,7 +384,7 @@ def test_app_on_the_hub_layout_streams_through_zerogpu_handlers(loaded, monkeypa
     calls: list[str] = []
     monkeypatch.setitem(sys.modules, "spaces", _fake_spaces(calls))
     monkeypatch.setenv("SPACE_ID", "someone/dart-demo")
-    vis = app.Visualiser(target, args, banner="No GPU on this machine: test banner")
+    vis = Visualiser(target, args, banner="No GPU on this machine: test banner")
     monkeypatch.delenv("SPACE_ID")
     url = launch_local(vis.demo)
     try:

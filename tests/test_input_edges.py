@@ -13,8 +13,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import app  # noqa: E402
+from dart_core.page.controls import SETTING_NAMES  # noqa: E402
+from dart_core.page.visualiser import Visualiser  # noqa: E402
 from dart_core.api import DartModel, dart_generate  # noqa: E402
-from dart_core.loading import EngineFactory  # noqa: E402
+from dart_core.page.engines import EngineFactory  # noqa: E402
 from dart_core.ui.session import RunSettings  # noqa: E402
 from dart_core.config import ConfigError, GenerationConfig  # noqa: E402
 from dart_core.engine.decoding import SpeculativeEngine  # noqa: E402
@@ -48,7 +50,7 @@ def tiny(tmp_path_factory):
 def vis(tiny):
     target, dart, eagle, _ = tiny
     factory = EngineFactory(target, dart_head=dart, eagle3_head=eagle)
-    return app.Visualiser(target, app.parse_args(["--max-new-tokens", "24", "--max-length", "256"]), factory)
+    return Visualiser(target, app.parse_args(["--max-new-tokens", "24", "--max-length", "256"]), factory)
 
 
 def engines_for(tiny, settings: RunSettings, factory: EngineFactory) -> dict[str, SpeculativeEngine]:
@@ -62,10 +64,10 @@ def engines_for(tiny, settings: RunSettings, factory: EngineFactory) -> dict[str
 
 def page_values(vis, **changes) -> tuple:
     """The page's control values in SETTING_NAMES order: each slider's default, with ``changes`` applied."""
-    values = {name: getattr(vis.controls, name).value for name in app.SETTING_NAMES}
+    values = {name: getattr(vis.controls, name).value for name in SETTING_NAMES}
     values["max_new_tokens"] = 6
     values.update(changes)
-    return tuple(values[name] for name in app.SETTING_NAMES)
+    return tuple(values[name] for name in SETTING_NAMES)
 
 
 def finished(vis, prompt: str, values: tuple) -> str:

@@ -71,7 +71,8 @@ def page(tmp_path_factory):
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import app
-    from dart_core.loading import EngineFactory
+    from dart_core.page.engines import EngineFactory
+    from dart_core.page.visualiser import Visualiser
     from dart_core.models.heads.dart import new_head_for_target
     from dart_core.models.heads.eagle3 import new_eagle3_head_for_target
     from dart_core.models.loader import load_target
@@ -79,15 +80,16 @@ def page(tmp_path_factory):
     target = load_target(str(make_tiny_model_dir(tmp_path_factory.mktemp("knobs"))), dtype="float32", device="cpu")
     factory = EngineFactory(target, dart_head=new_head_for_target(target, draft_length=4, seed=1),
                             eagle3_head=new_eagle3_head_for_target(target, seed=2))
-    return app, app.Visualiser(target, app.parse_args(["--max-new-tokens", "24", "--max-length", "256"]), factory)
+    return app, Visualiser(target, app.parse_args(["--max-new-tokens", "24", "--max-length", "256"]), factory)
 
 
 def test_every_slider_is_its_knob(page):
     """Each settings slider's label, step, range and default come from dart_core.presets.KNOBS (a tree knob's
     default from the target's own tree config), and the page sends its values under the knobs' names."""
     app, vis = page
+    from dart_core.page.controls import SETTING_NAMES
     from dart_core.presets import KNOBS
-    assert app.SETTING_NAMES == ("max_new_tokens",) + tuple(KNOBS) + ("tree",)   # the tree mode control last
+    assert SETTING_NAMES == ("max_new_tokens",) + tuple(KNOBS) + ("tree",)   # the tree mode control last
     for name, knob in KNOBS.items():
         slider = getattr(vis.controls, name)
         base = {"dart": vis.factory.dart_pruning, "eagle3": vis.factory.eagle3_tree_base}.get(knob.engine)

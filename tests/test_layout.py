@@ -6,7 +6,9 @@ those under ``if TYPE_CHECKING:``. Rules:
 - ``engine`` imports nothing of dart_core outside ``engine`` but ``config``;
 - ``models`` never import ``api``, ``ui``, ``bench``, ``drafters`` or ``training``;
 - a drafter never imports another drafter's module (``drafters/pruning`` is DART's);
-- ``ui`` imports no gradio (the page is ``app.py``), and only the figures (``ui/viz``, ``ui/teaching``, ``bench/report``) import plotly;
+- only ``page`` imports gradio (``ui`` computes what the page shows without it), and nothing in dart_core imports
+  ``page`` (it sits on top: ``app.py`` serves it);
+- only the figures (``ui/viz`` and ``ui/viz_*``, ``ui/teaching_*``, ``bench/report``) import plotly;
 - nothing imports ``training`` but its command line (``dart_core/training/cli.py`` and ``training/`` itself);
 - no module imports itself through others (no cycles).
 """
@@ -81,7 +83,7 @@ GRAPH = import_graph()
 
 
 def test_the_layers_exist():
-    for pkg in ("engine", "drafters", "ngram", "models", "models.heads", "training", "bench", "ui"):
+    for pkg in ("engine", "drafters", "ngram", "models", "models.heads", "training", "bench", "ui", "page"):
         assert f"dart_core.{pkg}" in GRAPH, pkg
 
 
@@ -107,17 +109,25 @@ def test_a_drafter_never_imports_another_drafters_module():
     assert bad == []
 
 
-def test_ui_imports_no_gradio():
-    assert _violations(GRAPH, lambda m: _in(m, "ui"), lambda d: d == "gradio" or d.startswith("gradio_")) == []
+def test_only_the_page_imports_gradio():
+    assert _violations(GRAPH, lambda m: not _in(m, "page"), lambda d: d == "gradio" or d.startswith("gradio_")) == []
+    assert any(d == "gradio" for m, deps in GRAPH.items() if _in(m, "page") for d in deps)   # the rule sees it
+
+
+def test_nothing_imports_the_page():
+    assert _violations(GRAPH, lambda m: not _in(m, "page"), lambda d: _in(d, "page")) == []
 
 
 def test_only_the_figures_draw():
-    """plotly stays in the modules that draw (ui/viz, ui/teaching, the benchmark report): the session, its record,
-    the narration, the loading and the trace analytics (engine/trace_stats) compute without it."""
-    drawing = {"dart_core.ui.viz", "dart_core.ui.teaching", "dart_core.bench.report"}
+    """plotly stays in the modules that draw (ui/viz and its figure families ui/viz_*, ui/teaching_*, the
+    benchmark report): the session, its record, the narration, the loading and the trace analytics
+    (engine/trace_stats) compute without it."""
+    drawing = {"dart_core.ui.viz", "dart_core.ui.viz_tree", "dart_core.ui.viz_steps", "dart_core.ui.viz_cost",
+               "dart_core.ui.teaching_round", "dart_core.ui.teaching_whatif", "dart_core.bench.report"}
+    assert drawing <= set(GRAPH)   # a renamed figure module must be renamed here too
     assert _violations(GRAPH, lambda m: m not in drawing, lambda d: d == "plotly") == []
     for mod in ("dart_core.ui.session", "dart_core.ui.record", "dart_core.ui.narration", "dart_core.loading"):
-        assert "dart_core.ui.viz" not in GRAPH[mod], mod
+        assert not any(d in drawing for d in GRAPH[mod]), mod
 
 
 def test_only_the_training_command_line_imports_training():

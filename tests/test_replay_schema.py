@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import app  # noqa: E402
-from dart_core.loading import EngineFactory  # noqa: E402
+from dart_core.page.tabs import TabState  # noqa: E402
+from dart_core.page.visualiser import Visualiser  # noqa: E402
+from dart_core.page.engines import EngineFactory  # noqa: E402
 from dart_core.ui.record import RunRecord  # noqa: E402
 from dart_core.ui.record_schema import ReplayError  # noqa: E402
 
@@ -26,13 +28,13 @@ BASE = json.loads(RECORDED.read_text(encoding="utf-8"))
 
 @pytest.fixture(scope="module")
 def page():
-    """The real page (app.Visualiser) with both tree views, around a stand-in target: rendering a record
+    """The real page (Visualiser) with both tree views, around a stand-in target: rendering a record
     needs neither weights nor heads (the heads are placeholders that make the DART / EAGLE-3 columns)."""
     target = SimpleNamespace(name="stand-in", template_name="smollm2", dtype=torch.float32, device="cpu",
                              tokenizer=None)
     factory = EngineFactory(target, dart_head=object(), eagle3_head=object())
     args = app.parse_args(["--max-new-tokens", "32"])
-    return app.Visualiser(target, args, factory)
+    return Visualiser(target, args, factory)
 
 
 def render_everything(vis, record: RunRecord) -> None:
@@ -104,7 +106,7 @@ def test_nesting_beyond_the_parser_and_huge_numbers_are_clean_errors():
 
 
 def test_the_page_shows_a_damaged_file_and_keeps_the_previous_run(page, tmp_path):
-    good = page.replay(app.TabState(), str(RECORDED))
+    good = page.replay(TabState(), str(RECORDED))
     tab = good[page.tab]
     doc = copy.deepcopy(BASE)
     _trace(doc, step=12 - 3)["accepted_nodes"][-1] = 99

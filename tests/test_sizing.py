@@ -473,7 +473,7 @@ def test_make_auto_seeds_the_draft_cost_once_per_drafter_and_reports(tiny):
 
 
 def test_factory_builds_auto_engines_holding_the_set_knobs(tiny):
-    from dart_core.loading import EngineFactory
+    from dart_core.page.engines import EngineFactory
     from dart_core.models.heads.dart import load_dart_head
     from dart_core.models.heads.eagle3 import load_eagle3_head
     from dart_core.ui.session import RunSettings

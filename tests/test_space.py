@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dart_core.ui import space
-from dart_core.ui.space import LaunchSettings, NativeBuildError, SpaceConfigError
+from dart_core import space
+from dart_core.space import LaunchSettings, NativeBuildError, SpaceConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / space.CONFIG_NAME
@@ -40,7 +40,7 @@ def _copy_repo_files(tmp_path: Path, mutate=None) -> Path:
 # ---------------------------------------------------------------------------------------------- README front matter
 def test_readme_front_matter_agrees_with_config(cfg):
     assert space.front_matter_problems(cfg, ROOT / "README.md") == [], \
-        "run: python -m dart_core.ui.space front-matter --write"
+        "run: python -m dart_core.space front-matter --write"
     assert space.main(["front-matter", "--check"]) == 0
 
 
@@ -193,6 +193,7 @@ def app_module():
 
 
 def test_launch_settings_become_app_args(cfg, app_module):
+    from dart_core.page.serve import launch_kwargs
     args = app_module.parse_args(cfg.app_argv())
     launch = cfg.launch
     assert args.base_model_name_or_path == launch.base_model == "Qwen/Qwen3-4B"
@@ -202,7 +203,7 @@ def test_launch_settings_become_app_args(cfg, app_module):
     assert args.eagle3_model_name_or_path == launch.eagle3_model == "AngelSlim/Qwen3-4B_eagle3"
     assert (args.dtype, args.max_new_tokens, args.max_length) == (launch.dtype, launch.max_new_tokens,
                                                                   launch.max_length)
-    assert args.listen is True and app_module.launch_kwargs(args)["server_name"] == "0.0.0.0"
+    assert args.listen is True and launch_kwargs(args)["server_name"] == "0.0.0.0"
     assert args.server_port == 7860 and args.share is False
 
 
@@ -294,7 +295,7 @@ def test_bootstrap_does_nothing_when_the_extension_imports():
 def test_bootstrap_builds_checks_and_restarts(monkeypatch, caplog):
     monkeypatch.setattr(space, "missing_build_tools", lambda: [])
     run, restarts = FakeRun(0, 0), []
-    with caplog.at_level("INFO", logger="dart_core.ui.space"):
+    with caplog.at_level("INFO", logger="dart_core.space"):
         assert _bootstrap(run, restarts=restarts) == "built"
     (pip, pip_kw), (check, check_kw) = run.calls
     assert pip == [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-e", str(ROOT)]

@@ -1,4 +1,4 @@
-"""Teaching views (dart_core.ui.teaching): one round in five frames on hand-made traces (DART with scored
+"""Teaching views (dart_core.ui.teaching_round, teaching_whatif): one round in five frames on hand-made traces (DART with scored
 candidates, sampling, prompt lookup without candidates, a plain 1-node step), the chain speedup model, its
 break-even solver, a run's measured point and the what-if figure. No model is loaded."""
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 
 from dart_core.engine.trace import STAGES, ScoredCandidates, StepTrace
 from dart_core.engine.tree import DraftTree
-from dart_core.ui import teaching
-from dart_core.ui.teaching import (FRAME_KEYS, GPU_ALPHA_RANGE, GPU_VERIFY_RATIO_RANGE, break_even_alpha,
-                                   expected_speedup, expected_tau, measured_point, round_frames, whatif_figure,
-                                   whatif_text)
+from dart_core.ui import teaching_round
+from dart_core.ui.teaching_round import FRAME_KEYS, round_frames
+from dart_core.ui.teaching_whatif import (GPU_ALPHA_RANGE, GPU_VERIFY_RATIO_RANGE, break_even_alpha, expected_speedup,
+                                          expected_tau, measured_point, whatif_figure, whatif_text)
 
 
 # ---------------------------------------------------------------------------------------------- traces
@@ -210,9 +210,9 @@ def test_many_candidates_are_capped_per_parent_and_the_sentence_says_how_many():
                    bonus_token=4, node_target_prob=[1, 1, 1], node_target_argmax=[2, 3, 4],
                    timings={s: 0.001 for s in STAGES}, candidates=c)
     f = round_frames(st)[0]
-    assert "22 candidates" in f.sentence and f"drawn: {teaching.MAX_PER_PARENT + 1} of them" in f.sentence
+    assert "22 candidates" in f.sentence and f"drawn: {teaching_round.MAX_PER_PARENT + 1} of them" in f.sentence
     pts = [x for t in f.figure.data if t.customdata is not None for x in t.customdata if x[0] == "candidate"]
-    assert len(pts) == teaching.MAX_PER_PARENT + 1   # 8 under the root (kept one first) + the kept depth-2 one
+    assert len(pts) == teaching_round.MAX_PER_PARENT + 1   # 8 under the root (kept one first) + the kept depth-2 one
 
 
 # ---------------------------------------------------------------------------------------------- measured point

@@ -1,4 +1,4 @@
-"""Visualiser figures (dart_core.ui.viz) and trace analytics (dart_core.engine.trace_stats): layout, node/candidate/bar counts, the accepted path, JSON replay,
+"""Visualiser figures (dart_core.ui.viz_tree, viz_steps, viz_cost over the style of dart_core.ui.viz) and trace analytics (dart_core.engine.trace_stats): layout, node/candidate/bar counts, the accepted path, JSON replay,
 token positions and token spans, on real traces from the engine (prompt lookup, DART with a random
 head and a tiny N-gram table, DART with an oracle head) and on a hand-made trace."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dart_core.engine import trace_stats
-from dart_core.ui import viz
+from dart_core.ui import viz, viz_cost, viz_steps, viz_tree
 from dart_core.ui.record import token_spans
 from dart_core.config import GenerationConfig
 from dart_core.engine.decoding import SpeculativeEngine
@@ -159,17 +159,17 @@ def edges_of(trace) -> set[tuple[tuple[float, float], tuple[float, float]]]:
 
 # ---------------------------------------------------------------------------------------------- layout
 def test_layout_of_a_small_tree_is_exact():
-    x, y = viz.tree_layout([-1, 0, 0, 1, 1, 2], [0.0, -0.1, -0.5, -0.3, -0.9, -0.8])
+    x, y = viz_tree.tree_layout([-1, 0, 0, 1, 1, 2], [0.0, -0.1, -0.5, -0.3, -0.9, -0.8])
     assert x.tolist() == [0, 1, 1, 2, 2, 2]
     assert y.tolist() == [1.25, 0.5, 2.0, 0.0, 1.0, 2.0]
     # children are ranked by score: swapping the two children's scores swaps their rows
-    x2, y2 = viz.tree_layout([-1, 0, 0, 1, 1, 2], [0.0, -0.5, -0.1, -0.3, -0.9, -0.8])
+    x2, y2 = viz_tree.tree_layout([-1, 0, 0, 1, 1, 2], [0.0, -0.5, -0.1, -0.3, -0.9, -0.8])
     assert y2[2] < y2[1]
 
 
 def check_layout(parents, scores, depths=None) -> None:
-    x, y = viz.tree_layout(parents, scores)
-    again = viz.tree_layout(list(parents), list(scores))
+    x, y = viz_tree.tree_layout(parents, scores)
+    again = viz_tree.tree_layout(list(parents), list(scores))
     assert x.tolist() == again[0].tolist() and y.tolist() == again[1].tolist()      # deterministic
     parents = [int(p) for p in parents]
     if depths is not None:
@@ -205,15 +205,15 @@ def test_layout_of_engine_trees(all_runs):
 
 def test_layout_rejects_bad_parents():
     with pytest.raises(ValueError, match="cycle"):
-        viz.tree_layout([-1, 2, 1])
+        viz_tree.tree_layout([-1, 2, 1])
     with pytest.raises(ValueError, match="parent"):
-        viz.tree_layout([-1, 5])
+        viz_tree.tree_layout([-1, 5])
 
 
 # ---------------------------------------------------------------------------------------------- tree figure
 def test_tree_figure_of_the_hand_trace():
     st = hand_trace()
-    fig = viz.tree_figure(st, decode_fn)
+    fig = viz_tree.tree_figure(st, decode_fn)
     check_chart(fig)
     pts = node_points(fig)
     assert sorted(i for i, _, _ in pts["node"]) == list(range(len(st.tree)))
@@ -238,7 +238,7 @@ def test_tree_figure_of_the_hand_trace():
 
 def test_tree_figure_shows_pruned_candidates_on_request():
     st = hand_trace()
-    fig = viz.tree_figure(st, show_pruned=True)
+    fig = viz_tree.tree_figure(st, show_pruned=True)
     pts = node_points(fig)
     assert sorted(i for i, _, _ in pts["candidate"]) == [2, 6]             # 16 under the root, 17 under 13
     assert viz.NODE_STATES["pruned"][0] in [t.name for t in fig.data if t.showlegend]
@@ -247,25 +247,25 @@ def test_tree_figure_shows_pruned_candidates_on_request():
     # nothing overlaps, pruned nodes and bonus included
     all_xy = [(x, y) for v in pts.values() for _, x, y in v]
     assert len(set(all_xy)) == len(all_xy)
-    assert len(viz.tree_figure(st, show_pruned=True, max_pruned_per_node=0).data) == len(viz.tree_figure(st).data)
+    assert len(viz_tree.tree_figure(st, show_pruned=True, max_pruned_per_node=0).data) == len(viz_tree.tree_figure(st).data)
 
 
 def test_node_details_of_the_hand_trace():
-    d = viz.node_details(hand_trace(), 3, decode_fn)
+    d = viz_tree.node_details(hand_trace(), 3, decode_fn)
     assert d["state"] == "accepted" and d["depth"] == 2 and d["text"] == "<13>"
     assert d["logit_term"] == pytest.approx(-0.1) and d["ngram_term"] == pytest.approx(-0.1)
     assert d["score"] == pytest.approx(-0.3) and d["target_prob"] == 0.8
     assert d["target_choice"] == 13 and d["matches_target"] and d["bonus_token"] == 99
-    r = viz.node_details(hand_trace(), 4)
+    r = viz_tree.node_details(hand_trace(), 4)
     assert r["state"] == "rejected" and r["target_choice"] == 13 and not r["matches_target"]
     with pytest.raises(IndexError):
-        viz.node_details(hand_trace(), 6)
+        viz_tree.node_details(hand_trace(), 6)
 
 
 def test_tree_hovers_rank_every_scored_node_and_pruned_candidate():
     """Hand trace scores, best first: c0 -0.1, c3 -0.3, c1 -0.5, c5 -0.8, c4 -0.9, c6 -1.5 (17), c2 -2.0 (16)."""
     st = hand_trace()
-    fig = viz.tree_figure(st, decode_fn, show_pruned=True)
+    fig = viz_tree.tree_figure(st, decode_fn, show_pruned=True)
     pruned = trace_named(fig, viz.NODE_STATES["pruned"][0])
     hover = dict(zip([cd[1] for cd in pruned.customdata], pruned.hovertext))
     assert "rank 7 of 7 by combined score" in hover[2] and "rank 3 of 3 among its parent's candidates" in hover[2]
@@ -281,20 +281,20 @@ def test_tree_hovers_rank_every_scored_node_and_pruned_candidate():
     assert "rank 5 of 7 by combined score" in node_hover[4] and "rank 2 of 2 among its parent's" in node_hover[4]
     root = trace_named(fig, viz.NODE_STATES["root"][0])
     assert "rank" not in root.hovertext[0]
-    d = viz.node_details(st, 5)
+    d = viz_tree.node_details(st, 5)
     assert (d["candidate"], d["rank"], d["candidates"], d["sibling_rank"], d["siblings"]) == (5, 4, 7, 1, 1)
-    assert viz.node_details(st, 0)["rank"] is None
+    assert viz_tree.node_details(st, 0)["rank"] is None
     # faded, grey labels, each at its own depth (x = the candidate's depth)
     assert pruned.marker.opacity == pytest.approx(0.45) and pruned.textfont.color == viz.OKABE_ITO["grey"]
     assert [x for x in pruned.x] == [float(st.candidates.depth[cd[1]]) for cd in pruned.customdata]
     # a trace without candidates (prompt lookup) has no rank lines
     plain = StepTrace(**{**st.__dict__, "candidates": None})
-    assert not any("rank" in h for t in viz.tree_figure(plain).data if t.hovertext for h in t.hovertext)
+    assert not any("rank" in h for t in viz_tree.tree_figure(plain).data if t.hovertext for h in t.hovertext)
 
 
 def test_tree_customdata_gives_each_marker_its_answer_position():
     st = hand_trace()   # position 1: emits 11 (pos 1), 13 (pos 2) and the bonus 99 (pos 3)
-    fig = viz.tree_figure(st, show_pruned=True)
+    fig = viz_tree.tree_figure(st, show_pruned=True)
     pos = {}
     for t in fig.data:
         if t.customdata is not None and t.mode and "markers" in t.mode:
@@ -304,10 +304,10 @@ def test_tree_customdata_gives_each_marker_its_answer_position():
     assert pos == {("node", 0): -1, ("node", 1): 1, ("node", 3): 2,              # root, accepted path
                    ("node", 2): 1, ("node", 4): 2, ("node", 5): 2,               # rejected: the slot they competed for
                    ("bonus", -1): 3, ("candidate", 2): 1, ("candidate", 6): 3}   # bonus, pruned 16 (d1), 17 (d3)
-    assert viz.node_details(st, 3)["answer_position"] == 2 and viz.node_details(st, 0)["answer_position"] == -1
+    assert viz_tree.node_details(st, 3)["answer_position"] == 2 and viz_tree.node_details(st, 0)["answer_position"] == -1
     # a bonus the engine did not emit (generation stopped at the last accepted draft) has no position
     cut = StepTrace(**{**st.__dict__, "emitted_tokens": [11, 13], "stop_reason": "max_new_tokens"})
-    bonus = next(t for t in viz.tree_figure(cut).data if t.customdata is not None and t.customdata[0][0] == "bonus")
+    bonus = next(t for t in viz_tree.tree_figure(cut).data if t.customdata is not None and t.customdata[0][0] == "bonus")
     assert list(bonus.customdata[0]) == ["bonus", -1, -1]
 
 
@@ -317,7 +317,7 @@ def test_answer_positions_match_the_answer_of_engine_runs(all_runs):
     for res in all_runs.values():
         tokens, _ = trace_stats.token_origins(res.traces)
         for k, st in enumerate(res.traces):
-            fig = viz.tree_figure(st, show_pruned=True)
+            fig = viz_tree.tree_figure(st, show_pruned=True)
             for t in fig.data:
                 if t.customdata is None or not t.mode or "markers" not in t.mode:
                     continue
@@ -337,10 +337,10 @@ def test_answer_positions_match_the_answer_of_engine_runs(all_runs):
 
 def test_timing_figure_marks_the_selected_step_of_an_engine(dart_run, lookup_run):
     runs = {"a": dart_run.traces, "b": lookup_run.traces}
-    plain = viz.timing_figure(runs)
+    plain = viz_steps.timing_figure(runs)
     assert not plain.layout.shapes and not [a for a in plain.layout.annotations if a.text == "selected step"]
     step = lookup_run.traces[2].step
-    fig = viz.timing_figure(runs, mark={"b": step, "missing engine": 1})
+    fig = viz_steps.timing_figure(runs, mark={"b": step, "missing engine": 1})
     (shape,) = fig.layout.shapes
     sub = fig.get_subplot(2, 1)                       # engine "b": row 2, its "time per step by stage" plot
     xref = sub.xaxis.plotly_name.replace("axis", "")
@@ -350,26 +350,26 @@ def test_timing_figure_marks_the_selected_step_of_an_engine(dart_run, lookup_run
     assert label.xref == xref and label.x == step
     check_chart(fig)
     # a step the engine does not have is not marked
-    assert not viz.timing_figure(runs, mark={"a": 10_000}).layout.shapes
+    assert not viz_steps.timing_figure(runs, mark={"a": 10_000}).layout.shapes
 
 
 def test_scores_without_ngram_term_are_labelled_plainly():
     """EAGLE-3-like trace: cumulative log-prob scores, no N-gram term."""
     st = hand_trace()
     st.candidates.ngram_term = [0.0] * len(st.candidates)
-    fig = viz.tree_figure(st)
+    fig = viz_tree.tree_figure(st)
     hover = " ".join(h for t in fig.data if t.hovertext is not None for h in t.hovertext)
     assert "N-gram term" not in hover and "score: " in hover
     assert fig.layout.coloraxis.colorbar.title.text == "score"
-    labelled = viz.tree_figure(st, score_label="cumulative log-prob")
+    labelled = viz_tree.tree_figure(st, score_label="cumulative log-prob")
     assert labelled.layout.coloraxis.colorbar.title.text == "cumulative log-prob"
-    assert any("no N-gram term" in a.text for a in viz.score_scatter(st).layout.annotations)
+    assert any("no N-gram term" in a.text for a in viz_tree.score_scatter(st).layout.annotations)
 
 
 def test_tree_figures_of_engine_traces(all_runs, tiny):
     for name, res in all_runs.items():
         for st in res.traces:
-            fig = viz.tree_figure(st, tiny.tokenizer, show_pruned=True)
+            fig = viz_tree.tree_figure(st, tiny.tokenizer, show_pruned=True)
             pts = node_points(fig)
             assert sorted(i for i, _, _ in pts["node"]) == list(range(len(st.tree)))
             assert len(pts["bonus"]) == 1
@@ -385,7 +385,7 @@ def test_tree_figures_of_engine_traces(all_runs, tiny):
 def test_oracle_trace_highlights_the_accepted_path(oracle_run):
     full = [st for st in oracle_run.traces if st.stop_reason is None]
     assert full and all(st.accepted_drafts == 5 for st in full)            # D + 1 = 5 levels, all accepted
-    fig = viz.tree_figure(full[0])
+    fig = viz_tree.tree_figure(full[0])
     accepted = trace_named(fig, viz.NODE_STATES["accepted"][0])
     assert list(accepted.x) == [1.0, 2.0, 3.0, 4.0, 5.0]
     assert accepted.marker.line.color == viz.NODE_STATES["accepted"][1]
@@ -410,7 +410,7 @@ def test_candidate_nodes_follow_the_tree_even_when_the_engine_cuts_it(dart_run, 
 
 def test_score_scatter_counts(dart_run, oracle_run):
     for st in dart_run.traces + oracle_run.traces:
-        fig = viz.score_scatter(st)
+        fig = viz_tree.score_scatter(st)
         check_chart(fig)
         counts = {t.legendgroup: len(t.x) for t in fig.data}
         assert sum(counts.values()) == len(st.candidates)
@@ -418,11 +418,11 @@ def test_score_scatter_counts(dart_run, oracle_run):
         assert counts["kept"] + counts["accepted"] == len(st.tree) - 1 or st.stop_reason is not None
         assert counts["pruned"] == sum(not bool(k) for k in st.candidates.kept)
     # the N-gram table made some N-gram terms non-zero
-    assert any(y != 0 for st in dart_run.traces for t in viz.score_scatter(st).data for y in t.y)
+    assert any(y != 0 for st in dart_run.traces for t in viz_tree.score_scatter(st).data for y in t.y)
 
 
 def test_score_scatter_without_candidates(lookup_run):
-    fig = viz.score_scatter(lookup_run.traces[0])
+    fig = viz_tree.score_scatter(lookup_run.traces[0])
     check_chart(fig)
     assert sum(len(t.x) for t in fig.data) == 0
     assert any("no candidates scored" in a.text for a in fig.layout.annotations)
@@ -431,7 +431,7 @@ def test_score_scatter_without_candidates(lookup_run):
 # ---------------------------------------------------------------------------------------------- timings, acceptance
 def test_timing_figure_has_a_bar_per_step_and_stage(all_runs):
     runs = {k: v.traces for k, v in all_runs.items()}
-    fig = viz.timing_figure(runs)
+    fig = viz_steps.timing_figure(runs)
     check_chart(fig)
     bars = [t for t in fig.data if t.type == "bar"]
     assert len(bars) == len(STAGES) * (len(runs) + 1)
@@ -466,7 +466,7 @@ def test_acceptance_metrics_match_the_engine(all_runs):
 
 def test_acceptance_figures(all_runs):
     steps = all_runs["oracle"].traces
-    figs = viz.acceptance_figures(steps, name="dart")
+    figs = viz_steps.acceptance_figures(steps, name="dart")
     for fig in figs:
         check_chart(fig)
     drafts, bonus = figs.per_step.data[0], figs.per_step.data[1]
@@ -479,11 +479,11 @@ def test_acceptance_figures(all_runs):
 
 # ---------------------------------------------------------------------------------------------- JSON replay
 def figures_of(steps, tokenizer) -> list[str]:
-    out = [viz.timing_figure({"a": steps}).to_json()]
-    out += [f.to_json() for f in viz.acceptance_figures(steps)]
+    out = [viz_steps.timing_figure({"a": steps}).to_json()]
+    out += [f.to_json() for f in viz_steps.acceptance_figures(steps)]
     for st in steps[:4] + steps[-1:]:
-        out.append(viz.tree_figure(st, tokenizer, show_pruned=True).to_json())
-        out.append(viz.score_scatter(st, tokenizer).to_json())
+        out.append(viz_tree.tree_figure(st, tokenizer, show_pruned=True).to_json())
+        out.append(viz_tree.score_scatter(st, tokenizer).to_json())
     return out
 
 
@@ -497,7 +497,7 @@ def test_figures_are_identical_from_json(all_runs, tiny):
         assert live == figures_of(trace_stats.as_steps(as_json), tiny.tokenizer)
         assert token_spans(steps, tiny.tokenizer) == token_spans(as_dicts, tiny.tokenizer)
     st = hand_trace()
-    assert viz.tree_figure(st).to_json() == viz.tree_figure(st.to_json()).to_json()
+    assert viz_tree.tree_figure(st).to_json() == viz_tree.tree_figure(st.to_json()).to_json()
 
 
 # ---------------------------------------------------------------------------------------------- tokens
@@ -546,19 +546,19 @@ def test_token_spans_keep_split_characters_whole():
 
 def test_empty_and_root_only_inputs_render():
     """The app renders before the first step and for vanilla decoding (root-only trees, no candidates)."""
-    check_chart(viz.timing_figure({}))
-    for fig in viz.acceptance_figures([]):
+    check_chart(viz_steps.timing_figure({}))
+    for fig in viz_steps.acceptance_figures([]):
         check_chart(fig)
     assert token_spans([], decode_fn) == [] and trace_stats.step_for_token([], 3) is None
     st = StepTrace(step=1, position=1, tree=DraftTree.root_only(10), accepted_nodes=[0], emitted_tokens=[11],
                    bonus_token=11, node_target_prob=[1.0], node_target_argmax=[11],
                    timings={s: 0.001 for s in STAGES})
-    fig = viz.tree_figure(st, decode_fn)
+    fig = viz_tree.tree_figure(st, decode_fn)
     check_chart(fig)
     pts = node_points(fig)
     assert [p[0] for p in pts["node"]] == [0] and pts["bonus"][0][1:] == (1.0, pts["node"][0][2])
-    check_chart(viz.score_scatter(st))
-    check_chart(viz.timing_figure({"vanilla": [st, st.to_dict()]}))
+    check_chart(viz_tree.score_scatter(st))
+    check_chart(viz_steps.timing_figure({"vanilla": [st, st.to_dict()]}))
     assert token_spans([st], decode_fn) == [("<10>", trace_stats.PREFILL_LABEL), ("<11>", trace_stats.BONUS_LABEL)]
 
 
@@ -589,21 +589,21 @@ def test_tree_cost_sentence_follows_the_measured_curve(curve, words, small):
     costs = _costs(curve)
     auto = _dart_auto(costs)
     rates = auto.rates()
-    text = viz.tree_cost_text(costs, rates, others={"EAGLE-3": "total_token 8, depth 2, top_k 3"})
+    text = viz_cost.tree_cost_text(costs, rates, others={"EAGLE-3": "total_token 8, depth 2, top_k 3"})
     assert words in text and ("small trees win" in text) == small and ("big trees win" in text) == (not small)
     assert f"{costs.verify_s(33) * 1e3:.1f} ms" in text and "DART's chooser picks" in text
     assert f"**{rates[0]['label']}**" in text and "EAGLE-3's chooser picks **total_token 8" in text
     best = rates[0]["choice"].settings.get("budget", 0)
     assert (best <= 8) if small else (best >= 20), rates[0]
     # the sentence alone (no AutoTree yet) still explains the machine
-    assert words in viz.tree_cost_text(costs) and "chooser" not in viz.tree_cost_text(costs)
+    assert words in viz_cost.tree_cost_text(costs) and "chooser" not in viz_cost.tree_cost_text(costs)
     # the kernels' path, when given, is named (a figure says what ran)
-    assert "*avx2* path" in viz.tree_cost_text(costs, kernel="avx2") and "path" not in viz.tree_cost_text(costs)
+    assert "*avx2* path" in viz_cost.tree_cost_text(costs, kernel="avx2") and "path" not in viz_cost.tree_cost_text(costs)
 
 
 def test_verify_cost_figure_shows_measured_points_and_the_curve():
     costs = _costs(STEEP)
-    fig = viz.verify_cost_figure(costs)
+    fig = viz_cost.verify_cost_figure(costs)
     by_name = {t.name: t for t in fig.data}
     assert list(by_name["measured"].x) == sorted(STEEP) and by_name["measured"].y[-1] == pytest.approx(68.0)
     curve = by_name["interpolated"]
@@ -614,7 +614,7 @@ def test_verify_cost_figure_shows_measured_points_and_the_curve():
 def test_budget_rate_figure_marks_the_choice_the_plain_step_and_the_papers_budget():
     costs = _costs(STEEP)
     rates = _dart_auto(costs).rates()
-    fig = viz.budget_rate_figure(rates)
+    fig = viz_cost.budget_rate_figure(rates)
     names = [t.name for t in fig.data]
     curve = fig.data[0]
     assert curve.name == "expected tokens/s" and list(curve.x) == sorted(curve.x) and 60 in list(curve.x)
@@ -629,6 +629,6 @@ def test_budget_rate_figure_marks_the_choice_the_plain_step_and_the_papers_budge
     slow_draft.draft_cost("dart").add((1, 1, 1), 1.0)          # a 1 s head forward
     rates = _dart_auto(slow_draft).rates()
     assert rates[0]["choice"].plain
-    fig = viz.budget_rate_figure(rates)
+    fig = viz_cost.budget_rate_figure(rates)
     assert any(t.name.startswith("chosen: plain steps") for t in fig.data)
-    assert "plain steps" in viz.tree_cost_text(slow_draft, rates)
+    assert "plain steps" in viz_cost.tree_cost_text(slow_draft, rates)

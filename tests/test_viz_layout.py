@@ -1,5 +1,6 @@
-"""Every figure of dart_core.ui.viz, drawn by plotly.js in chromium at the widths the app shows them
-(a half and a whole 1280 px page, 800 and 1600 px; the acceptance figures also at a third, 420 px), has
+"""Every figure of dart_core.ui.viz_tree, viz_steps and viz_cost, drawn by plotly.js in chromium at the widths
+the app shows them (a half and a whole 1280 px page, 800 and 1600 px; the acceptance figures also at a third,
+420 px), has
 no title, legend, axis title, colorbar title or annotation (subplot titles, bar labels) overlapping
 another, and none cut off by the figure's edges (tests/plot_layout.py). The figures are checked as viz
 returns them, changed only as gr.Plot changes every layout: the app adds no layout of its own.
@@ -11,7 +12,7 @@ import pytest
 
 from dart_core.engine.trace import STAGES, ScoredCandidates, StepTrace
 from dart_core.engine.tree import DraftTree
-from dart_core.ui import viz
+from dart_core.ui import viz_cost, viz_steps, viz_tree
 from plot_layout import CHROMIUM, browser_or_skip, render_figures, text_overlaps, texts_outside
 
 WIDTHS = (640, 800, 1280, 1600)
@@ -90,18 +91,18 @@ def all_figures() -> dict[str, object]:
     dart, eagle, lookup = synthetic_run(seed=1), synthetic_run(seed=2), synthetic_run(seed=3)
     costs = _costs(FLAT)
     figs = {
-        "tree": viz.tree_figure(big, long_decode),
-        "tree_pruned": viz.tree_figure(big, long_decode, show_pruned=True),
-        "tree_small": viz.tree_figure(synthetic_step(n_cands=12, budget=4, accept=1), show_pruned=True),
-        "scatter": viz.score_scatter(big, long_decode),
-        "timing": viz.timing_figure({"DART": dart, "EAGLE-3": eagle, "prompt lookup": lookup},
+        "tree": viz_tree.tree_figure(big, long_decode),
+        "tree_pruned": viz_tree.tree_figure(big, long_decode, show_pruned=True),
+        "tree_small": viz_tree.tree_figure(synthetic_step(n_cands=12, budget=4, accept=1), show_pruned=True),
+        "scatter": viz_tree.score_scatter(big, long_decode),
+        "timing": viz_steps.timing_figure({"DART": dart, "EAGLE-3": eagle, "prompt lookup": lookup},
                                     mark={"DART": 4, "EAGLE-3": 2}),
-        "timing_one": viz.timing_figure({"DART": dart}),
-        "timing_empty": viz.timing_figure({}),
-        "verify": viz.verify_cost_figure(costs),
-        "budget": viz.budget_rate_figure(_dart_auto(costs).rates()),
+        "timing_one": viz_steps.timing_figure({"DART": dart}),
+        "timing_empty": viz_steps.timing_figure({}),
+        "verify": viz_cost.verify_cost_figure(costs),
+        "budget": viz_cost.budget_rate_figure(_dart_auto(costs).rates()),
     }
-    for name, fig in zip(("per_step", "histogram", "per_depth"), viz.acceptance_figures(eagle, name="EAGLE-3")):
+    for name, fig in zip(("per_step", "histogram", "per_depth"), viz_steps.acceptance_figures(eagle, name="EAGLE-3")):
         figs[f"acceptance_{name}"] = fig
     return figs
 
@@ -129,7 +130,7 @@ def test_no_text_overlaps_in_any_figure(page, width, gradio):
 
 def test_acceptance_figures_fit_a_third_of_the_page(page):
     """The app shows the three acceptance figures side by side: about 420 px each on a 1280 px page."""
-    figs = viz.acceptance_figures(synthetic_run(seed=4), name="prompt lookup")
+    figs = viz_steps.acceptance_figures(synthetic_run(seed=4), name="prompt lookup")
     render_figures(page, dict(zip(figs._fields, figs)), 420)
     assert text_overlaps(page, "body") == [] and texts_outside(page, "body") == []
 

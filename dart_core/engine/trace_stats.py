@@ -1,7 +1,7 @@
 """Analytics over StepTrace records that need no plotting: acceptance statistics, which step emitted
 which answer token, how each token came (accepted draft or the target's own), node and candidate states.
 
-The app's figures (dart_core.ui.viz), the run record (dart_core.ui.record) and the tests read these;
+The app's figures (dart_core.ui.viz_*), the run record (dart_core.ui.record) and the tests read these;
 every function takes a :class:`StepTrace`, its ``to_dict()`` form or its JSON text.
 
     m = acceptance_metrics(traces)          # tau, draft acceptance rate, histogram, per depth (vLLM's definitions)

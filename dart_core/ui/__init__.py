@@ -1,2 +1,2 @@
-"""What the page shows, without Gradio: run sessions, export / replay records, narration, figures,
-start-up and Space settings, serving limits. ``app.py`` is the Gradio page over it."""
+"""What the page shows, without Gradio: run sessions, export / replay records, narration, figures, serving
+limits. ``dart_core.page`` is the Gradio page over it."""

@@ -16,10 +16,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..engine.trace import StepTrace
 from ..engine.trace_stats import PREFILL_LABEL, TraceLike, token_origins
-from ..loading import BASELINE
 from ..models.detok import incremental_texts
 from .record_schema import EXPORT_FORMAT, EXPORT_VERSION, ReplayError, validate_export
 
+#: The engine every comparison measures against (plain target decoding, no drafts).
+BASELINE = "vanilla"
 #: Column order and display names of the engines the app knows.
 ENGINE_LABELS: dict[str, str] = {"dart": "DART", "eagle3": "EAGLE-3", "vanilla": "Vanilla (baseline)"}
 

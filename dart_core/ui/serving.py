@@ -2,8 +2,8 @@
 
 A server is *hosted* when it runs on a Hugging Face Space (``SPACE_ID`` is set) or serves other machines
 (``--listen`` or ``--share``); otherwise it is *local* (one user on 127.0.0.1). ``serving_limits`` picks the
-set; app.py applies it (Gradio's upload limit, queue size and file clean-up, the run and replay checks, the
-memory budget of cached tabs) and README.md's "Serving limits" table lists the same names and values
+set; the page (dart_core.page) applies it (Gradio's upload limit, queue size and file clean-up, the run and
+replay checks, the memory budget of cached tabs) and README.md's "Serving limits" table lists the same names and values
 (``python -m dart_core.ui.serving`` prints that table; tests/test_app_serving.py checks README.md against it).
 
     limits = serving_limits(listen=args.listen, share=args.share)   # HOSTED or LOCAL
@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-from . import space
+from .. import space
 
 MB = 1024 * 1024
 GB = 1024 * MB

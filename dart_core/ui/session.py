@@ -1,7 +1,8 @@
 """Side-by-side runs of several engines on one target, for the visualiser (no Gradio here).
 
-    factory = EngineFactory.from_flags(target, dart_model_name_or_path=..., compare_eagle3=True)  # dart_core.loading
-    cmp = Comparison(factory.build(settings), prompt_ids, config, decode=target.tokenizer)
+    engines = {"dart": SpeculativeEngine(target, drafter, name="dart"),
+               "vanilla": SpeculativeEngine(target, name="vanilla")}
+    cmp = Comparison(engines, prompt_ids, config, decode=target.tokenizer)
     for name in cmp.run(stop=event.is_set):      # one engine step per item, fair clock
         print(cmp.record.metrics()[name])
     export = cmp.record.to_export()              # dart_core.ui.record: RunRecord.from_export(...) replays it
@@ -14,8 +15,8 @@ time so far. The streamed answers therefore show what a race on one shared clock
 like, and tokens/s, tau and the speedup over the vanilla baseline come from this very run.
 
 Live runs and replays of exported files produce the same :class:`~dart_core.ui.record.RunRecord`, so
-the app renders both through one code path. Step-once mode (:class:`StepSession`) advances one round per
-click on engines of its own.
+the app renders both through one code path. The page's step-once mode (dart_core.page.tabs.StepSession)
+advances a comparison one round per click.
 """
 from __future__ import annotations
 
@@ -28,10 +29,9 @@ from ..config import ConfigError, GenerationConfig
 from ..drafters.pruning import PruningConfig
 from ..engine.decoding import GenerationResult, SpeculativeEngine
 from ..engine.trace import StepTrace
-from ..loading import BASELINE, EngineFactory, EngineLease
 from ..presets import EAGLE3_FIELDS, KNOBS, PRUNING_FIELDS, SIZE_FIELDS, TREE_MODES, Limit
 from ..sizing.auto import AutoTree
-from .record import EngineRun, RunRecord
+from .record import BASELINE, EngineRun, RunRecord
 
 logger = logging.getLogger(__name__)
 
@@ -180,12 +180,13 @@ def auto_tree_label(engine: Any) -> str | None:
 class Comparison:
     """Several engines on one prompt, advanced one step at a time by one generator (fair clock).
 
-    ``lease``: the :class:`EngineLease` the engines came from; it is released as soon as every engine is done
-    (finished, failed, stopped or closed), so the engines serve the next run only once this one let go."""
+    ``lease``: where the engines came from (anything with ``release()``, e.g. the page's engine pool's lease);
+    it is released as soon as every engine is done (finished, failed, stopped or closed), so the engines serve
+    the next run only once this one let go."""
 
     def __init__(self, engines: Mapping[str, SpeculativeEngine], prompt_ids: Sequence[int],
                  config: GenerationConfig, *, decode: Any, prompt: str = "", baseline: str = BASELINE,
-                 meta: Mapping[str, Any] | None = None, lease: EngineLease | None = None):
+                 meta: Mapping[str, Any] | None = None, lease: Any = None):
         self.config = config
         self.engines = dict(engines)
         self.lease = lease
@@ -268,40 +269,3 @@ class Comparison:
     def _release_if_done(self) -> None:
         if self.lease is not None and self.done:
             self.lease.release()
-
-
-# ---------------------------------------------------------------------------------------------- step-once
-class StepSession:
-    """Step-once teaching mode: a comparison with its own engines (own KV caches, so other tabs' runs
-    cannot disturb it), advanced one round per call. ``close()`` gives the engines back."""
-
-    def __init__(self, factory: EngineFactory, settings: RunSettings, prompt_ids: Sequence[int],
-                 config: GenerationConfig, *, prompt: str = "", meta: Mapping[str, Any] | None = None):
-        # A cache just big enough for this request: per-tab sessions should stay small.
-        need = len(prompt_ids) + config.max_new_tokens + 1
-        if need < config.max_length:
-            config = GenerationConfig(**{**asdict(config), "max_length": need})
-        self.key = (tuple(prompt_ids), repr(settings.to_dict()))
-        self.lease = factory.checkout(settings, fresh=True)
-        self.comparison = Comparison(self.lease.engines, prompt_ids, config, decode=factory.target.tokenizer,
-                                     prompt=prompt, meta=meta, lease=self.lease)
-        self.rounds = 0
-        self.last: dict[str, StepTrace | None] = {}
-
-    @property
-    def done(self) -> bool:
-        return self.comparison.done
-
-    def step(self) -> dict[str, StepTrace | None]:
-        """One speculative round of every unfinished engine; returns each engine's new trace."""
-        self.last = self.comparison.round()
-        self.rounds += 1
-        return self.last
-
-    def nbytes(self) -> int:
-        """Estimated memory this session holds: its record's traces and, until it finishes, its engines' caches."""
-        return self.comparison.record.nbytes() + self.lease.cache_nbytes()
-
-    def close(self) -> None:
-        self.comparison.stop("closed")
-        self.comparison.engines.clear()

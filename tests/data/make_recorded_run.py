@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from dart_core.loading import EngineFactory
+from dart_core.page.engines import EngineFactory
 from dart_core.ui.record import save_export
 from dart_core.ui.session import Comparison, RunSettings
 from dart_core.models.loader import load_target

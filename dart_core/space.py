@@ -4,9 +4,9 @@
 are Spaces settings and become README.md's YAML front matter; ``launch`` holds app.py's settings, which app.py reads
 itself when ``SPACE_ID`` is set (Spaces starts ``python app.py`` with no flags).
 
-    python -m dart_core.ui.space front-matter --write    # rewrite README.md's front matter from the config
-    python -m dart_core.ui.space front-matter --check    # exit 1 when README.md disagrees (or the config is invalid)
-    python -m dart_core.ui.space argv                    # the app flags the Space runs with
+    python -m dart_core.space front-matter --write    # rewrite README.md's front matter from the config
+    python -m dart_core.space front-matter --check    # exit 1 when README.md disagrees (or the config is invalid)
+    python -m dart_core.space argv                    # the app flags the Space runs with
 
 Light on purpose (no torch, no Gradio, no native extension): app.py imports it before anything else, to build the
 extension on a Space (``bootstrap_native``). On the Space, ``cpu_fallback`` swaps the configured Hub models for the
@@ -34,7 +34,7 @@ import yaml
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]   # dart_core/ui/space.py -> the repository
+REPO_ROOT = Path(__file__).resolve().parents[1]   # dart_core/space.py -> the repository
 CONFIG_NAME = "spaces_config.yaml"
 LAUNCH_KEY = "launch"  # our section; everything else in the config is a Spaces setting
 
@@ -480,7 +480,7 @@ def bootstrap_native(*, root: Path = REPO_ROOT, env: Mapping[str, str] | None = 
 
 # ---------------------------------------------------------------------------------------------- CLI
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dart_core.ui.space", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m dart_core.space", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     fm = sub.add_parser("front-matter", help="README.md's front matter from spaces_config.yaml")
     mode = fm.add_mutually_exclusive_group()
@@ -507,7 +507,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in problems:
             print(f"{readme.name} disagrees with {CONFIG_NAME}: {line}", file=sys.stderr)
         if problems:
-            print("fix: python -m dart_core.ui.space front-matter --write", file=sys.stderr)
+            print("fix: python -m dart_core.space front-matter --write", file=sys.stderr)
         return 1 if problems else 0
     sys.stdout.write(render_front_matter(cfg))
     return 0

@@ -17,10 +17,10 @@ import time
 from typing import Any
 
 from ..config import dtype_name
-from ..loading import EngineFactory
-from .record import label_of
-from .session import RunSettings
 from ..models.templates import encode_chat
+from ..ui.record import label_of
+from ..ui.session import RunSettings
+from .engines import EngineFactory
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Teaching views: one speculative round stage by stage, and why a CPU differs from a GPU (no Gradio here).
+"""One speculative round stage by stage, for teaching: five frames, each a figure and a sentence (plotly).
 
     frames = round_frames(trace, tokenizer, engine="dart")     # five RoundFrames: drafted, pruned, checked,
     for f in frames: print(f.title, f.sentence); f.figure      # accepted, committed
@@ -19,17 +19,18 @@ from __future__ import annotations
 
 import html
 import math
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
 
 from ..engine.trace import StepTrace
-from ..engine.trace_stats import TraceLike, acceptance_metrics, as_step, as_steps, candidate_nodes
+from ..engine.trace_stats import TraceLike, as_step, candidate_nodes
 from .narration import narrate_step
 from .record import label_of
-from .viz import (NODE_STATES, OKABE_ITO, SCORE_COLORSCALE, _decoder, _floats, _ints, _score_name, _token_hover,
-                  _token_label, edge_lines, page_layout, tree_layout)
+from .viz import (NODE_STATES, OKABE_ITO, SCORE_COLORSCALE, as_decoder, as_floats, as_ints, panel_layout, token_hover,
+                  token_label)
+from .viz_tree import edge_lines, score_name_of, tree_layout
 
 # ---------------------------------------------------------------------------------------------- constants
 #: Frame keys, in the order a teacher clicks through them.
@@ -38,22 +39,6 @@ FRAME_KEYS = ("drafted", "pruned", "checked", "accepted", "committed")
 MAX_PER_PARENT = 8
 #: ... and at most this many in all (kept candidates always drawn), so the figure stays readable.
 MAX_DRAWN = 48
-#: Titles are cut to this many characters so they never run into the legend or each other at 640 px.
-TITLE_CHARS = 58
-
-#: The GPU regime the paper's setting sits in (a *regime*, not a measurement of this demo):
-#: on a data-centre GPU the target's forward over a few dozen tree nodes is memory-bound (the weights are
-#: read once whatever the node count), so a verify costs about as much as one plain token: verify ratio
-#: ~1.0-1.3 (compare viz.MEMORY_BOUND_RATIO, and the flat GPU verify curve the sizing tests use). With
-#: the per-token acceptance of trained draft heads on such models in ~0.6-0.8, the chain model below gives
-#: tau ~2.3-3.4 at depth 4, i.e. the 2-3x speedups the DART paper (arXiv 2601.19278) reports on GPU.
-GPU_ALPHA_RANGE = (0.6, 0.8)
-GPU_VERIFY_RATIO_RANGE = (1.0, 1.3)
-#: The what-if figure's axes: per-token acceptance alpha on x, verify cost on y (units of one plain step).
-WHATIF_ALPHA_RANGE = (0.0, 0.95)
-WHATIF_VERIFY_RANGE = (1.0, 4.0)
-#: Tree sizes (nodes, root included) whose verify ratio ``whatif_figure(verify_curve=...)`` marks.
-WHATIF_CURVE_NODES = (9, 33)
 
 
 class RoundFrame(NamedTuple):
@@ -70,10 +55,6 @@ def _plural(n: int, word: str, plural: str | None = None) -> str:
     return f"{n} {word if n == 1 else (plural or word + 's')}"
 
 
-def _title(text: str) -> str:
-    return text if len(text) <= TITLE_CHARS else text[: TITLE_CHARS - 1] + "\u2026"
-
-
 def _plain(fig: go.Figure) -> str:
     """A figure's title as plain text (token labels in figures are HTML-escaped for plotly)."""
     return html.unescape(fig.layout.title.text or "")
@@ -81,7 +62,7 @@ def _plain(fig: go.Figure) -> str:
 
 def _text_decoder(tokenizer: Any) -> Callable[[list[int]], str]:
     """Sentence text: the tokenizer's text, or ``#id`` per token without one."""
-    dec = _decoder(tokenizer)
+    dec = as_decoder(tokenizer)
     return dec if dec is not None else (lambda ids: "".join(f"#{i}" for i in ids))
 
 
@@ -91,24 +72,12 @@ def _q(decode: Callable[[list[int]], str], toks: Sequence[int]) -> str:
     return f"`{s}`" if s.strip() else f"`{s!r}`"
 
 
-def _style(fig: go.Figure, title: str, *, height: int, xaxis: dict | None = None, yaxis: dict | None = None,
-           legend_rows: int = 1) -> go.Figure:
-    """viz's page layout (title at the container's top, legend under the x-axis title), ``height`` px of plot
-    plus room for ``legend_rows`` legend rows."""
-    layout: dict = dict(height=int(height + 60 + 26 * max(legend_rows, 1)), hovermode="closest")
-    if xaxis is not None:
-        layout["xaxis"] = xaxis
-    if yaxis is not None:
-        layout["yaxis"] = yaxis
-    return page_layout(fig, _title(title), left=40, **layout)
-
-
 def _root_node(tokens, xs, ys, decode) -> go.Scatter:
     """The root (the last committed token): a white square."""
     return _nodes([0], xs, ys, name=NODE_STATES["root"][0],
                   marker=dict(color="#FFFFFF", symbol="square", size=18, line=dict(color=OKABE_ITO["black"], width=3)),
-                  text=[_token_label(tokens[0], decode, limit=10)],
-                  hover=[f"{_token_hover(tokens[0], decode)}  root: the last committed token"],
+                  text=[token_label(tokens[0], decode, limit=10)],
+                  hover=[f"{token_hover(tokens[0], decode)}  root: the last committed token"],
                   customdata=[["node", 0]])
 
 
@@ -157,8 +126,8 @@ class _CandidateView:
     def __init__(self, st: StepTrace):
         c = st.candidates
         self.total = len(c)
-        tok, par, dep = _ints(c.token), _ints(c.parent), _ints(c.depth)
-        score, kept = _floats(c.score), [bool(k) for k in c.kept]
+        tok, par, dep = as_ints(c.token), as_ints(c.parent), as_ints(c.depth)
+        score, kept = as_floats(c.score), [bool(k) for k in c.kept]
         node = candidate_nodes(st)
         kept = [kept[i] and node[i] > 0 for i in range(self.total)]
         order = sorted(range(self.total), key=lambda i: (dep[i], not kept[i], -score[i], i))
@@ -183,13 +152,13 @@ class _CandidateView:
         self.xs, self.ys = tree_layout(self.parents, [math.inf] + self.score[1:])
         self.n_kept = sum(kept)
         self.max_depth = max(dep) if dep else 0
-        self.logit, self.ngram = _floats(c.logit_term), _floats(c.ngram_term)
+        self.logit, self.ngram = as_floats(c.logit_term), as_floats(c.ngram_term)
         self.has_ngram = any(v != 0.0 for v in self.ngram)
 
 
 def _candidate_hover(view: _CandidateView, j: int, decode, score_name: str) -> str:
     ci = view.cand[j]
-    lines = [f"<b>{_token_hover(view.tok[j], decode)}</b>  candidate {ci}, depth {int(view.xs[j])}",
+    lines = [f"<b>{token_hover(view.tok[j], decode)}</b>  candidate {ci}, depth {int(view.xs[j])}",
              f"{score_name}: {view.score[j]:.3f}", f"logit term: {view.logit[ci]:.3f}"]
     if view.has_ngram:
         lines.append(f"N-gram term: {view.ngram[ci]:.3f}")
@@ -209,7 +178,7 @@ def _candidate_figure(st: StepTrace, view: _CandidateView, decode, score_name: s
     if cmax - cmin < 1e-9:
         cmin = cmax - 1.0
     root_marker = dict(color="#FFFFFF", symbol="square", size=18, line=dict(color=OKABE_ITO["black"], width=3))
-    labels = [_token_label(t, decode, limit=10) for t in view.tok]
+    labels = [token_label(t, decode, limit=10) for t in view.tok]
     hovers = [""] + [_candidate_hover(view, j, decode, score_name) for j in range(1, n)]
     if not pruned_stage:
         fig.add_trace(edge_lines(kept_edges + other_edges, xs, ys, name="drafted edge", color="#BBBBBB", width=1.2))
@@ -236,19 +205,19 @@ def _candidate_figure(st: StepTrace, view: _CandidateView, decode, score_name: s
                              text=[labels[j] for j in kp], hover=[hovers[j] for j in kp],
                              customdata=[["candidate", view.cand[j]] for j in kp]))
     fig.add_trace(_nodes([0], xs, ys, name=NODE_STATES["root"][0], marker=root_marker, text=[labels[0]],
-                         hover=[f"<b>{_token_hover(view.tok[0], decode)}</b>  root: the last committed token"],
+                         hover=[f"<b>{token_hover(view.tok[0], decode)}</b>  root: the last committed token"],
                          customdata=[["node", 0]]))
     fig.update_layout(coloraxis=dict(colorscale=SCORE_COLORSCALE, cmin=cmin, cmax=cmax,
                                      colorbar=dict(title=dict(text=score_name, side="right"), thickness=12, len=0.8)))
     xaxis, yaxis = _tree_axes(xs, ys)
-    return _style(fig, title, height=_tree_height(ys, 24), xaxis=xaxis, yaxis=yaxis, legend_rows=2)
+    return panel_layout(fig, title, height=_tree_height(ys, 24), xaxis=xaxis, yaxis=yaxis, legend_rows=2)
 
 
 # ---------------------------------------------------------------------------------------------- frames 3-4 layout
 def _tree_view(st: StepTrace) -> tuple[list[int], np.ndarray, np.ndarray]:
     """Parents of the verified tree plus one node for the bonus token (index len(tree)), and the layout."""
-    parents = _ints(st.tree.parents) + [int(st.accepted_nodes[-1])]
-    scores = _floats(st.tree.scores) + [math.inf]    # the bonus sits on top of its siblings
+    parents = as_ints(st.tree.parents) + [int(st.accepted_nodes[-1])]
+    scores = as_floats(st.tree.scores) + [math.inf]    # the bonus sits on top of its siblings
     xs, ys = tree_layout(parents, scores)
     return parents, xs, ys
 
@@ -257,26 +226,26 @@ def _checked_figure(st: StepTrace, decode, title: str) -> go.Figure:
     tree = st.tree
     n = len(tree)
     parents, xs, ys = _tree_view(st)
-    argmax = _ints(st.node_target_argmax)
-    tokens = _ints(tree.tokens)
+    argmax = as_ints(st.node_target_argmax)
+    tokens = as_ints(tree.tokens)
     fig = go.Figure()
     fig.add_trace(edge_lines([(parents[i], i) for i in range(1, n)], xs, ys, name="draft tree edge", color="#BBBBBB",
                          width=1.4))
 
     def label(i: int) -> str:
-        own = _token_label(tokens[i], decode, limit=9)
+        own = token_label(tokens[i], decode, limit=9)
         if i < len(argmax):
-            return f"{own}<br><span style='font-size:10px'>\u2192 {_token_label(argmax[i], decode, limit=9)}</span>"
+            return f"{own}<br><span style='font-size:10px'>\u2192 {token_label(argmax[i], decode, limit=9)}</span>"
         return own
 
     def hover(i: int) -> str:
-        lines = [f"<b>{_token_hover(tokens[i], decode)}</b>  node {i}, depth {int(tree.depths[i])}"]
+        lines = [f"<b>{token_hover(tokens[i], decode)}</b>  node {i}, depth {int(tree.depths[i])}"]
         if i > 0 and parents[i] < len(argmax):
             want = argmax[parents[i]]
-            lines.append(f"target's choice at the parent: {_token_hover(want, decode)}"
+            lines.append(f"target's choice at the parent: {token_hover(want, decode)}"
                          + (" (this token)" if want == tokens[i] else ""))
         if i < len(argmax):
-            lines.append(f"target's own next token after this node: {_token_hover(argmax[i], decode)}")
+            lines.append(f"target's own next token after this node: {token_hover(argmax[i], decode)}")
         return "<br>".join(lines)
 
     match = [i for i in range(1, n) if parents[i] < len(argmax) and argmax[parents[i]] == tokens[i]]
@@ -297,14 +266,14 @@ def _checked_figure(st: StepTrace, decode, title: str) -> go.Figure:
     fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="\u2192 x: the target's own next token there",
                              marker=dict(color="rgba(0,0,0,0)", size=1), hoverinfo="skip", showlegend=True))
     xaxis, yaxis = _tree_axes(xs[:n], ys[:n])
-    return _style(fig, title, height=_tree_height(ys[:n], 36), xaxis=xaxis, yaxis=yaxis, legend_rows=2)
+    return panel_layout(fig, title, height=_tree_height(ys[:n], 36), xaxis=xaxis, yaxis=yaxis, legend_rows=2)
 
 
 def _accepted_figure(st: StepTrace, decode, title: str) -> go.Figure:
     tree = st.tree
     n = len(tree)
     parents, xs, ys = _tree_view(st)
-    tokens = _ints(tree.tokens)
+    tokens = as_ints(tree.tokens)
     path = [int(a) for a in st.accepted_nodes]
     on_path = set(path)
     fig = go.Figure()
@@ -318,30 +287,30 @@ def _accepted_figure(st: StepTrace, decode, title: str) -> go.Figure:
     if rej:
         fig.add_trace(_nodes(rej, xs, ys, name="rejected: its KV entries are discarded",
                              marker=_marker("rejected", 11, "#FFFFFF"), opacity=0.45,
-                             text=[_token_label(tokens[i], decode, limit=9) for i in rej], text_color="#999999",
-                             hover=[f"{_token_hover(tokens[i], decode)}  node {i}: rejected" for i in rej],
+                             text=[token_label(tokens[i], decode, limit=9) for i in rej], text_color="#999999",
+                             hover=[f"{token_hover(tokens[i], decode)}  node {i}: rejected" for i in rej],
                              customdata=[["node", i] for i in rej]))
     acc = path[1:]
     if acc:
         fig.add_trace(_nodes(acc, xs, ys, name=NODE_STATES["accepted"][0], marker=_marker("accepted", 18),
-                             text=[f"<b>{_token_label(tokens[i], decode, limit=10)}</b>" for i in acc],
-                             hover=[f"{_token_hover(tokens[i], decode)}  node {i}: accepted" for i in acc],
+                             text=[f"<b>{token_label(tokens[i], decode, limit=10)}</b>" for i in acc],
+                             hover=[f"{token_hover(tokens[i], decode)}  node {i}: accepted" for i in acc],
                              customdata=[["node", i] for i in acc]))
     fig.add_trace(_root_node(tokens, xs, ys, decode))
     label, color, symbol = NODE_STATES["bonus"]
     fig.add_trace(_nodes([n], xs, ys, name=label,
                          marker=dict(color=color, symbol=symbol, size=20, line=dict(color="#000000", width=1.5)),
-                         text=[f"<b>{_token_label(int(st.bonus_token), decode, limit=10)}</b>"], text_color=color,
-                         hover=[f"{_token_hover(int(st.bonus_token), decode)}  the target's own next token"],
+                         text=[f"<b>{token_label(int(st.bonus_token), decode, limit=10)}</b>"], text_color=color,
+                         hover=[f"{token_hover(int(st.bonus_token), decode)}  the target's own next token"],
                          customdata=[["bonus", -1]]))
     xaxis, yaxis = _tree_axes(xs, ys)
-    return _style(fig, title, height=_tree_height(ys, 28), xaxis=xaxis, yaxis=yaxis, legend_rows=2)
+    return panel_layout(fig, title, height=_tree_height(ys, 28), xaxis=xaxis, yaxis=yaxis, legend_rows=2)
 
 
 def _committed_figure(st: StepTrace, decode, title: str) -> go.Figure:
     """A token strip: the root (already in the answer), then this step's emitted tokens."""
     k_acc = st.accepted_drafts
-    emitted = _ints(st.emitted_tokens)
+    emitted = as_ints(st.emitted_tokens)
     kinds = [("root", int(st.tree.tokens[0]))] + [("accepted" if i < k_acc else "bonus", t)
                                                    for i, t in enumerate(emitted)]
     names = {"root": "already in the answer", "accepted": "accepted draft (committed)",
@@ -357,8 +326,8 @@ def _committed_figure(st: StepTrace, decode, title: str) -> go.Figure:
             x=idx, y=[0.0] * len(idx), mode="markers+text", name=names[kind], legendgroup=kind,
             marker=dict(color=fill, symbol=symbol, size=22, line=dict(color=color if kind != "bonus" else "#000000",
                                                                      width=2)),
-            text=[_token_label(kinds[i][1], decode, limit=12) for i in idx], textposition="top center",
-            textfont=dict(size=12), hovertext=[_token_hover(kinds[i][1], decode) for i in idx], hoverinfo="text",
+            text=[token_label(kinds[i][1], decode, limit=12) for i in idx], textposition="top center",
+            textfont=dict(size=12), hovertext=[token_hover(kinds[i][1], decode) for i in idx], hoverinfo="text",
             customdata=[[kind, i] for i in idx]))
     fig.add_trace(go.Scatter(x=[0.5, len(kinds) - 0.5], y=[-0.5, -0.5], mode="lines",
                              name="one target forward pass", line=dict(color=OKABE_ITO["vermillion"], width=3),
@@ -367,7 +336,7 @@ def _committed_figure(st: StepTrace, decode, title: str) -> go.Figure:
                  tickvals=list(range(len(kinds))), ticktext=[str(st.position - 1 + i) for i in range(len(kinds))],
                  range=[-0.6, max(len(kinds), 4) - 0.4], zeroline=False, showgrid=False)
     yaxis = dict(range=[-0.9, 0.9], showticklabels=False, zeroline=False, showgrid=False, title=None)
-    return _style(fig, title, height=170, xaxis=xaxis, yaxis=yaxis, legend_rows=2)
+    return panel_layout(fig, title, height=170, xaxis=xaxis, yaxis=yaxis, legend_rows=2)
 
 
 # ---------------------------------------------------------------------------------------------- sentences
@@ -419,9 +388,9 @@ def _pruned_sentence(st: StepTrace, engine: str, view: _CandidateView | None) ->
 def _checked_sentence(st: StepTrace, dec) -> str:
     tree = st.tree
     n = len(tree)
-    argmax = _ints(st.node_target_argmax)
-    tokens = _ints(tree.tokens)
-    parents = _ints(tree.parents)
+    argmax = as_ints(st.node_target_argmax)
+    tokens = as_ints(tree.tokens)
+    parents = as_ints(tree.parents)
     root = f"after the root {_q(dec, [tokens[0]])} it would say {_q(dec, [argmax[0]])}"
     if n == 1:
         return (f"The target ran **one** forward pass over the single root node: {root}, so it can commit "
@@ -436,7 +405,7 @@ def _checked_sentence(st: StepTrace, dec) -> str:
 
 def _accepted_sentence(st: StepTrace, narration, dec) -> str:
     tree = st.tree
-    tokens = _ints(tree.tokens)
+    tokens = as_ints(tree.tokens)
     path = narration.accepted_path
     acc = len(path) - 1
     greedy = st.mode == "greedy"
@@ -468,7 +437,7 @@ def _accepted_sentence(st: StepTrace, narration, dec) -> str:
 
 
 def _committed_sentence(st: StepTrace, dec) -> str:
-    emitted = _ints(st.emitted_tokens)
+    emitted = as_ints(st.emitted_tokens)
     k = len(emitted)
     rejected = st.tree.num_drafted - st.accepted_drafts
     text = _q(dec, emitted) if emitted else "nothing"
@@ -498,14 +467,14 @@ def round_frames(step: TraceLike, tokenizer: Any = None, *, engine: str = "dart"
     ``tokenizer``: None (token ids), a callable ids -> text, or a tokenizer.
     """
     st = as_step(step)
-    decode = _decoder(tokenizer)
+    decode = as_decoder(tokenizer)
     dec = _text_decoder(tokenizer)
     label = label_of(engine)
     tree = st.tree
     n = tree.num_drafted
     narration = narrate_step(st, tokenizer if tokenizer is not None else dec, engine)
     view = _CandidateView(st) if st.candidates is not None and len(st.candidates) else None
-    score_name = _score_name(st, score_label)
+    score_name = score_name_of(st, score_label)
 
     # 1. drafted
     if view is not None:
@@ -530,7 +499,7 @@ def round_frames(step: TraceLike, tokenizer: Any = None, *, engine: str = "dart"
     frames.append(RoundFrame("checked", _plain(f3), _checked_sentence(st, dec), f3))
 
     # 4. accepted
-    bonus_label = _token_label(int(st.bonus_token), decode, limit=10)
+    bonus_label = token_label(int(st.bonus_token), decode, limit=10)
     t4 = (f"4 \u00b7 Accepted: {st.accepted_drafts} of {n} drafts + bonus {bonus_label}" if n else
           f"4 \u00b7 Accepted: no draft; the target's token {bonus_label}")
     f4 = _accepted_figure(st, decode, t4)
@@ -548,9 +517,9 @@ def _plain_tree_figure(st: StepTrace, decode, title: str) -> go.Figure:
     """The drafted tree as it is (no scored candidates): drafts in sky blue, the root a square."""
     tree = st.tree
     n = len(tree)
-    parents = _ints(tree.parents)
-    xs, ys = tree_layout(parents, _floats(tree.scores))
-    tokens = _ints(tree.tokens)
+    parents = as_ints(tree.parents)
+    xs, ys = tree_layout(parents, as_floats(tree.scores))
+    tokens = as_ints(tree.tokens)
     fig = go.Figure()
     fig.add_trace(edge_lines([(parents[i], i) for i in range(1, n)], xs, ys, name="draft edge", color="#BBBBBB",
                          width=1.4))
@@ -559,238 +528,9 @@ def _plain_tree_figure(st: StepTrace, decode, title: str) -> go.Figure:
         fig.add_trace(_nodes(idx, xs, ys, name="drafted token",
                              marker=dict(color=OKABE_ITO["sky_blue"], symbol="circle", size=13,
                                          line=dict(color="#444444", width=1.5)),
-                             text=[_token_label(tokens[i], decode, limit=10) for i in idx],
-                             hover=[f"{_token_hover(tokens[i], decode)}  node {i}, depth {int(tree.depths[i])}"
+                             text=[token_label(tokens[i], decode, limit=10) for i in idx],
+                             hover=[f"{token_hover(tokens[i], decode)}  node {i}, depth {int(tree.depths[i])}"
                                     for i in idx], customdata=[["node", i] for i in idx]))
     fig.add_trace(_root_node(tokens, xs, ys, decode))
     xaxis, yaxis = _tree_axes(xs, ys)
-    return _style(fig, title, height=_tree_height(ys), xaxis=xaxis, yaxis=yaxis, legend_rows=1)
-
-
-# ---------------------------------------------------------------------------------------------- what-if: the model
-def expected_tau(alpha: Any, depth: Any) -> Any:
-    """Expected tokens per target pass of a chain draft of ``depth`` tokens whose tokens are each accepted
-    with probability ``alpha`` (independently, given the previous one was): 1 + alpha + ... + alpha**depth
-    = (1 - alpha**(depth+1)) / (1 - alpha), and depth + 1 at alpha = 1. Vectorised (numpy broadcasting)."""
-    a = np.asarray(alpha, dtype=np.float64)
-    d = np.asarray(depth, dtype=np.float64)
-    one = a == 1.0
-    safe = np.where(one, 0.5, a)
-    with np.errstate(divide="ignore"):   # alpha = 0: log1p(-1) = -inf, expm1(-inf) = -1, tau = 1
-        # (1 - a**(d+1)) / (1 - a) through expm1/log1p: no cancellation as alpha approaches 1
-        tau = np.where(one, d + 1.0, -np.expm1((d + 1.0) * np.log1p(safe - 1.0)) / (1.0 - safe))
-    return float(tau) if tau.ndim == 0 else tau
-
-
-def expected_speedup(alpha: Any, depth: Any, verify_ratio: Any, draft_ratio: Any = 0.0) -> Any:
-    """Expected speedup over plain decoding of chain speculation, in a deliberately simple model.
-
-    Model: the drafter proposes a *chain* of ``depth`` tokens; each is accepted with probability ``alpha``
-    independently of the others (given its predecessor was accepted), and the target adds one token of its
-    own, so a step yields tau = (1 - alpha**(depth+1)) / (1 - alpha) tokens (depth + 1 at alpha = 1; 1 at
-    alpha = 0). Costs are in units of one plain one-token target step: the verify costs ``verify_ratio``
-    (>= 1 on any machine: verify(depth+1 nodes) / verify(1 node)) and drafting ``draft_ratio``. Speedup =
-    tau / (verify_ratio + draft_ratio). Trees (several guesses per position) and the commit are left out;
-    a tree's better acceptance shows up as a higher effective alpha, its size as a higher verify_ratio.
-    Vectorised over numpy arrays (broadcasting); a float for scalar inputs.
-    """
-    cost = np.asarray(verify_ratio, dtype=np.float64) + np.asarray(draft_ratio, dtype=np.float64)
-    out = np.asarray(expected_tau(alpha, depth), dtype=np.float64) / cost
-    return float(out) if out.ndim == 0 else out
-
-
-def break_even_alpha(verify_ratio: float, draft_ratio: float = 0.0, depth: int = 4, *,
-                     target: float = 1.0) -> float | None:
-    """The smallest per-token acceptance alpha in [0, 1] at which ``expected_speedup`` reaches ``target``
-    (1.0: speculation breaks even). 0.0 when even alpha = 0 reaches it; None when no alpha can (the step
-    costs more than depth + 1 plain steps). Bisection on tau(alpha), which increases with alpha."""
-    need = float(target) * (float(verify_ratio) + float(draft_ratio))   # tokens per pass needed
-    if expected_tau(0.0, depth) >= need:
-        return 0.0
-    if expected_tau(1.0, depth) < need - 1e-12:
-        return None
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        if expected_tau(mid, depth) >= need:
-            hi = mid
-        else:
-            lo = mid
-    return hi
-
-
-def break_even_verify_ratio(alpha: Any, depth: Any, draft_ratio: Any = 0.0) -> Any:
-    """The verify ratio at which speculation breaks even (speedup 1.0) for this alpha: tau - draft_ratio;
-    speculation pays below it. Vectorised."""
-    out = np.asarray(expected_tau(alpha, depth)) - np.asarray(draft_ratio, dtype=np.float64)
-    return float(out) if np.ndim(out) == 0 else out
-
-
-# ---------------------------------------------------------------------------------------------- what-if: a run
-def measured_point(traces: Sequence[TraceLike], costs: Any, *, depth: int | None = None,
-                   label: str = "this run") -> dict[str, Any]:
-    """Where a run sits in the what-if model, from its StepTraces and a cost model (anything with
-    ``verify_s(nodes)``, e.g. dart_core.sizing.CostModel).
-
-    alpha         per-position acceptance along the accepted path, pooled over depths: accepted drafts /
-                  (accepted drafts + steps whose path stopped at a rejection, i.e. whose last accepted node
-                  had drafted children). It is the chain model's maximum-likelihood alpha; steps that drafted
-                  nothing or stopped at a leaf add no rejection. (trace_stats' ``draft_acceptance_rate`` =
-                  accepted / every drafted node is returned too as ``draft_acceptance_rate``; it counts every
-                  sibling in a tree as a failure, so it understates a chain's alpha.)
-    depth         ``depth`` if given, else the mean deepest node of the drafting steps, rounded (>= 1)
-    verify_ratio  costs.verify_s(mean tree nodes, root included) / costs.verify_s(1)
-    draft_ratio   mean (draft_forward + tree_build) seconds per step / costs.verify_s(1)
-    tau           acceptance_metrics' tau: tokens emitted per step, bonus included
-    speedup       the run's measured rate against a plain step priced at verify_s(1): tau * verify_s(1) /
-                  mean step seconds (all four stages)
-    expected_speedup  the chain model's speedup at (alpha, depth, verify_ratio, draft_ratio)
-    label, steps, mean_nodes
-    """
-    sts = as_steps(traces)
-    if not sts:
-        raise ValueError("measured_point needs at least one step trace")
-    m = acceptance_metrics(sts)
-    accepted = rejections = 0
-    for st in sts:
-        accepted += st.accepted_drafts
-        last = int(st.accepted_nodes[-1])
-        if st.tree.num_drafted and any(int(p) == last for p in _ints(st.tree.parents)[1:]):
-            rejections += 1
-    alpha = accepted / (accepted + rejections) if accepted + rejections else 0.0
-    drafting = [st for st in sts if st.tree.num_drafted]
-    if depth is None:
-        depth = max(1, int(round(float(np.mean([st.tree.max_depth for st in drafting]))))) if drafting else 1
-    mean_nodes = float(np.mean([len(st.tree) for st in sts]))
-    one = max(float(costs.verify_s(1)), 1e-12)
-    verify_ratio = float(costs.verify_s(mean_nodes)) / one
-    draft_s = float(np.mean([float(st.timings.get("draft_forward", 0.0)) + float(st.timings.get("tree_build", 0.0))
-                             for st in sts]))
-    step_s = float(np.mean([sum(float(v) for v in st.timings.values()) for st in sts]))
-    draft_ratio = draft_s / one
-    return {
-        "label": label, "alpha": alpha, "depth": int(depth), "verify_ratio": verify_ratio,
-        "draft_ratio": draft_ratio, "tau": float(m["tau"]),
-        "speedup": float(m["tau"]) * one / step_s if step_s > 0 else float("nan"),
-        "expected_speedup": float(expected_speedup(alpha, depth, verify_ratio, draft_ratio)),
-        "draft_acceptance_rate": float(m["draft_acceptance_rate"]), "steps": len(sts), "mean_nodes": mean_nodes,
-    }
-
-
-# ---------------------------------------------------------------------------------------------- what-if: figure
-def _diverging_scale(zmin: float, zmax: float) -> list:
-    """Vermillion below 1.0x, white at 1.0x, blue above (Okabe-Ito ends, colour-blind safe), on a log axis."""
-    lo, hi = math.log(zmin), math.log(zmax)
-    mid = (0.0 - lo) / (hi - lo) if hi > lo else 0.5
-    mid = min(max(mid, 0.0), 1.0)
-    return [[0.0, OKABE_ITO["vermillion"]], [mid, "#FFFFFF"], [1.0, OKABE_ITO["blue"]]]
-
-
-def whatif_figure(*, measured: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None, depth: int = 4,
-                  draft_ratio: float = 0.1, verify_curve: Callable[[int], float] | None = None,
-                  title: str | None = None) -> go.Figure:
-    """Expected speedup of chain speculation (``expected_speedup``) over per-token acceptance alpha (x) and
-    verify cost in plain steps (y), at ``depth`` and ``draft_ratio``: a heatmap (log colour, white at 1.0x),
-    the 1.0x break-even line emphasised (speculation pays below it, slows down above), the paper's GPU regime
-    as a box (GPU_ALPHA_RANGE x GPU_VERIFY_RATIO_RANGE), and ``measured`` points (a dict or a list of dicts
-    with alpha, verify_ratio and optionally speedup, label: e.g. ``measured_point``'s). ``verify_curve``:
-    optional nodes -> verify ratio of this machine (e.g. ``lambda n: costs.verify_s(n) / costs.verify_s(1)``);
-    its ratios for a depth+1 chain and WHATIF_CURVE_NODES trees are drawn as dotted horizontal lines.
-    """
-    points = [] if measured is None else ([dict(measured)] if isinstance(measured, Mapping)
-                                          else [dict(p) for p in measured])
-    curve_lines: list[tuple[int, float]] = []
-    if verify_curve is not None:
-        for nodes in sorted({depth + 1, *WHATIF_CURVE_NODES}):
-            curve_lines.append((nodes, float(verify_curve(nodes))))
-    y_hi = max([WHATIF_VERIFY_RANGE[1]] + [1.08 * float(p["verify_ratio"]) for p in points]
-               + [1.08 * r for _, r in curve_lines])
-    y_hi = min(y_hi, 3 * WHATIF_VERIFY_RANGE[1])
-    alphas = np.linspace(WHATIF_ALPHA_RANGE[0], WHATIF_ALPHA_RANGE[1], 96)
-    ratios = np.linspace(WHATIF_VERIFY_RANGE[0], y_hi, 90)
-    z = expected_speedup(alphas[None, :], depth, ratios[:, None], draft_ratio)
-    zmin, zmax = float(z.min()), float(z.max())
-    fig = go.Figure()
-    fig.add_trace(go.Heatmap(
-        x=alphas, y=ratios, z=np.log(z), zmin=math.log(zmin), zmax=math.log(zmax), name="expected speedup",
-        colorscale=_diverging_scale(zmin, zmax), customdata=z, showscale=True, showlegend=False,
-        colorbar=dict(title=dict(text="speedup", side="right"), thickness=12, len=0.8,
-                      tickvals=[math.log(v) for v in (0.25, 0.5, 1, 2, 3, 4) if zmin <= v <= zmax],
-                      ticktext=[f"{v:g}\u00d7" for v in (0.25, 0.5, 1, 2, 3, 4) if zmin <= v <= zmax]),
-        hovertemplate="alpha %{x:.2f}, verify %{y:.2f}\u00d7 a token: %{customdata:.2f}\u00d7<extra></extra>"))
-    # The break-even line: verify ratio = tau(alpha) - draft_ratio.
-    be = break_even_verify_ratio(alphas, depth, draft_ratio)
-    ok = (be >= ratios[0]) & (be <= ratios[-1])
-    fig.add_trace(go.Scatter(x=alphas[ok], y=be[ok], mode="lines", name="1.0\u00d7: break-even",
-                             line=dict(color=OKABE_ITO["black"], width=4),
-                             hovertemplate="break-even: alpha %{x:.2f} at verify %{y:.2f}\u00d7<extra></extra>"))
-    a0, a1 = GPU_ALPHA_RANGE
-    v0, v1 = GPU_VERIFY_RATIO_RANGE
-    fig.add_trace(go.Scatter(x=[a0, a1, a1, a0, a0], y=[v0, v0, v1, v1, v0], mode="lines", fill="toself",
-                             name="the paper's GPU regime", fillcolor="rgba(0,158,115,0.25)",
-                             line=dict(color=OKABE_ITO["bluish_green"], width=3, dash="dash"),
-                             hovertemplate=(f"GPU regime (not measured here): alpha {a0}-{a1}, verify "
-                                            f"{v0}-{v1}\u00d7 a token<extra></extra>")))
-    palette = [OKABE_ITO[c] for c in ("orange", "reddish_purple", "sky_blue", "yellow", "vermillion")]
-    symbols = ["star", "diamond", "circle", "square", "triangle-up"]
-    for i, p in enumerate(points):
-        name = str(p.get("label") or "this run")
-        sp = p.get("speedup")
-        hover = [f"{name}: alpha {float(p['alpha']):.2f}, verify {float(p['verify_ratio']):.2f}\u00d7 a token"
-                 + ("" if sp is None else f", measured {float(sp):.2f}\u00d7")]
-        fig.add_trace(go.Scatter(x=[float(p["alpha"])], y=[float(p["verify_ratio"])], mode="markers",
-                                 name=name + ("" if sp is None else f" ({float(sp):.2f}\u00d7)"),
-                                 marker=dict(color=palette[i % len(palette)], symbol=symbols[i % len(symbols)],
-                                             size=18, line=dict(color=OKABE_ITO["black"], width=1.5)),
-                                 hovertext=hover, hoverinfo="text"))
-    for nodes, r in curve_lines:
-        fig.add_trace(go.Scatter(x=[alphas[0], alphas[-1]], y=[r, r], mode="lines+text",
-                                 text=["", f"{nodes} nodes here"], textposition="top left",
-                                 textfont=dict(size=10, color="#555555"),
-                                 name=f"this machine: {nodes} nodes", showlegend=True,
-                                 line=dict(color=OKABE_ITO["grey"], width=1.5, dash="dot"),
-                                 hovertemplate=f"verify of {nodes} nodes here: {r:.2f}\u00d7 a token<extra></extra>"))
-    # Region labels, each where the model puts it (a corner can fall on the other side for odd settings).
-    box = dict(showarrow=False, bgcolor="rgba(255,255,255,0.8)", font=dict(color=OKABE_ITO["black"], size=12))
-    # "pays" sits right, above the GPU box, halfway up to the break-even line at alpha 0.75
-    y_pays = max(GPU_VERIFY_RATIO_RANGE[1] + 0.06 * (y_hi - 1.0),
-                 1.0 + 0.5 * (min(break_even_verify_ratio(0.75, depth, draft_ratio), y_hi) - 1.0))
-    if expected_speedup(0.72, depth, y_pays, draft_ratio) > 1.0:
-        fig.add_annotation(x=alphas[-1] - 0.01, y=y_pays, text="speculation pays", xanchor="right",
-                           yanchor="bottom", **box)
-    if expected_speedup(alphas[0], depth, ratios[-1], draft_ratio) < 1.0:
-        fig.add_annotation(x=alphas[0] + 0.02, y=ratios[-1] - 0.03 * (y_hi - 1.0), text="slower than plain decoding",
-                           xanchor="left", yanchor="top", **box)
-    xaxis = dict(title=dict(text="alpha: per-token acceptance", standoff=4), range=list(WHATIF_ALPHA_RANGE))
-    yaxis = dict(title=dict(text="verify cost (\u00d7 one token)"), range=[ratios[0], ratios[-1]])
-    return _style(fig, title or f"Expected speedup, {depth}-token chain", height=360, xaxis=xaxis, yaxis=yaxis,
-                  legend_rows=2 + (len(points) + len(curve_lines)) // 3)
-
-
-def whatif_text(alpha: float, verify_ratio: float, draft_ratio: float, depth: int) -> str:
-    """One or two Markdown sentences: the expected tau and speedup at these values, and what would have to
-    change for speculation to pay (the break-even alpha at this cost, or the verify cost at this alpha)."""
-    tau = float(expected_tau(alpha, depth))
-    sp = float(expected_speedup(alpha, depth, verify_ratio, draft_ratio))
-    first = (f"A {depth}-token chain accepted at alpha = {alpha:.2f} gives \u03c4 \u2248 {tau:.2f} tokens per target "
-             f"pass; at a step cost of {verify_ratio:.2f} (verify) + {draft_ratio:.2f} (draft) plain steps that is "
-             f"an expected **{sp:.2f}\u00d7** plain decoding.")
-    need_alpha = break_even_alpha(verify_ratio, draft_ratio, depth)
-    max_verify = break_even_verify_ratio(alpha, depth, draft_ratio)
-    if sp >= 1.0:
-        second = (f"Speculation pays here; it would stop paying if the verify cost rose above {max_verify:.2f}\u00d7 "
-                  f"a token" + (f" or alpha fell below {need_alpha:.2f}" if need_alpha else "") + ".")
-    elif need_alpha is None:
-        second = (f"At this verify cost no head could make it pay at depth {depth} (even alpha = 1 gives only "
-                  f"{depth + 1} tokens per pass); the verify would have to cost at most {max_verify:.2f}\u00d7 a "
-                  "token, as on a GPU.")
-    else:
-        second = (f"For speculation to pay at this verify cost the head would need alpha \u2265 {need_alpha:.2f}; "
-                  + (f"at this alpha the verify would have to cost at most {max_verify:.2f}\u00d7 a token, as on a "
-                     "GPU." if max_verify >= 1.0 else "at this alpha no verify cost is low enough."))
-    return f"{first} {second}"
-
-
-__all__ = ["FRAME_KEYS", "GPU_ALPHA_RANGE", "GPU_VERIFY_RATIO_RANGE", "RoundFrame", "break_even_alpha",
-           "break_even_verify_ratio", "expected_speedup", "expected_tau", "measured_point", "round_frames",
-           "whatif_figure", "whatif_text"]
+    return panel_layout(fig, title, height=_tree_height(ys), xaxis=xaxis, yaxis=yaxis, legend_rows=1)

@@ -1,0 +1,343 @@
+"""The page's event handlers: run (streamed), step once, the step view's slider, token clicks and stages, stop,
+clear, export and replay. A mixin of :class:`dart_core.page.visualiser.Visualiser`; each handler takes the
+tab's :class:`~dart_core.page.tabs.TabState` and returns ``{component: value}`` updates drawn by
+:class:`~dart_core.page.render.Rendering`.
+
+Stop is a time, not a flag: a request stops when Stop was pressed after it was *queued* (``_queued_at``), so a
+Stop pressed while the request still waits in Gradio's queue is not lost when it starts.
+"""
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+import gradio as gr
+
+from ..config import ConfigError, dtype_name
+from ..models.templates import encode_chat
+from ..ui.record import RunRecord, label_of, save_export
+from ..ui.session import Comparison, RunSettings, check_prompt_length
+from .controls import FRAME_KEYS, SETTING_NAMES, SIZE_KNOBS
+from .tabs import FRAME_ALL, StepSession, TabState, fmt_bytes
+
+logger = logging.getLogger("dart_app")
+
+UI_INTERVAL_S = 0.2                      # streaming: redraw the answers at most this often
+MEMORY_CHECK_S = 0.5                     # a run checks the tabs' memory budget at most this often
+TIME_LIMIT, MEMORY_LIMIT = "time limit", "memory limit"   # stop reasons of runs a serving limit ended
+STOPPED_IN_QUEUE = ("**Stopped** before it started: **Stop** was pressed while this {what} waited in the queue, "
+                    "so no engine ran. Press the button again to start it.")
+
+
+class Handlers:
+    """The page's event handlers (see the module docstring)."""
+
+    def _queued_at(self) -> float:
+        """time.monotonic() when the request being handled entered Gradio's queue (now when it did not go
+        through the queue, e.g. a direct call). A Stop pressed after this moment stops the request, even
+        one pressed while it still waited in the queue."""
+        try:
+            from gradio.context import LocalContext
+            event_id = LocalContext.event_id.get(None)
+            queue = getattr(self.demo, "_queue", None)
+            event = queue.event_ids_to_events.get(event_id) if event_id and queue is not None else None
+            if event is not None:
+                return float(event.enqueue_time)
+        except Exception:  # noqa: BLE001 - Gradio internals changed: fall back to the request's start
+            logger.debug("no queue time for this request", exc_info=True)
+        return time.monotonic()
+
+    def _settings(self, values: tuple) -> RunSettings:
+        """RunSettings from the page's values (SETTING_NAMES order; without the tree mode: the page's default).
+        With automatic trees the size sliders are checked but not applied: the chooser sets those knobs."""
+        named = dict(zip(SETTING_NAMES, values))
+        if named.get("tree") in (None, ""):
+            named["tree"] = self.default_tree
+        settings = RunSettings.from_values(**named)
+        if settings.tree == "auto":
+            for name in SIZE_KNOBS:
+                setattr(settings, name, None)
+        return settings
+
+    def _encode(self, prompt: str, settings: RunSettings) -> tuple[list[int], str | None]:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ConfigError("the prompt is empty: type a question or pick an example")
+        ids = encode_chat(self.target.tokenizer, self.template, [{"role": "user", "content": prompt}])
+        warn = check_prompt_length(len(ids), self.args.max_length, settings.max_new_tokens)
+        return ids, warn
+
+    def _config(self, settings: RunSettings):
+        return settings.generation_config(self.args.max_length, max_new_tokens_limit=self.max_new_tokens)
+
+    def _meta(self, settings: RunSettings) -> dict[str, Any]:
+        return {"target": self.target.name, "dtype": dtype_name(self.target.dtype),
+                "device": str(self.target.device), "settings": settings.to_dict(),
+                "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+    def run(self, tab: TabState | None, prompt: str, *values, request: gr.Request | None = None) -> Iterator[dict]:
+        """Stream all engines side by side; redraw the answers while running, everything at the end.
+
+        The run stops within one step when Stop is pressed (one pressed while the run still waited in the queue
+        stops it before any engine work), when it reaches ``limits.run_time_limit_s``, or when its traces alone
+        outgrow ``limits.session_memory_bytes``; the page names the limit that stopped it."""
+        queued_at = self._queued_at()
+        tab = tab if isinstance(tab, TabState) else TabState()
+        self.tabs.remember(tab, request)
+        if tab.stop_requested_since(queued_at):
+            yield {self.tab: tab, self.status: STOPPED_IN_QUEUE.format(what="run")}
+            return
+        tab.active += 1
+        try:
+            yield from self._run(tab, prompt, values, queued_at)
+        finally:
+            tab.active -= 1
+
+    def _run(self, tab: TabState, prompt: str, values: tuple, queued_at: float) -> Iterator[dict]:
+        self.tabs.touch(tab)
+        tab.close_step_session()  # a full run replaces a half-stepped one
+        tab.frame = FRAME_ALL     # a run shows whole steps; step once shows a round stage by stage
+        try:
+            settings = self._settings(values)
+            config = self._config(settings)
+            ids, warn = self._encode(prompt, settings)
+            lease = self.factory.checkout(settings)   # engines no other run holds (item: one run per engine)
+        except ConfigError as exc:
+            yield {self.tab: tab, self.status: f"⚠ **Cannot run:** {exc}"}
+            return
+        cmp = Comparison(lease.engines, ids, config, decode=self.target.tokenizer, prompt=prompt,
+                         meta=self._meta(settings), lease=lease)
+        tab.record = cmp.record
+        limit_s = self.limits.run_time_limit_s
+        started = time.monotonic()
+        checked = [float("-inf")]
+
+        def why_stop() -> str | None:
+            if tab.stop_requested_since(queued_at):
+                return "stopped"
+            now = time.monotonic()
+            if limit_s is not None and now - started >= limit_s:
+                return TIME_LIMIT
+            if now - checked[0] >= MEMORY_CHECK_S:
+                checked[0] = now
+                if self.tabs.fit_memory(self.limits.session_memory_bytes, tab) > self.limits.session_memory_bytes:
+                    return MEMORY_LIMIT
+            return None
+
+        note = f" ({warn})" if warn else ""
+        cap = f" Runs on this server stop after {limit_s:g} s." if limit_s is not None else ""
+        running = (f"Running {', '.join(label_of(n) for n in cmp.engines)} in turn on one clock "
+                   f"(prompt: {len(ids)} tokens){note}. **Stop** takes effect within one step.{cap}")
+        try:
+            yield {self.tab: tab, self.status: running, **self.render_answers(cmp.record)}
+            last = time.perf_counter()
+            try:
+                for _ in cmp.run(stop=why_stop):
+                    if time.perf_counter() - last >= UI_INTERVAL_S:
+                        yield {self.status: running, **self.render_answers(cmp.record)}
+                        last = time.perf_counter()
+            except Exception as exc:  # noqa: BLE001 - show it in the page; the server keeps serving
+                logger.exception("run failed")
+                cmp.stop("error")
+                yield {self.tab: tab, self.status: f"⚠ **Internal error:** {type(exc).__name__}: {exc} "
+                                                   "(details in the server log)",
+                       **self.render_all(cmp.record, tab=tab)}
+                return
+        finally:
+            cmp.close()   # a run closed early (the visitor left) gives its engines back too
+        self.tabs.fit_memory(self.limits.session_memory_bytes, tab)
+        reasons = {r.stop_reason for r in cmp.record.runs.values()}
+        busy = sum(r.busy_s for r in cmp.record.runs.values())
+        failed = [r for r in cmp.record.runs.values() if r.error]
+        if TIME_LIMIT in reasons:
+            head = (f"⏱ **Stopped by the time limit:** a run on this server may take {limit_s:g} s "
+                    "(`run_time_limit_s`); lower *Max new tokens* or the tree sizes for a complete answer.")
+        elif MEMORY_LIMIT in reasons:
+            head = (f"**Stopped by the memory limit:** this run's traces outgrew the "
+                    f"{fmt_bytes(self.limits.session_memory_bytes)} this server keeps for open tabs "
+                    "(`session_memory_bytes`; every scored candidate is kept); lower *Max new tokens* or the "
+                    "tree sizes.")
+        elif "stopped" in reasons:
+            head = "**Stopped.**"
+        else:
+            head = "✓ **Done.**"
+        if failed:   # never "Done" over a failed engine: name it and say what the visitor can do
+            names = " and ".join(r.label for r in failed)
+            rest = ("no engine finished; " if len(failed) == len(cmp.record.runs)
+                    else "the other engines' answers are complete; " if head == "✓ **Done.**" else "")
+            fail = (f"⚠ **{names} failed** ({'; '.join(f'{r.label}: {r.error}' for r in failed)}): {rest}"
+                    "press **Run** to try again; if it fails again, try other settings (a fixed tree size, fewer "
+                    "new tokens); the server log has the details.")
+            head = fail if head == "✓ **Done.**" else f"{head} {fail}"
+        status = head + f" Engine time {busy:.2f} s in all.{note}"
+        status += " Move the **answer token position** slider to inspect the step that produced each token."
+        if settings.tree == "auto" and self.view_slots:
+            status += " Tree sizes were chosen automatically (see *Cost of a tree*)."
+        self.note_engines(cmp.engines)   # their AutoTrees learned from this run: the cost view shows them
+        self._note_preset_run(settings, cmp.record)
+        yield {self.tab: tab, self.status: status, **self.render_all(cmp.record, tab=tab), **self.render_costs()}
+
+    def step_once(self, tab: TabState | None, prompt: str, *values, request: gr.Request | None = None) -> dict:
+        """Advance every engine by one speculative round and narrate it; starts a new session when the
+        prompt or settings changed or the last one finished. A Stop pressed while the step waited in the
+        queue cancels it."""
+        queued_at = self._queued_at()
+        tab = tab if isinstance(tab, TabState) else TabState()
+        self.tabs.remember(tab, request)
+        if tab.stop_requested_since(queued_at):
+            return {self.tab: tab, self.status: STOPPED_IN_QUEUE.format(what="step")}
+        tab.active += 1
+        try:
+            return self._step_once(tab, prompt, values)
+        finally:
+            tab.active -= 1
+
+    def _step_once(self, tab: TabState, prompt: str, values: tuple) -> dict:
+        self.tabs.touch(tab)
+        try:
+            settings = self._settings(values)
+            config = self._config(settings)
+            ids, warn = self._encode(prompt, settings)
+            key = (tuple(ids), repr(settings.to_dict()))
+            sess = tab.step_session
+            fresh = sess is None or sess.key != key or sess.done
+            if fresh:
+                tab.close_step_session()
+                sess = tab.step_session = StepSession(self.factory, settings, ids, config, prompt=prompt,
+                                                      meta=self._meta(settings))
+        except ConfigError as exc:
+            return {self.tab: tab, self.status: f"⚠ **Cannot step:** {exc}"}
+        sess.step()
+        tab.record = sess.comparison.record
+        tab.frame = FRAME_KEYS[1]   # each round starts at its first stage: the drafted candidates
+        self.tabs.fit_memory(self.limits.session_memory_bytes, tab)
+        done = (" All engines finished; the next click starts over." if sess.done else
+                " Before the next click, predict: how many of the head's drafted tokens will the target accept?")
+        status = (f"**Step-once mode**, round {sess.rounds}: each engine made one speculative step "
+                  f"(the first round includes the prefill).{done} Click **Next stage ▶** under the step view to "
+                  "walk through the round: drafted, pruned, checked, accepted, committed.")
+        if warn:
+            status += f" ({warn})"
+        out = {self.tab: tab, self.status: status, **self.render_all(sess.comparison.record, latest=True, tab=tab),
+               **self.render_costs()}
+        latest = [sess.comparison.record.runs[s].traces[-1].position for s in self.view_slots
+                  if s in sess.comparison.record.runs and sess.comparison.record.runs[s].traces]
+        if latest:
+            out[self.slider] = gr.Slider(minimum=0, maximum=max(sess.comparison.record.max_position(), 1),
+                                         value=latest[0])
+        return out
+
+    def show_step(self, tab: TabState | None, position: float) -> dict:
+        record = tab.record if isinstance(tab, TabState) else None
+        if record is not None:
+            self.tabs.touch(tab)    # a tab being looked at is not the least recently used one
+        frame, pruned = (tab.frame, tab.show_pruned) if isinstance(tab, TabState) else (FRAME_ALL, False)
+        out = self.render_step_views(record, position, frame=frame, show_pruned=pruned)
+        out[self.timing_plot] = self.render_timing(record, self._marks(record, position))
+        if record is None and isinstance(tab, TabState) and tab.dropped:
+            for s in self.view_slots:
+                out[self.step_text[s]] = f"⚠ {tab.dropped[0].upper()}{tab.dropped[1:]}. Run the prompt again."
+        return out
+
+    def select_token(self, tab: TabState | None, position: int) -> dict:
+        """A token of an answer was clicked: every engine shows the step that produced answer token
+        ``position`` (the slider moves there too)."""
+        record = tab.record if isinstance(tab, TabState) else None
+        top = max(record.max_position(), 1) if record is not None else 1
+        pos = min(max(int(position), 0), top)
+        return {self.slider: gr.Slider(minimum=0, maximum=top, value=pos), **self.show_step(tab, pos)}
+
+    def _select_token_ui(self, tab: TabState | None, evt: gr.SelectData) -> dict:
+        index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
+        return self.select_token(tab, int(index or 0))
+
+    def view_changed(self, tab: TabState | None, position: float, frame: str, show_pruned: bool) -> dict:
+        """The step view's stage or its *show pruned candidates* box changed: redraw the step views."""
+        if isinstance(tab, TabState):
+            tab.frame = frame if frame in FRAME_KEYS else FRAME_ALL
+            tab.show_pruned = bool(show_pruned)
+        return self.show_step(tab, position)
+
+    def next_frame(self, tab: TabState | None, position: float, frame: str) -> dict:
+        """*Next stage*: the round's next stage (after the last, the whole step; from the whole step, stage 1)."""
+        i = FRAME_KEYS.index(frame) if frame in FRAME_KEYS else 0
+        nxt = FRAME_KEYS[(i + 1) % len(FRAME_KEYS)]
+        show_pruned = tab.show_pruned if isinstance(tab, TabState) else False
+        return {self.frame: nxt, **self.view_changed(tab, position, nxt, show_pruned)}
+
+    def stop(self, tab: TabState | None) -> str:
+        if isinstance(tab, TabState):
+            tab.request_stop()
+            return ("**Stopping:** a running run stops after its current step; a run or step still waiting in "
+                    "the queue will not start.")
+        return "Nothing is running."
+
+    def clear(self, tab: TabState | None) -> dict:
+        if isinstance(tab, TabState):
+            tab.request_stop()
+            tab.close_step_session()
+            tab.record = None
+        out = {self.prompt: "", self.status: "Cleared.", self.export_file: None, **self.render_all(None)}
+        return out
+
+    def export(self, tab: TabState | None) -> dict:
+        record = tab.record if isinstance(tab, TabState) else None
+        if record is None or not any(r.tokens for r in record.runs.values()):
+            return {self.status: "⚠ Nothing to export yet: run a prompt (or step once) first.",
+                    self.export_file: None}
+        if tab.export_dir is None:
+            tab.export_dir = tempfile.mkdtemp(prefix="dart-demo-export-")
+        for old in Path(tab.export_dir).glob("*.json"):   # a tab keeps only its latest export
+            old.unlink(missing_ok=True)
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        path = save_export(record, Path(tab.export_dir) / f"dart-run-{stamp}.json")
+        size = path.stat().st_size
+        status = (f"Exported {sum(len(r.traces) for r in record.runs.values())} steps ({size / 1e6:.1f} MB). "
+                  "Load the file under *Replay* on any machine, no model needed.")
+        too_big = self.limits.replay_problem(record)
+        if size > self.limits.max_upload_bytes:
+            too_big = (f"the file is larger than the {fmt_bytes(self.limits.max_upload_bytes)} this server "
+                       "accepts under *Replay* (`max_upload_bytes`)")
+        if too_big:
+            status += f" ⚠ It will not replay here: {too_big}."
+        return {self.export_file: str(path), self.status: status}
+
+    def replay(self, tab: TabState | None, file: Any, request: gr.Request | None = None) -> dict:
+        tab = tab if isinstance(tab, TabState) else TabState()
+        self.tabs.remember(tab, request)
+        if file is None:
+            return {self.tab: tab, self.status: "Choose an exported trace file (.json) to replay."}
+        path = Path(getattr(file, "name", file))
+        try:
+            record = RunRecord.from_export(path)
+        except (OSError, ValueError) as exc:
+            return {self.tab: tab, self.status: f"⚠ **Cannot replay {path.name}:** {exc}"}
+        too_big = self.limits.replay_problem(record)
+        if too_big:
+            return {self.tab: tab, self.status: f"⚠ **Cannot replay {path.name}:** {too_big}."}
+        tab.request_stop()
+        tab.close_step_session()
+        tab.record = record
+        self.tabs.touch(tab)
+        self.tabs.fit_memory(self.limits.session_memory_bytes, tab)
+        meta = record.meta
+        status = (f"**Replaying** a recorded run: target `{meta.get('target', '?')}` ({meta.get('dtype', '?')} on "
+                  f"{meta.get('device', '?')}), recorded {meta.get('recorded_at', '?')}. Prompt: "
+                  f"*{record.prompt[:200]}*")
+        missing = [label_of(s) for s in record.runs if s not in self.shown]
+        if missing:
+            status += f" (engines this page has no column for: {', '.join(missing)})"
+        return {self.tab: tab, self.status: status, **self.render_all(record, tab=tab)}
+
+    # Gradio injects gr.Request only into positional parameters, so the wired handlers take it first.
+    def _run_ui(self, request: gr.Request, tab: TabState | None, prompt: str, *values) -> Iterator[dict]:
+        yield from self.run(tab, prompt, *values, request=request)
+
+    def _step_ui(self, request: gr.Request, tab: TabState | None, prompt: str, *values) -> dict:
+        return self.step_once(tab, prompt, *values, request=request)
+
+    def _replay_ui(self, request: gr.Request, tab: TabState | None, file: Any) -> dict:
+        return self.replay(tab, file, request=request)

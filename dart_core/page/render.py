@@ -1,0 +1,195 @@
+"""Rendering a RunRecord into the page's components, one path for live runs and replays: the answers and their
+metrics, the step view (tree, candidate scores, narration, or one stage of the round), the stage timings and the
+acceptance charts. A mixin of :class:`dart_core.page.visualiser.Visualiser`: it reads the components the layout
+built (``self.answer``, ``self.tree_plot``, ...) and returns ``{component: value}`` updates.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import gradio as gr
+
+from ..engine.trace_stats import step_for_token
+from ..ui import teaching_round, viz, viz_steps, viz_tree
+from ..ui.narration import narrate_step
+from ..ui.record import RunRecord, label_of
+from .controls import FRAME_KEYS
+from .tabs import FRAME_ALL, TabState
+
+
+def _fmt_metrics(m, name: str, run, baseline: str) -> str:
+    if run.error:
+        return f"⚠ **{label_of(name)} failed:** {run.error}"
+    tps = f"**{m.tokens_per_s:.1f} tok/s**" if m.tokens_per_s else "— tok/s"
+    tau = f"τ {m.tau:.2f}" if m.tau is not None else "τ —"
+    if name == baseline:
+        speed = "baseline (1.00×)"
+    else:
+        speed = f"**{m.speedup:.2f}×** vs baseline" if m.speedup else "speedup —"
+    icon = {"identical": "✓", "same so far": "…", "differs": "⚠", "pending": "…"}.get(m.lossless, "–")
+    state = "" if not run.done else f" · stopped by {run.stop_reason}"
+    return (f"{tps} · {tau} · {speed} · {m.tokens} tokens in {m.steps} steps{state}  \n"
+            f"{icon} lossless check: {m.lossless_text}")
+
+
+def _shown_step(run, position: int, latest: bool) -> int | None:
+    """Index of the step of ``run`` the step view shows: the one that produced answer token ``position``, or
+    with ``latest`` the last one (step-once mode); None when no step did (the prefill's token, or past the end)."""
+    return len(run.traces) - 1 if latest else step_for_token(run.traces, position)
+
+
+class Rendering:
+    """The page's rendering (see the module docstring)."""
+
+    def render_answers(self, record: RunRecord | None) -> dict:
+        out: dict = {}
+        metrics = record.metrics() if record is not None else {}
+        for s in self.shown:
+            if record is None or s not in record.runs:
+                out[self.answer[s]] = []
+                out[self.metrics[s]] = self._unavailable_text(s) if s in self.factory.unavailable else ""
+                continue
+            run = record.runs[s]
+            out[self.answer[s]] = record.spans(s)
+            out[self.metrics[s]] = _fmt_metrics(metrics[s], s, run, record.baseline)
+        return out
+
+    def _unavailable_text(self, slot: str) -> str:
+        return f"⚠ **{label_of(slot)} is unavailable** (see the note at the top of the page for how to add it)."
+
+    def render_step_views(self, record: RunRecord | None, position: float | int | None,
+                          latest: bool = False, frame: str = FRAME_ALL, show_pruned: bool = False) -> dict:
+        """Tree, score scatter and narration per speculative engine for the step that produced answer
+        token ``position`` (``latest``: each engine's last step, for step-once mode). ``frame``: the whole step,
+        or one stage of the round (FRAMES: drafted, pruned, checked, accepted, committed) with its sentence;
+        ``show_pruned``: the tree also draws the candidates the pruner dropped, faded, where they would hang."""
+        out: dict = {}
+        for s in self.view_slots:
+            run = record.runs.get(s) if record is not None else None
+            if run is None or not run.traces:
+                why = (f"{label_of(s)} is unavailable: see the note at the top of the page."
+                       if s in self.factory.unavailable else "Run a prompt (or step once) to see its steps.")
+                out[self.tree_plot[s]] = viz.empty_fig(why)
+                out[self.scatter_plot[s]] = viz.empty_fig("no step yet")
+                out[self.step_text[s]] = why
+                continue
+            pos = int(position or 0)
+            k = _shown_step(run, pos, latest)
+            if k is None:
+                if pos == 0:
+                    msg = f"Token 0 came from the prefill (the target's first token), before any {run.label} step."
+                else:
+                    msg = f"{run.label} produced only {len(run.tokens)} tokens; token {pos} is past its answer."
+                out[self.tree_plot[s]] = viz.empty_fig(msg)
+                out[self.scatter_plot[s]] = viz.empty_fig(msg)
+                out[self.step_text[s]] = msg
+                continue
+            st = run.traces[k]
+            chosen = run.tree_label(k)   # the automatic tree's setting for this step (None: a fixed tree)
+            auto = f" (auto: {chosen})" if chosen else ""
+            score_label = "combined score" if s == "dart" else ("cumulative log-prob" if s == "eagle3" else None)
+            text = narrate_step(st, record.decode, s).text
+            if chosen:
+                text = (f"*Tree size (auto): **{chosen}**, the setting with the most expected tokens per second "
+                        f"by this machine's costs and the head's acceptance so far.*\n\n{text}")
+            if frame in FRAME_KEYS and frame != FRAME_ALL:
+                frames = teaching_round.round_frames(st, record.decode, engine=s, score_label=score_label)
+                i = next((j for j, f in enumerate(frames) if f.key == frame), 0)
+                fig = frames[i].figure
+                text = (f"**Stage {i + 1} of {len(frames)}: {frames[i].title}.** {frames[i].sentence}\n\n"
+                        f"<details><summary>The whole step in words</summary>\n\n{text}\n</details>")
+            else:
+                # short lines: a tree column is a third of an 800 px window
+                sub = f"{st.accepted_drafts} of {st.tree.num_drafted} drafts accepted + 1 target token"
+                fig = viz_tree.tree_figure(st, record.decode, score_label=score_label, show_pruned=show_pruned,
+                                           title=dict(text=f"{run.label} step {st.step}",
+                                                      subtitle=dict(text=sub + (f"<br>tree{auto}" if chosen else ""))))
+            out[self.tree_plot[s]] = self._linked(fig, s, record, st)
+            out[self.scatter_plot[s]] = viz_tree.score_scatter(
+                st, record.decode, score_label=score_label, title=f"{run.label} step {st.step}: every scored candidate")
+            out[self.step_text[s]] = text
+        return out
+
+    def _linked(self, fig, engine: str, record: RunRecord, st) -> Any:
+        """Tell the page's hover script (link.js) which answer token each tree node stands for: the figure's
+        ``layout.meta`` maps answer positions near this step to the index of their first element in the
+        answer box (the box draws a token as one element per non-empty line, none for a bare newline)."""
+        spans = record.spans(engine)
+        first, elements = {}, 0
+        hi = int(st.position) + int(max(st.tree.depths, default=0)) + 2
+        for i, (text, _) in enumerate(spans[:hi]):
+            n = sum(1 for piece in str(text).split("\n") if piece)
+            if i >= int(st.position) - 1 and n:
+                first[str(i)] = elements
+            elements += n
+        fig.update_layout(meta={"engine": engine, "token_elements": first})
+        return fig
+
+    def render_timing(self, record: RunRecord | None, marks: dict[str, int] | None = None):
+        """The stage-timing chart; ``marks``: engine label -> the step the step view shows (marked)."""
+        if record is None or not any(r.traces for r in record.runs.values()):
+            return viz.empty_fig("run a prompt to see stage timings")
+        return viz_steps.timing_figure({r.label: r.traces for r in record.runs.values() if r.traces},
+                                       mark=marks or None)
+
+    def _marks(self, record: RunRecord | None, position: float | int | None, latest: bool = False) -> dict[str, int]:
+        """Engine label -> the step number the step view shows for answer token ``position``."""
+        marks: dict[str, int] = {}
+        if record is None:
+            return marks
+        for s in self.view_slots:
+            run = record.runs.get(s)
+            if run is None or not run.traces:
+                continue
+            k = _shown_step(run, int(position or 0), latest)
+            if k is not None:
+                marks[run.label] = int(run.traces[k].step)
+        return marks
+
+    def render_summary(self, record: RunRecord | None, position: int | None = None, latest: bool = False) -> dict:
+        out: dict = {}
+        if record is None or not any(r.traces for r in record.runs.values()):
+            out[self.timing_plot] = viz.empty_fig("run a prompt to see stage timings")
+            for s in self.view_slots:
+                    for p in self.acc_plots[s]:
+                        out[p] = viz.empty_fig("run a prompt to see acceptance")
+            out[self.slider] = gr.Slider(minimum=0, maximum=1, value=0)
+            return out
+        out[self.timing_plot] = self.render_timing(record, self._marks(record, position, latest))
+        for s in self.view_slots:
+            run = record.runs.get(s)
+            if run is None or not run.traces:
+                for p in self.acc_plots[s]:
+                    out[p] = viz.empty_fig(f"{label_of(s)}: no steps")
+                continue
+            figs = viz_steps.acceptance_figures(run.traces, name=run.label)
+            for p, f in zip(self.acc_plots[s], figs):
+                out[p] = f
+        top = max(record.max_position(), 1)
+        out[self.slider] = gr.Slider(minimum=0, maximum=top, value=min(self._default_position(record)
+                                                                       if position is None else position, top))
+        return out
+
+    @staticmethod
+    def _default_position(record: RunRecord) -> int:
+        """First token of the first speculative engine's longest step: an interesting step to start on."""
+        for s in record.speculative:
+            tr = record.runs[s].traces
+            if tr:
+                best = max(tr, key=lambda st: (st.acceptance_length, -st.step))
+                return int(best.position)
+        return 1
+
+    def render_all(self, record: RunRecord | None, position: int | None = None, latest: bool = False,
+                   tab: TabState | None = None) -> dict:
+        out = self.render_answers(record)
+        pos = position
+        if pos is None and record is not None:
+            pos = self._default_position(record)
+        out.update(self.render_summary(record, pos, latest))
+        frame, pruned = (tab.frame, tab.show_pruned) if tab is not None else (FRAME_ALL, False)
+        out.update(self.render_step_views(record, pos, latest=latest, frame=frame, show_pruned=pruned))
+        out[self.frame] = frame
+        out[self.show_pruned] = pruned
+        out.update(self.render_why(record))
+        return out
