@@ -12,14 +12,15 @@ loss of one sequence); :func:`run_training` does the rest, identically for every
 - ``train_log.jsonl``, a progress bar, and at the end the held-out evaluation (``eval.json``), the
   head (``config.json`` + ``model.safetensors``), ``training_summary.json`` and the model card.
 
-Multi-GPU (``torchrun``): each rank takes its share of every batch; gradients are all-reduced.
+Several ranks (``torchrun``; gloo on CPUs, NCCL on GPUs, ``ranks.py``): each rank takes every world-th
+sequence of each batch, gradients and log figures are summed over the ranks, so N ranks take the steps one
+rank would and a checkpoint resumes at any world size; rank 0 alone writes the log, checkpoints and outputs.
 """
 from __future__ import annotations
 
 import json
 import logging
 import math
-import os
 import signal
 import sys
 import time
@@ -37,49 +38,13 @@ from .data import DistillRow, corpus_stats, iterate_batches, load_distill_rows, 
 from .features import SequenceFeatures, compute_features
 from .model_card import lr_restarts, model_card
 from .method import Runtime, TrainMethod
+from .ranks import RankLost, Ranks
 from .run_config import BaseTrainConfig, TrainError
 from .schedule import BudgetPlanner, cosine_lr, make_optimizer, set_lr
 from .stats import LevelStats
 from .vocab import build_draft_vocab
 
 logger = logging.getLogger(__name__)
-
-
-# ---------------------------------------------------------------------------------------------- distributed
-class _Dist:
-    def __init__(self) -> None:
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.enabled = self.world > 1
-        if self.enabled:
-            import torch.distributed as dist
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-            if not dist.is_initialized():
-                dist.init_process_group(backend)
-            self.dist = dist
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    def all_reduce_grads(self, params) -> None:
-        if not self.enabled:
-            return
-        for p in params:
-            if p.grad is not None:
-                self.dist.all_reduce(p.grad)
-
-    def broadcast_int(self, value: int, device) -> int:
-        if not self.enabled:
-            return value
-        t = torch.tensor([value], dtype=torch.long, device=device)
-        self.dist.broadcast(t, 0)
-        return int(t.item())
-
-    def barrier(self) -> None:
-        if self.enabled:
-            self.dist.barrier()
 
 
 def _save_dtype(name: str) -> torch.dtype | None:
@@ -121,12 +86,12 @@ def feature_source(cfg: BaseTrainConfig, target, rt: Runtime) -> tuple[Callable,
                     "top_k": cache.top_k, "kept_mass": round(cache.kept_mass, 5), "argmax": "full"}
 
 
-def resolve_runtime(cfg: BaseTrainConfig, dist: _Dist, method: TrainMethod) -> Runtime:
+def resolve_runtime(cfg: BaseTrainConfig, ranks: Ranks, method: TrainMethod) -> Runtime:
     from ..models.loader import cpu_supports_bf16, resolve_device, resolve_dtype
 
     device = resolve_device(cfg.device)
-    if dist.enabled and device.type == "cuda":
-        device = torch.device(f"cuda:{dist.local_rank}")
+    if ranks.enabled and device.type == "cuda":
+        device = torch.device(f"cuda:{ranks.local_rank}")
         torch.cuda.set_device(device)
     dtype = resolve_dtype(cfg.dtype, device, inference=False)
     extra = method.resolve(device)
@@ -143,15 +108,21 @@ def train(cfg: BaseTrainConfig) -> dict:
 
 
 def run_training(cfg: BaseTrainConfig, method: TrainMethod) -> dict:
-    """Run (or resume) a training run; returns the summary written to ``out/training_summary.json``."""
-    run = plan_run(cfg, method)
-    s = run.schedule
-    if s.finished and s.step >= s.total_steps:  # a larger --max-steps extends a finished run
-        logger.info("the run in %s already finished (step %d); nothing to do", run.out, s.step)
-        summary_path = run.out / "training_summary.json"
-        return json.loads(summary_path.read_text()) if summary_path.is_file() else {"finished": True}
-    step_times = train_loop(run)
-    return finish_run(run, step_times)
+    """Run (or resume) a training run; returns the summary written to ``out/training_summary.json``.
+    Under torchrun every rank runs this; each takes its share of every batch (``--batch-seqs`` is the global
+    batch) and the gradients are summed, so N ranks take the steps one rank would."""
+    ranks = Ranks()
+    try:
+        run = plan_run(cfg, method, ranks)
+        s = run.schedule
+        if s.finished and s.step >= s.total_steps:  # a larger --max-steps extends a finished run
+            logger.info("the run in %s already finished (step %d); nothing to do", run.out, s.step)
+            summary_path = run.out / "training_summary.json"
+            return json.loads(summary_path.read_text()) if summary_path.is_file() else {"finished": True}
+        step_times = train_loop(run)
+        return finish_run(run, step_times)
+    finally:
+        ranks.close()
 
 
 @dataclass
@@ -177,7 +148,7 @@ class Run:
     """What :func:`plan_run` resolved before the first step: flags, ranks, target, rows, head, optimiser, schedule."""
     cfg: BaseTrainConfig
     method: TrainMethod
-    dist: _Dist
+    ranks: Ranks
     rt: Runtime
     target: Any
     out: Path
@@ -193,6 +164,7 @@ class Run:
     schedule: Schedule
     run_info: dict
     save_dtype: torch.dtype | None
+    stop_requested: bool = False   # SIGTERM: stop at the next sequence with a checkpoint
 
     @property
     def log_path(self) -> Path:
@@ -204,14 +176,16 @@ class Run:
 
 
 # ---------------------------------------------------------------------------------------------- plan
-def plan_run(cfg: BaseTrainConfig, method: TrainMethod) -> Run:
-    """Check the flags, load the target and the corpus, start (or read back) the head, its optimiser and the
-    schedule, and write run_info.json."""
+def plan_run(cfg: BaseTrainConfig, method: TrainMethod, ranks: Ranks) -> Run:
+    """Check the flags, join the ranks, load the target and the corpus, start (or read back) the head, its
+    optimiser and the schedule, and write run_info.json."""
     from ..models.loader import load_target
 
     cfg.validate()
     save_dtype = _save_dtype(cfg.save_dtype)
-    dist = _Dist()
+    if ranks.world > cfg.batch_seqs:
+        raise TrainError(f"--batch-seqs {cfg.batch_seqs} is the global batch and torchrun started {ranks.world} "
+                         "ranks: every rank needs a sequence per step; raise --batch-seqs or start fewer ranks")
     out = Path(cfg.out)
     existing = find_checkpoint(out / "checkpoint")
     if existing is not None and not cfg.resume:
@@ -219,7 +193,8 @@ def plan_run(cfg: BaseTrainConfig, method: TrainMethod) -> Run:
                          "another --out")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    rt = resolve_runtime(cfg, dist, method)
+    rt = resolve_runtime(cfg, ranks, method)
+    ranks.start(rt.device)
 
     t_setup = time.perf_counter()
     target = load_target(cfg.target, dtype=rt.dtype, device=str(rt.device))
@@ -232,9 +207,15 @@ def plan_run(cfg: BaseTrainConfig, method: TrainMethod) -> Run:
         raise TrainError(f"no training rows left in {cfg.data} after the held-out split (--heldout-permille)")
 
     state = _read_state(existing, method, len(train_rows)) if existing is not None else {}
+    if state and state.get("world_size", 1) != ranks.world:
+        # Nothing in the state depends on the ranks: the batch order, the per-sequence seeds and the optimiser
+        # are global, so the run goes on as if the world size had never changed.
+        logger.info("resuming a %d-rank run on %d rank(s): the same global batch of %d sequences",
+                    state.get("world_size", 1), ranks.world, cfg.batch_seqs)
     head, vocab_info = _start_head(cfg, method, target, rt.device, existing, state, vocab_rows)
     head.train()
     params = [p for p in head.parameters() if p.requires_grad]
+    ranks.broadcast_params(params)
     optimizer = make_optimizer(params, cfg.lr, cfg.weight_decay)
     planned = cfg.max_steps or max(1, math.ceil(cfg.epochs * len(train_rows) / cfg.batch_seqs))
     if state:
@@ -246,19 +227,19 @@ def plan_run(cfg: BaseTrainConfig, method: TrainMethod) -> Run:
 
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "train_log.jsonl"
-    if dist.main and state and log_path.is_file():
+    if ranks.main and state and log_path.is_file():
         # Steps logged after the checkpoint (a hard kill) are redone: drop them from the log.
         kept = [ln for ln in log_path.read_text(encoding="utf-8").splitlines() if _log_step(ln) <= schedule.step]
         log_path.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
     run_info = {"method": method.name, "target": target.name, "data": str(cfg.data), "train_rows": len(train_rows),
                 "train_tokens": corpus_stats(train_rows), "heldout_rows": len(heldout), "eval_rows": len(eval_rows),
-                **_runtime_info(cfg, rt, features_info), "world_size": dist.world, "vocab": vocab_info,
+                **_runtime_info(cfg, rt, features_info), "world_size": ranks.world, "vocab": vocab_info,
                 "config": asdict(cfg)}
-    if dist.main:
+    if ranks.main:
         logger.info("run: %s", json.dumps({k: v for k, v in run_info.items() if k != "config"}))
         (out / "run_info.json").write_text(json.dumps(run_info, indent=1) + "\n", encoding="utf-8")
     logger.info("setup took %.1f s", time.perf_counter() - t_setup)
-    return Run(cfg=cfg, method=method, dist=dist, rt=rt, target=target, out=out, train_rows=train_rows,
+    return Run(cfg=cfg, method=method, ranks=ranks, rt=rt, target=target, out=out, train_rows=train_rows,
                heldout=heldout, eval_rows=eval_rows, vocab_info=vocab_info, head=head, params=params,
                optimizer=optimizer, t2d_index=head.target_to_draft(), planned=planned, schedule=schedule,
                run_info=run_info, save_dtype=save_dtype)
@@ -342,7 +323,7 @@ def _schedule(cfg: BaseTrainConfig, state: dict, planned: int) -> Schedule:
 
 def write_checkpoint(run: Run, finished: bool = False) -> None:
     """The head, optimiser, schedule and RNG states into out/checkpoint (atomically; rank 0 only)."""
-    if not run.dist.main:
+    if not run.ranks.main:
         return
     s = run.schedule
     elapsed = s.elapsed()
@@ -353,7 +334,7 @@ def write_checkpoint(run: Run, finished: bool = False) -> None:
                     "cursor": s.cursor, "elapsed_s": elapsed, "optimizer": run.optimizer.state_dict(),
                     "rng": rng_state(), "data_rows": len(run.train_rows), "vocab": run.vocab_info,
                     "history": s.history, "budget_fitted": s.budget_fitted, "finished": finished,
-                    "method": run.method.name, "config": asdict(run.cfg)},
+                    "method": run.method.name, "world_size": run.ranks.world, "config": asdict(run.cfg)},
                    tmp / STATE_FILE)
     save_checkpoint(run.ckpt_dir, write)
     logger.info("checkpoint at step %d -> %s", s.step, run.ckpt_dir)
@@ -366,25 +347,29 @@ def train_loop(run: Run) -> list[float]:
     KeyboardInterrupt). Returns this process's step times."""
     from tqdm.auto import tqdm
 
-    cfg, dist, s = run.cfg, run.dist, run.schedule
+    cfg, ranks, s = run.cfg, run.ranks, run.schedule
     budget = BudgetPlanner(cfg.time_budget_min * 60 if cfg.time_budget_min else None,
                            reserve_s=_eval_reserve_s(len(run.eval_rows)))
     ceiling = max(s.total_steps, run.planned)   # the budget may shorten the plan, never pass this
 
-    # SIGTERM (e.g. a job scheduler) becomes a clean stop with a checkpoint, like Ctrl-C.
+    # SIGTERM (a job scheduler; torchrun when a rank fails) becomes a clean stop with a checkpoint, like Ctrl-C.
+    # It only sets a flag, read between sequences: raised at any bytecode it could land between the optimizer
+    # step and the step count (a checkpoint one step off), or inside the checkpoint written after a lost rank.
     def on_term(signum, frame):
-        raise _Interrupted()
-    old_term = signal.signal(signal.SIGTERM, on_term) if dist.main else None
+        run.stop_requested = True
+    old_term = signal.signal(signal.SIGTERM, on_term) if ranks.main else None
 
     s.t_run = time.perf_counter()
     last_ckpt = s.t_run
     step_times: list[float] = []
     batches = iterate_batches(len(run.train_rows), cfg.batch_seqs, cfg.seed, s.epoch, s.cursor)
     bar = tqdm(total=s.total_steps, initial=s.step, desc=run.method.bar_desc, unit="step",
-               disable=not (cfg.progress and dist.main), file=sys.stderr, dynamic_ncols=True)
+               disable=not (cfg.progress and ranks.main), file=sys.stderr, dynamic_ncols=True)
     interrupted = False
     try:
         while s.step < s.total_steps:
+            if run.stop_requested:
+                raise _Interrupted()
             t0 = time.perf_counter()
             epoch_b, cursor_b, idx = next(batches)
             lr = cosine_lr(s.step, s.total_steps, s.warmup, cfg.lr, cfg.min_lr_ratio)
@@ -397,7 +382,7 @@ def train_loop(run: Run) -> list[float]:
             rec = {"step": s.step, "epoch": s.epoch, "lr": lr, **rec, "step_s": round(dt, 3),
                    "features_s": features_s, "elapsed_s": round(s.elapsed(), 1), "total_steps": s.total_steps}
             s.history.append({k: rec[k] for k in ("step", "loss")})
-            if dist.main:
+            if ranks.main:
                 with run.log_path.open("a", encoding="utf-8") as f:
                     f.write(json.dumps(rec) + "\n")
                 bar.update(1)
@@ -405,11 +390,18 @@ def train_loop(run: Run) -> list[float]:
                 bar.set_postfix_str(f"loss {rec['loss']:.3f} h1@t1 {h1[0]:.2f} h1@t2 {h1[1] if len(h1) > 1 else 0:.2f} "
                                     f"{dt:.1f}s/step lr {lr:.2e}", refresh=False)
             _fit_budget(run, budget, ceiling, step_times, bar)
-            if dist.main and time.perf_counter() - last_ckpt >= cfg.checkpoint_minutes * 60 and s.step < s.total_steps:
+            if ranks.main and time.perf_counter() - last_ckpt >= cfg.checkpoint_minutes * 60 and s.step < s.total_steps:
                 write_checkpoint(run)
                 last_ckpt = time.perf_counter()
     except (KeyboardInterrupt, _Interrupted):
         interrupted = True
+    except RankLost as exc:
+        # A collective failed before this step's optimizer step or after its count: the head, optimiser and
+        # schedule are one finished step's, so rank 0 checkpoints them.
+        write_checkpoint(run)
+        saved = f"the checkpoint holds step {s.step}; " if ranks.main else ""
+        raise TrainError(f"{exc}: another rank stopped; {saved}rerun the same command with --resume (at any number "
+                         "of ranks) to continue from the last checkpoint") from None
     finally:
         bar.close()
         if old_term is not None:
@@ -422,14 +414,17 @@ def train_loop(run: Run) -> list[float]:
 
 
 def _train_step(run: Run, idx: list[int], lr: float) -> dict:
-    """One optimizer step over the batch ``idx`` (this rank's share of it; gradients summed over the ranks):
-    the log record's loss, grad norm, hit@1, sequences, tokens and feature seconds."""
-    cfg, dist, rt = run.cfg, run.dist, run.rt
+    """One optimizer step over the batch ``idx``: this rank's share of it (every world-th sequence), the
+    gradients and statistics summed over the ranks, so the step and its log record are the one-rank run's
+    (loss, grad norm, hit@1, sequences, tokens; the feature seconds are this rank's)."""
+    cfg, ranks, rt = run.cfg, run.ranks, run.rt
     set_lr(run.optimizer, lr)
     run.optimizer.zero_grad(set_to_none=True)
     stats = LevelStats.zeros(run.method.levels)
     loss_sum, n_seq, t_feat, tokens = 0.0, 0, 0.0, 0
-    for i in idx[dist.rank::dist.world]:
+    for i in idx[ranks.rank::ranks.world]:
+        if run.stop_requested:
+            raise _Interrupted()
         row = run.train_rows[i]
         tf = time.perf_counter()
         feats = rt.features(row, run.head.draft_ids)
@@ -444,7 +439,11 @@ def _train_step(run: Run, idx: list[int], lr: float) -> dict:
         loss_sum += float(loss.detach())
         n_seq += 1
         tokens += len(row)
-    dist.all_reduce_grads(run.params)
+    if ranks.enabled:
+        ranks.all_reduce_grads(run.params)
+        totals = ranks.sum(torch.tensor([loss_sum, n_seq, tokens], dtype=torch.float64, device=rt.device))
+        stats = LevelStats.from_vector(ranks.sum(stats.to_vector(rt.device)), run.method.levels)
+        loss_sum, n_seq, tokens = float(totals[0]), int(totals[1]), int(totals[2])
     grad_norm = float(torch.nn.utils.clip_grad_norm_(run.params, cfg.clip))
     run.optimizer.step()
     return {"loss": round(loss_sum / max(n_seq, 1), 5), "grad_norm": round(grad_norm, 4),
@@ -456,7 +455,7 @@ def _fit_budget(run: Run, budget: BudgetPlanner, ceiling: int, step_times: list[
     s = run.schedule
     pace_s = budget.pace(step_times)
     new_total = budget.plan(s.total_steps, ceiling, s.step, s.elapsed(), pace_s)
-    new_total = run.dist.broadcast_int(new_total, run.rt.device)
+    new_total = run.ranks.broadcast_int(new_total, run.rt.device)
     if new_total == s.total_steps:
         return
     if not s.budget_fitted:
@@ -475,7 +474,7 @@ def finish_run(run: Run, step_times: list[float]) -> dict:
     cfg, s = run.cfg, run.schedule
     train_s = s.elapsed()
     summary: dict[str, Any] = {}
-    if run.dist.main:
+    if run.ranks.main:
         t_eval = time.perf_counter()
         evaluation = run.method.evaluate(run.head, run.target, run.eval_rows, run.rt) if run.eval_rows else {}
         eval_s = time.perf_counter() - t_eval
@@ -498,7 +497,7 @@ def finish_run(run: Run, step_times: list[float]) -> dict:
         write_checkpoint(run, finished=True)
         logger.info("done: %d steps in %.0f s; held-out hit@1 per position %s", s.step, train_s,
                     evaluation.get("hit@1"))
-    run.dist.barrier()
+    run.ranks.barrier()
     return summary
 
 

@@ -27,6 +27,18 @@ class LevelStats:
         self.count += other.count; self.hit1 += other.hit1; self.hit10 += other.hit10
         self.ce_sum += other.ce_sum; self.chain_sum += other.chain_sum; self.prefixes += other.prefixes
 
+    def to_vector(self, device=None) -> torch.Tensor:
+        """The stats as one float64 vector (to sum them over ranks in one collective)."""
+        v = np.concatenate([self.count, self.hit1, self.hit10, self.ce_sum, [self.chain_sum, self.prefixes]])
+        return torch.from_numpy(v).to(device)
+
+    @classmethod
+    def from_vector(cls, v: torch.Tensor, levels: int) -> "LevelStats":
+        a = v.double().cpu().numpy()
+        L = levels
+        return cls(a[:L].copy(), a[L:2 * L].copy(), a[2 * L:3 * L].copy(), a[3 * L:4 * L].copy(),
+                   chain_sum=float(a[4 * L]), prefixes=int(a[4 * L + 1]))
+
     def summary(self) -> dict:
         c = np.maximum(self.count, 1)
         return {"hit@1": (self.hit1 / c).round(4).tolist(), "hit@10": (self.hit10 / c).round(4).tolist(),
