@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -28,16 +27,16 @@ TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 
 
-def torchrun(argv: list[str], *, kill: tuple[int, str, int] | None = None, timeout: float = 150) -> tuple[int, str, float]:
+def torchrun(argv: list[str], *, kill: tuple[int, str, int] | None = None, timeout: float = 150) -> tuple[int, str]:
     """``torchrun --nproc-per-node 2`` of ``python -m dart_core.train argv`` (tests/rank_runner.py, which kills
-    rank ``kill[0]`` at call ``kill[2]`` of ``kill[1]`` when asked); returns (exit code, output, seconds)."""
+    rank ``kill[0]`` at call ``kill[2]`` of ``kill[1]`` when asked); returns (exit code, output). One takes about
+    25 s on a shared 2-core machine; the timeout is for a hang (a rank waiting on a collective forever)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     if kill is not None:
         env.update(KILL_RANK=str(kill[0]), KILL_PATCH=kill[1], KILL_AT_CALL=str(kill[2]))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(TESTS / "rank_runner.py"), *argv]
-    t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
@@ -46,7 +45,7 @@ def torchrun(argv: list[str], *, kill: tuple[int, str, int] | None = None, timeo
         os.killpg(proc.pid, signal.SIGKILL)   # torchrun and its ranks
         out, _ = proc.communicate()
         pytest.fail(f"torchrun did not finish in {timeout} s:\n{out[-4000:]}")
-    return proc.returncode, out, time.perf_counter() - t0
+    return proc.returncode, out
 
 
 @pytest.fixture(scope="module")
@@ -108,9 +107,8 @@ def assert_same_run(ref: Path, got: Path) -> None:
 
 def test_two_ranks_take_the_steps_of_one_rank(tiny, tmp_path, one_rank):
     out = tmp_path / "two"
-    rc, text, seconds = torchrun(train_args("eagle3", tiny, out))
+    rc, text = torchrun(train_args("eagle3", tiny, out))
     assert rc == 0, text[-4000:]
-    assert seconds < 60, f"2-rank run took {seconds:.0f} s"
     assert json.loads((out / "run_info.json").read_text())["world_size"] == 2
     assert_same_run(one_rank("eagle3"), out)
 
@@ -123,10 +121,9 @@ def test_a_killed_rank_leaves_a_run_that_resumes_on_one_rank(tiny, tmp_path, one
 
     out = tmp_path / "killed"
     # rank 1 takes 2 of the 4 sequences per step: its 5th loss is step 3's first
-    rc, text, seconds = torchrun(train_args("dart", tiny, out),
+    rc, text = torchrun(train_args("dart", tiny, out),
                                  kill=(1, "dart_core.training.dart_trainer:dart_loss", 5))
     assert rc != 0 and "another rank stopped; the checkpoint holds step 2" in text, text[-4000:]
-    assert seconds < 60, f"2-rank run took {seconds:.0f} s"
     state = load_trainer_state(out / "checkpoint" / "trainer_state.pt")
     assert state["step"] == 2 and not state["finished"] and state["world_size"] == 2
     assert [x["step"] for x in log(out)] == [1, 2] and not (out / "model.safetensors").exists()
@@ -149,10 +146,33 @@ def test_a_one_rank_run_resumes_on_two_ranks(tiny, tmp_path, one_rank, monkeypat
     monkeypatch.setattr(dt, "dart_loss", ctrl_c_in_step_3)
     assert main(train_args("dart", tiny, out)) == 130
     monkeypatch.setattr(dt, "dart_loss", real)
-    rc, text, seconds = torchrun(train_args("dart", tiny, out) + ["--resume"])
+    rc, text = torchrun(train_args("dart", tiny, out) + ["--resume"])
     assert rc == 0, text[-4000:]
     assert "resuming a 1-rank run on 2 rank(s)" in text
-    assert seconds < 60, f"2-rank run took {seconds:.0f} s"
+    assert_same_run(one_rank("dart"), out)
+
+
+def test_sigterm_stops_at_the_next_sequence_with_a_checkpoint(tiny, tmp_path, one_rank, monkeypatch):
+    """SIGTERM (a scheduler; torchrun stopping the ranks) only sets a flag: the step under way is dropped at its
+    next sequence, never half taken, and the run resumes to the uninterrupted one's weights."""
+    import dart_core.training.dart_trainer as dt
+    from dart_core.training.checkpoint import load_trainer_state
+    from dart_core.training.cli import main
+
+    out = tmp_path / "term"
+    real, calls = dt.dart_loss, {"n": 0}
+
+    def term_in_step_3(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 9:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*a, **k)
+    monkeypatch.setattr(dt, "dart_loss", term_in_step_3)
+    assert main(train_args("dart", tiny, out)) == 130
+    assert calls["n"] == 9, "the run stops before the next sequence's loss"
+    assert load_trainer_state(out / "checkpoint" / "trainer_state.pt")["step"] == 2
+    monkeypatch.setattr(dt, "dart_loss", real)
+    assert main(train_args("dart", tiny, out) + ["--resume"]) == 0
     assert_same_run(one_rank("dart"), out)
 
 
@@ -197,9 +217,8 @@ def test_the_ranks_build_the_feature_cache_in_shards(tiny, tmp_path, one_rank_ca
 
     _, t, data, rows = tiny
     cache = tmp_path / "cache"
-    rc, text, seconds = torchrun(features_args(tiny, cache))
+    rc, text = torchrun(features_args(tiny, cache))
     assert rc == 0, text[-4000:]
-    assert seconds < 60, f"2-rank build took {seconds:.0f} s"
     assert_same_cache(one_rank_cache, cache)
     # one reader afterwards: the cache the trainers open, equal to the one-rank cache's features
     row = fc.load_distill_rows(data)[5]
@@ -217,7 +236,7 @@ def test_a_killed_feature_rank_resumes_on_one_rank(tiny, tmp_path, one_rank_cach
     _, t, data, _ = tiny
     cache = tmp_path / "cache"
     # 4 rows a chunk; rank 1 computes chunks 1, 3, 5: its 5th row is the first of chunk 3
-    rc, text, _ = torchrun(features_args(tiny, cache), kill=(1, "dart_core.training.feature_cache:target_states", 5))
+    rc, text = torchrun(features_args(tiny, cache), kill=(1, "dart_core.training.feature_cache:target_states", 5))
     assert rc != 0
     st = fc.cache_status(cache)
     assert not st.complete and 4 <= st.rows_done < st.rows

@@ -8,6 +8,7 @@
     run_config.py  the flags every trainer shares (BaseTrainConfig) and TrainError
     method.py      what differs between trainers (TrainMethod) and what a run resolved (Runtime)
     stats.py       per-level hit@1 / hit@10 / cross-entropy statistics
+    ranks.py       the torchrun ranks (gloo on CPUs, NCCL on GPUs) and the collectives the run needs
     runner.py      the run both trainers share: plan (flags, data, head, schedule), loop (steps, budget,
                    checkpoints), finish (evaluation, head, summary, model card)
     dart_trainer.py  prefix-shared masked DART training + final evaluation
