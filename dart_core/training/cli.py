@@ -9,7 +9,10 @@ FILE is the distillation corpus (e.g. regenerate it with ``python -m dart_core.t
 Writes DIR/config.json + DIR/model.safetensors (the head, published fvliang/DART layout),
 DIR/eval.json (hit@1 / hit@10 per future position on held-out rows), DIR/README.md (model card),
 DIR/train_log.jsonl and DIR/checkpoint/ (every --checkpoint-minutes; --resume continues it).
-Multi-GPU: ``torchrun --nproc-per-node N -m dart_core.train dart ...``.
+Several ranks: ``torchrun --nproc-per-node N -m dart_core.train dart ...`` (NCCL on GPUs, gloo on
+CPUs); --batch-seqs stays the global batch, so N ranks take the steps one rank would, and a run
+resumes at any number of ranks. ``torchrun ... -m dart_core.train features ...`` builds the feature
+cache in shards, one per rank (docs/training.md).
 
     python -m dart_core.train eagle3 --target bundled \\
         --data corpus/smollm2-135m-instruct.jsonl.gz --out runs/eagle3-smollm2 \\
@@ -173,22 +176,37 @@ def _run_features(args: argparse.Namespace) -> int:
     from ..models.loader import ModelLoadError, load_target, resolve_device, resolve_dtype
     from .data import DataError
     from .feature_cache import FeatureCacheError, build_feature_cache, cache_status
+    from .ranks import RankLost, Ranks
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    ranks = Ranks()   # under torchrun the ranks build the cache in shards
     try:
         device = resolve_device(args.device)
+        if ranks.enabled and device.type == "cuda":
+            device = torch.device(f"cuda:{ranks.local_rank}")
+            torch.cuda.set_device(device)
+        ranks.start(device)
         # The trainers' dtype rule, so that a trainer with the same --dtype finds this cache.
         target = load_target(args.target, dtype=resolve_dtype(args.dtype, device, inference=False),
                              device=str(device))
         path = build_feature_cache(target, args.data, args.features, top_k=args.top_k, chunk_rows=args.chunk_rows,
-                                   limit=args.limit, progress=args.progress)
+                                   limit=args.limit, progress=args.progress, rank=ranks.rank, world=ranks.world,
+                                   barrier=ranks.barrier if ranks.enabled else None)
     except (FeatureCacheError, DataError, ModelLoadError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except RankLost as exc:
+        print(f"error: {exc}: another rank stopped; rerun the same command (at any number of ranks) to resume",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: rerun the same command to resume", file=sys.stderr)
         return 130
+    finally:
+        ranks.close()
+    if not ranks.main:
+        return 0
     st = cache_status(path)
     print(f"feature cache {path}: {st.rows} rows, top-{args.top_k} keeps {st.kept_mass:.4f} of the target's "
           f"probability mass on average, built in {st.elapsed_s:.0f} s")
@@ -210,12 +228,13 @@ def _run_trainer(args: argparse.Namespace) -> int:
     from ..models.heads.files import HeadError
     from ..models.loader import ModelLoadError
     from .data import DataError
+    from .ranks import RankLost
     from .runner import TrainError, train
 
     fields = {k: v for k, v in vars(args).items() if k not in ("func", "method", "verbose")}
     try:
         summary = train(_config_class(args.method)(**fields))
-    except (TrainError, DataError, HeadError, ModelLoadError) as exc:
+    except (TrainError, DataError, HeadError, ModelLoadError, RankLost) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

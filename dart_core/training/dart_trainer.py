@@ -35,9 +35,12 @@ from ..models.heads.dart import DartHead, load_dart_head, new_head_for_target, s
 from .data import DistillRow
 from .features import SequenceFeatures, compute_features
 # Shared with the EAGLE-3 trainer; re-exported here (the names this module always had).
+from .checkpoint import STATE_FILE  # noqa: F401
+from .method import Runtime, TrainMethod
 from .model_card import SOURCE_LICENCES, display_target, lr_restarts, write_model_card  # noqa: F401
-from .runner import STATE_FILE, BaseTrainConfig, LevelStats, Runtime, TrainError, TrainMethod, level_stats  # noqa: F401
+from .run_config import BaseTrainConfig, TrainError  # noqa: F401
 from .runner import train
+from .stats import LevelStats, level_stats  # noqa: F401
 
 logger = logging.getLogger(__name__)
 

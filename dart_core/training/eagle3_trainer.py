@@ -34,7 +34,10 @@ from ..models.heads.eagle3 import Eagle3Head, load_eagle3_head, new_eagle3_head_
 from .data import DistillRow
 from .features import SequenceFeatures, compute_features
 from .model_card import write_model_card  # noqa: F401  (the name this module always had)
-from .runner import BaseTrainConfig, LevelStats, Runtime, TrainError, TrainMethod, level_stats_from_top, train  # noqa: F401
+from .method import Runtime, TrainMethod
+from .run_config import BaseTrainConfig, TrainError  # noqa: F401
+from .runner import train
+from .stats import LevelStats, level_stats_from_top  # noqa: F401
 
 logger = logging.getLogger(__name__)
 

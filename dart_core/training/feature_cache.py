@@ -15,11 +15,13 @@ version, the target's name, config, dtype and weights, the corpus file's bytes, 
                     probability; row r of a sequence with prompt length P is position P + r (it predicts
                     token P + r + 1), for r in 0..T-P-2
     topk_logp.bin   float16 [answer rows, top_k]: their log-probabilities under the full softmax
-    progress.json   rows done, a SHA-256 per chunk of rows and file, the mass the top-k kept
+    progress.json   rows done, per chunk of rows: a SHA-256 per file, the mass the top-k kept, the seconds
 
 The pass writes ``chunk_rows`` rows at a time and records a chunk in progress.json only after its
 bytes are flushed, so a killed pass resumes where it stopped, losing at most one chunk. Readers check
-each chunk's checksums the first time they touch it.
+each chunk's checksums the first time they touch it. Under torchrun (``train features``) the ranks
+share the chunks (rank r takes every world-th), each recording its own in ``progress.rank{r}.json``;
+rank 0 merges them into progress.json at the end, and a reader only ever opens that one.
 
 Why top-k and not the whole distribution: the full distribution over an 8k draft vocabulary would be
 16 kB per answer token (25 GB for the bundled corpus). k = 128 is the smallest power of two that keeps
@@ -38,7 +40,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -167,15 +169,23 @@ def _open_arrays(path: Path, meta: dict, mode: str) -> dict[str, np.ndarray]:
 @torch.no_grad()
 def build_feature_cache(target, data: str | Path, out: str | Path | None = None, *, top_k: int = DEFAULT_TOP_K,
                         chunk_rows: int = DEFAULT_CHUNK_ROWS, limit: int | None = None,
-                        progress: bool = True) -> Path:
+                        progress: bool = True, rank: int = 0, world: int = 1,
+                        barrier: Callable[[], None] | None = None) -> Path:
     """Run ``target`` over every row of the corpus ``data`` and write (or finish) the cache; returns its
-    directory (``out``, or the default path of its fingerprint). Rerun after a kill to resume."""
+    directory (``out``, or the default path of its fingerprint). Rerun after a kill to resume.
+
+    Several ranks (``train features`` under torchrun) build one cache in shards: rank r computes the chunks
+    c with c % world == r into the shared files (disjoint byte ranges) and records them in its own
+    ``progress.rank{r}.json``; after ``barrier()`` rank 0 merges every record into progress.json, the one file
+    a reader opens. A killed build resumes at any world size: the chunks recorded anywhere are kept."""
     from tqdm.auto import tqdm
 
     if top_k < 1:
         raise FeatureCacheError(f"--top-k must be >= 1, got {top_k}")
     if chunk_rows < 1:
         raise FeatureCacheError(f"--chunk-rows must be >= 1, got {chunk_rows}")
+    if world > 1 and barrier is None:
+        raise ValueError("a build on several ranks needs their barrier")
     top_k = min(int(top_k), int(target.vocab_size))
     rows = load_distill_rows(data, limit=limit, vocab_size=target.vocab_size)
     parts = fingerprint_parts(target, data, top_k)
@@ -189,30 +199,38 @@ def build_feature_cache(target, data: str | Path, out: str | Path | None = None,
             "rows": len(rows), "tokens": tokens, "answer_rows": answers, "aux_dim": 3 * target.hidden_size,
             "vocab_size": target.vocab_size, "id_dtype": _id_dtype(target.vocab_size).name,
             "chunk_rows": int(chunk_rows), "ids": [r.id for r in rows], "table": table.tolist()}
-    path.mkdir(parents=True, exist_ok=True)
-    meta_path, prog_path = path / "meta.json", path / "progress.json"
-    if meta_path.exists():
+    meta_path = path / "meta.json"
+    if meta_path.exists():   # every rank checks, so that each names the problem itself
         old = json.loads(meta_path.read_text(encoding="utf-8"))
         if old.get("fingerprint") != fp or old.get("chunk_rows") != chunk_rows:
             raise FeatureCacheError(f"{path} holds a feature cache of another target, corpus or layout "
                                     f"({_describe(old)}); choose another --features directory or delete it")
-    else:
-        _write_json_atomic(meta_path, meta)
-    prog = json.loads(prog_path.read_text(encoding="utf-8")) if prog_path.exists() else {
-        "rows_done": 0, "chunks": [], "kept_mass_sum": 0.0, "answer_rows_done": 0, "elapsed_s": 0.0,
-        "complete": False}
-    if prog["complete"]:
+    if rank == 0:            # one writer of meta.json and the (sparse) files; the others open them after
+        path.mkdir(parents=True, exist_ok=True)
+        if not meta_path.exists():
+            _write_json_atomic(meta_path, meta)
+        arrays = _open_arrays(path, meta, "w+")
+    if barrier is not None:
+        barrier()
+    if rank != 0:
+        arrays = _open_arrays(path, meta, "w+")
+    done = _recorded_chunks(path, chunk_rows)
+    n_chunks = -(-len(rows) // chunk_rows)
+    if len(done) == n_chunks and _read_json(path / "progress.json").get("complete"):
         logger.info("feature cache %s is complete (%d rows)", path, len(rows))
         return path
-    arrays = _open_arrays(path, meta, "w+")
+    mine = [c for c in range(n_chunks) if c % world == rank and c not in done]
+    own_path = path / ("progress.json" if world == 1 else f"progress.rank{rank}.json")
+    # A rank's file keeps what it held (an earlier run's records), plus, on one rank, every record found.
+    own = done if world == 1 else _chunk_records(own_path, chunk_rows)
     dev = target.device
     w = target.model.get_output_embeddings().weight
-    done_tokens = _ends(table, prog["rows_done"])[0]
-    bar = tqdm(total=tokens, initial=done_tokens, unit="tok", unit_scale=True, desc="target features",
+    bar = tqdm(total=sum(_chunk_tokens(table, c, chunk_rows) for c in mine), unit="tok", unit_scale=True,
+               desc="target features" if world == 1 else f"target features (rank {rank} of {world})",
                disable=not progress, file=sys.stderr, dynamic_ncols=True, smoothing=0.05)
-    t_start = time.perf_counter()
-    for a in range(prog["rows_done"], len(rows), chunk_rows):
-        b = min(len(rows), a + chunk_rows)
+    for c in mine:
+        t_start = time.perf_counter()
+        a, b = c * chunk_rows, min(len(rows), (c + 1) * chunk_rows)
         kept = 0.0
         for i in range(a, b):
             P, T, tok, resp = (int(v) for v in table[i])
@@ -228,19 +246,63 @@ def build_feature_cache(target, data: str | Path, out: str | Path | None = None,
         for arr in arrays.values():
             if isinstance(arr, np.memmap):
                 arr.flush()
-        prog["chunks"].append({"rows": [a, b], "sha256": _digests(_chunk_bytes(arrays, table, a, b))})
-        prog["rows_done"] = b
-        prog["answer_rows_done"] = _ends(table, b)[1]
-        prog["kept_mass_sum"] += kept
-        prog["elapsed_s"] += time.perf_counter() - t_start
-        t_start = time.perf_counter()
-        prog["complete"] = b == len(rows)
-        _write_json_atomic(prog_path, prog)
+        own[c] = {"rows": [a, b], "sha256": _digests(_chunk_bytes(arrays, table, a, b)), "kept_mass": kept,
+                  "elapsed_s": time.perf_counter() - t_start}
+        _write_json_atomic(own_path, _progress(own, table, len(rows)))
     bar.close()
-    mass = prog["kept_mass_sum"] / max(prog["answer_rows_done"], 1)
+    if barrier is not None:
+        barrier()
+    if rank == 0:
+        merged = _recorded_chunks(path, chunk_rows)
+        _write_json_atomic(path / "progress.json", _progress(merged, table, len(rows)))
+        if len(merged) == n_chunks:   # the ranks' records are all in progress.json now
+            for f in path.glob("progress.rank*.json"):
+                f.unlink()
+    if barrier is not None:
+        barrier()           # every rank returns a cache that rank 0 has finished
+    st = cache_status(path)
     logger.info("feature cache %s: %d rows, %d tokens, top-%d keeps %.4f of the mass on average, %.0f s",
-                path, len(rows), tokens, top_k, mass, prog["elapsed_s"])
+                path, len(rows), tokens, top_k, st.kept_mass, st.elapsed_s)
     return path
+
+
+def _chunk_tokens(table: np.ndarray, c: int, chunk_rows: int) -> int:
+    a, b = c * chunk_rows, min(len(table), (c + 1) * chunk_rows)
+    return _ends(table, b)[0] - int(table[a, 2])
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _chunk_records(path: Path, chunk_rows: int) -> dict[int, dict]:
+    """chunk index -> record, from one progress file. Files of format 1 before shards kept the mass and the
+    seconds as run totals only: they go to the first chunk, so that the sums stay right."""
+    prog = _read_json(path)
+    chunks = prog.get("chunks", [])
+    if chunks and "kept_mass" not in chunks[0]:
+        chunks = [{**r, "kept_mass": 0.0, "elapsed_s": 0.0} for r in chunks]
+        chunks[0].update(kept_mass=float(prog.get("kept_mass_sum", 0.0)), elapsed_s=float(prog.get("elapsed_s", 0.0)))
+    return {int(r["rows"][0]) // chunk_rows: r for r in chunks}
+
+
+def _recorded_chunks(path: Path, chunk_rows: int) -> dict[int, dict]:
+    """Every chunk recorded done: in progress.json and in the ranks' files of a sharded build."""
+    done: dict[int, dict] = {}
+    for f in [path / "progress.json", *sorted(path.glob("progress.rank*.json"))]:
+        done.update(_chunk_records(f, chunk_rows))
+    return done
+
+
+def _progress(chunks: dict[int, dict], table: np.ndarray, n_rows: int) -> dict:
+    """A progress file of these chunk records: the records in order and their totals (``rows_done``: rows in
+    recorded chunks; ``elapsed_s``: compute seconds summed over the chunks, so over the ranks too)."""
+    recs = [chunks[c] for c in sorted(chunks)]
+    rows_done = sum(r["rows"][1] - r["rows"][0] for r in recs)
+    answer_rows = sum(_ends(table, r["rows"][1])[1] - int(table[r["rows"][0], 3]) for r in recs)
+    return {"rows_done": rows_done, "chunks": recs, "kept_mass_sum": sum(r["kept_mass"] for r in recs),
+            "answer_rows_done": answer_rows, "elapsed_s": sum(r["elapsed_s"] for r in recs),
+            "complete": rows_done == n_rows}
 
 
 def _describe(meta: dict) -> str:
@@ -260,16 +322,18 @@ class CacheStatus:
 
 
 def cache_status(path: str | Path) -> CacheStatus:
+    """How far a build is: from progress.json, and the ranks' own files while a sharded build is unfinished."""
     path = Path(path)
-    meta_path, prog_path = path / "meta.json", path / "progress.json"
+    meta_path = path / "meta.json"
     if not meta_path.is_file():
         raise FeatureCacheError(f"{path} is not a feature cache (no meta.json); build one with "
                                 "`python -m dart_core.train features --data FILE`")
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    prog = json.loads(prog_path.read_text(encoding="utf-8")) if prog_path.is_file() else {}
-    done = int(prog.get("answer_rows_done", 0))
-    return CacheStatus(path, int(meta["rows"]), int(prog.get("rows_done", 0)), bool(prog.get("complete", False)),
-                       float(prog.get("kept_mass_sum", 0.0)) / max(done, 1), float(prog.get("elapsed_s", 0.0)))
+    table = np.asarray(meta["table"], dtype=np.int64).reshape(-1, 4)
+    prog = _progress(_recorded_chunks(path, int(meta["chunk_rows"])), table, int(meta["rows"]))
+    complete = bool(_read_json(path / "progress.json").get("complete", False))
+    return CacheStatus(path, int(meta["rows"]), int(prog["rows_done"]), complete,
+                       float(prog["kept_mass_sum"]) / max(int(prog["answer_rows_done"]), 1), float(prog["elapsed_s"]))
 
 
 class FeatureCache:

@@ -12,263 +12,39 @@ loss of one sequence); :func:`run_training` does the rest, identically for every
 - ``train_log.jsonl``, a progress bar, and at the end the held-out evaluation (``eval.json``), the
   head (``config.json`` + ``model.safetensors``), ``training_summary.json`` and the model card.
 
-Multi-GPU (``torchrun``): each rank takes its share of every batch; gradients are all-reduced.
+Several ranks (``torchrun``; gloo on CPUs, NCCL on GPUs, ``ranks.py``): each rank takes every world-th
+sequence of each batch, gradients and log figures are summed over the ranks, so N ranks take the steps one
+rank would and a checkpoint resumes at any world size; rank 0 alone writes the log, checkpoints and outputs.
 """
 from __future__ import annotations
 
 import json
 import logging
 import math
-import os
-import random
 import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
 from ..config import dtype_name
 from ..models.loader import DTYPE_ALIASES
-from .checkpoint import find_checkpoint, save_checkpoint
+from .checkpoint import STATE_FILE, find_checkpoint, load_trainer_state, rng_state, save_checkpoint, set_rng_state
 from .data import DistillRow, corpus_stats, iterate_batches, load_distill_rows, split_rows, truncate
 from .features import SequenceFeatures, compute_features
 from .model_card import lr_restarts, model_card
+from .method import Runtime, TrainMethod
+from .ranks import RankLost, Ranks
+from .run_config import BaseTrainConfig, TrainError
 from .schedule import BudgetPlanner, cosine_lr, make_optimizer, set_lr
+from .stats import LevelStats
 from .vocab import build_draft_vocab
 
 logger = logging.getLogger(__name__)
-
-STATE_FILE = "trainer_state.pt"
-
-
-
-
-class TrainError(ValueError):
-    """A training flag or the output directory is wrong; the message names the flag to change."""
-
-
-# ---------------------------------------------------------------------------------------------- config
-@dataclass
-class BaseTrainConfig:
-    """The knobs every head trainer shares (CLI flags one to one; see ``dart_core.train``).
-
-    argmax           target argmax for masking: "full", "data" (the corpus token), "auto" (full on GPU, data on CPU)
-    time_budget_min  wall time of the whole run (training + final evaluation); the schedule is fitted to it
-    compare_with     another head's run directory (e.g. the DART run for an EAGLE-3 head): the model card
-                     sets both budgets side by side
-    init_head        a head of this method for this target (directory or Hub id): the run starts from its
-                     weights and its draft vocabulary (fine-tuning, e.g. from the shipped assets/dart/...)
-    init_layer_from_target  start a new head's decoder layer from the target's last layer
-    """
-    method: ClassVar[type["TrainMethod"]]   # set by each trainer module for its config class
-    data: str
-    out: str
-    target: str | None = None
-    resume: bool = False
-    max_steps: int | None = None
-    time_budget_min: float | None = None
-    epochs: float = 3.0
-    batch_seqs: int = 8
-    lr: float = 5e-4
-    min_lr_ratio: float = 0.05
-    warmup_frac: float = 0.03
-    weight_decay: float = 0.0
-    clip: float = 0.5
-    gamma: float = 0.6
-    draft_vocab_size: int = 8192
-    max_seq_len: int = 1024
-    train_rows: int | None = None
-    heldout_permille: int = 20
-    eval_rows: int = 64
-    device: str = "auto"
-    dtype: str = "auto"
-    threads: int | None = None
-    argmax: str = "auto"
-    autocast: bool = True
-    checkpoint_minutes: float = 10.0
-    seed: int = 0
-    save_dtype: str = "bfloat16"
-    init_lm_head_from_target: bool = True
-    init_head: str | None = None
-    init_layer_from_target: bool = False
-    progress: bool = True
-    compare_with: str | None = None
-    features: str = "auto"
-
-    @staticmethod
-    def bad(flag: str, rule: str, value: Any) -> TrainError:
-        return TrainError(f"--{flag.replace('_', '-')} {rule}, got {value!r}")
-
-    def validate(self) -> None:
-        bad = self.bad
-        for name in ("batch_seqs", "draft_vocab_size", "max_seq_len"):
-            if int(getattr(self, name)) < 1:
-                raise bad(name, "must be >= 1", getattr(self, name))
-        if self.max_steps is not None and self.max_steps < 1:
-            raise bad("max_steps", "must be >= 1", self.max_steps)
-        if self.time_budget_min is not None and self.time_budget_min <= 0:
-            raise bad("time_budget_min", "must be > 0 minutes", self.time_budget_min)
-        if not 0 < self.checkpoint_minutes <= 10:
-            raise bad("checkpoint_minutes", "must be in (0, 10]: checkpoints come at least every 10 minutes",
-                      self.checkpoint_minutes)
-        if not self.features:
-            raise bad("features", "must be auto, none or a feature-cache directory", self.features)
-        if not (self.epochs > 0):
-            raise bad("epochs", "must be > 0", self.epochs)
-        if not (self.lr > 0):
-            raise bad("lr", "must be > 0", self.lr)
-        if not 0 < self.gamma <= 1:
-            raise bad("gamma", "must be in (0, 1]", self.gamma)
-        if not (self.clip > 0):
-            raise bad("clip", "must be > 0", self.clip)
-        if self.argmax not in ("auto", "full", "data"):
-            raise bad("argmax", "must be auto, full or data", self.argmax)
-        if not 0 <= self.heldout_permille < 1000:
-            raise bad("heldout_permille", "must be in [0, 1000)", self.heldout_permille)
-        if self.train_rows is not None and self.train_rows < 1:
-            raise bad("train_rows", "must be >= 1", self.train_rows)
-        if self.eval_rows < 0:
-            raise bad("eval_rows", "must be >= 0", self.eval_rows)
-        if self.compare_with is not None and not (Path(self.compare_with) / "training_summary.json").is_file():
-            raise bad("compare_with", "must be a finished run directory (with training_summary.json)",
-                      self.compare_with)
-        if self.init_head is not None and self.init_layer_from_target:
-            raise TrainError("--init-layer-from-target cannot be combined with --init-head: the run starts from "
-                             "that head's own layer; drop one of them")
-
-
-# ---------------------------------------------------------------------------------------------- statistics
-@dataclass
-class LevelStats:
-    """Per level t (future position t+1): valid predictions, hits in top-1 / top-10, loss sum."""
-    count: np.ndarray
-    hit1: np.ndarray
-    hit10: np.ndarray
-    ce_sum: np.ndarray
-    chain_sum: float = 0.0     # sum over prefixes of the top-1 chain length (levels matched in a row)
-    prefixes: int = 0
-
-    @classmethod
-    def zeros(cls, levels: int) -> "LevelStats":
-        z = np.zeros(levels, dtype=np.float64)
-        return cls(z.copy(), z.copy(), z.copy(), z.copy())
-
-    def add(self, other: "LevelStats") -> None:
-        self.count += other.count; self.hit1 += other.hit1; self.hit10 += other.hit10
-        self.ce_sum += other.ce_sum; self.chain_sum += other.chain_sum; self.prefixes += other.prefixes
-
-    def summary(self) -> dict:
-        c = np.maximum(self.count, 1)
-        return {"hit@1": (self.hit1 / c).round(4).tolist(), "hit@10": (self.hit10 / c).round(4).tolist(),
-                "ce": (self.ce_sum / c).round(4).tolist(), "count": self.count.astype(int).tolist(),
-                "mean_top1_chain": round(self.chain_sum / max(self.prefixes, 1), 4)}
-
-
-@torch.no_grad()
-def level_stats(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, in_range: torch.Tensor,
-                ce: torch.Tensor) -> LevelStats:
-    """Stats of [S, L] predictions (S prefixes / anchors, L levels): logits [S, L, V_d], labels [S, L] draft ids,
-    valid [S, L] (a label inside the draft vocabulary), in_range [S, L] (a label exists), ce [S, L]."""
-    return level_stats_from_top(logits.topk(min(10, logits.shape[-1]), dim=-1).indices, labels, valid, in_range, ce)
-
-
-@torch.no_grad()
-def level_stats_from_top(top: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, in_range: torch.Tensor,
-                         ce: torch.Tensor) -> LevelStats:
-    """:func:`level_stats` from the top-10 draft ids [S, L, 10] (best first) instead of the logits."""
-    hit1 = (top[..., 0] == labels) & valid
-    hit10 = (top == labels[..., None]).any(-1) & valid
-    chain = torch.cumprod((hit1 | ~in_range).int(), dim=1) * in_range.int()
-    return LevelStats(count=valid.sum(0).double().cpu().numpy(), hit1=hit1.sum(0).double().cpu().numpy(),
-                      hit10=hit10.sum(0).double().cpu().numpy(),
-                      ce_sum=(ce.detach() * valid).sum(0).double().cpu().numpy(),
-                      chain_sum=float(chain.sum()), prefixes=int(labels.shape[0]))
-
-
-# ---------------------------------------------------------------------------------------------- distributed
-class _Dist:
-    def __init__(self) -> None:
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.enabled = self.world > 1
-        if self.enabled:
-            import torch.distributed as dist
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-            if not dist.is_initialized():
-                dist.init_process_group(backend)
-            self.dist = dist
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    def all_reduce_grads(self, params) -> None:
-        if not self.enabled:
-            return
-        for p in params:
-            if p.grad is not None:
-                self.dist.all_reduce(p.grad)
-
-    def broadcast_int(self, value: int, device) -> int:
-        if not self.enabled:
-            return value
-        t = torch.tensor([value], dtype=torch.long, device=device)
-        self.dist.broadcast(t, 0)
-        return int(t.item())
-
-    def barrier(self) -> None:
-        if self.enabled:
-            self.dist.barrier()
-
-
-def _rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-
-
-def _set_rng_state(s: dict) -> None:
-    torch.set_rng_state(s["torch"]); np.random.set_state(s["numpy"]); random.setstate(s["python"])
-
-
-def _numpy_array_globals() -> list:
-    """What a pickled numpy array needs (the numpy RNG state is one): its class, dtype and rebuild function.
-    None of them runs code of the file's choosing; numpy 1.x files name the rebuild function numpy.core.*."""
-    multiarray = np._core.multiarray if hasattr(np, "_core") else np.core.multiarray
-    numeric_dtypes = sorted({type(np.dtype(code)) for code in "?bBhHiIlLqQefdg"}, key=lambda t: t.__name__)
-    return [np.ndarray, np.dtype, *numeric_dtypes, multiarray._reconstruct,
-            (multiarray._reconstruct, "numpy.core.multiarray._reconstruct"),
-            (multiarray._reconstruct, "numpy._core.multiarray._reconstruct")]
-
-
-def load_trainer_state(path: Path) -> dict[str, Any]:
-    """A checkpoint's trainer state, read as data only (``torch.load(weights_only=True)``): tensors, numbers,
-    text, containers and numpy arrays. A run directory may come from someone else, and unpickling an arbitrary
-    object can run any code, so a state holding anything else is refused with TrainError."""
-    import pickle
-
-    try:
-        with torch.serialization.safe_globals(_numpy_array_globals()):
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        lines = [ln.split("error:", 1)[-1].strip() for ln in str(exc).splitlines()]
-        found = next((ln for ln in lines if "GLOBAL" in ln or "global" in ln or "Can only build" in ln), None)
-        if found is None:   # not a pickle of objects at all: a damaged or foreign file
-            why = next((ln for ln in lines if "Unsupported" in ln), type(exc).__name__)
-            raise TrainError(f"cannot read the trainer state {path} ({why}); the checkpoint is damaged: choose "
-                             "another --out to start over") from None
-        raise TrainError(f"refusing to resume from {path}: the trainer state holds Python objects besides plain "
-                         f"data (tensors, numbers, text, arrays), and loading them could run code ({found}). "
-                         "Resume only runs written by dart_core.train; to start over, choose another --out") from None
-    except (RuntimeError, EOFError, OSError) as exc:
-        raise TrainError(f"cannot read the trainer state {path} ({type(exc).__name__}: {exc}); the checkpoint is "
-                         "damaged: choose another --out to start over") from None
-    if not isinstance(state, dict) or "step" not in state:
-        raise TrainError(f"{path} is not a dart_core trainer state (no step count); choose another --out")
-    return state
 
 
 def _save_dtype(name: str) -> torch.dtype | None:
@@ -279,85 +55,6 @@ def _save_dtype(name: str) -> torch.dtype | None:
 
 class _Interrupted(Exception):
     pass
-
-
-# ---------------------------------------------------------------------------------------------- the method hooks
-@dataclass
-class Runtime:
-    """What the run resolved from the flags and the hardware."""
-    device: torch.device
-    dtype: torch.dtype
-    argmax: str
-    autocast: bool
-    extra: dict            # method-specific settings recorded in run_info (e.g. attention, prefixes_per_seq)
-    # (row, draft ids) -> SequenceFeatures: the feature cache, or the target run on the fly (set once loaded)
-    features: Callable[[DistillRow, torch.Tensor], SequenceFeatures] | None = None
-
-
-class TrainMethod:
-    """What differs between head trainers. ``levels``: predictions per position (DART: D+1 future
-    positions; EAGLE-3: the unrolled steps)."""
-    name = "head"
-    bar_desc = "train"
-
-    def __init__(self, cfg: BaseTrainConfig):
-        self.cfg = cfg
-
-    @property
-    def levels(self) -> int:
-        raise NotImplementedError
-
-    def resolve(self, device: torch.device) -> dict:
-        """Method-specific runtime settings (may raise TrainError for flags the device cannot honour)."""
-        return {}
-
-    def new_head(self, target, draft_ids: torch.Tensor):
-        """A new head for ``target`` over ``draft_ids`` (seeded; lm_head / layer from the target as the flags say)."""
-        raise NotImplementedError
-
-    def read_head(self, path_or_id: str | Path):
-        """This method's head from a directory or Hub id (strict load, no target)."""
-        raise NotImplementedError
-
-    def check_start_head(self, head) -> None:
-        """Refuse (TrainError) an --init-head whose shape the run's flags contradict."""
-
-    def load_head(self, path_or_id: str | Path, target, device: torch.device, source: str):
-        """A saved head (a checkpoint's, or --init-head's), checked against ``target``, float32 on ``device``,
-        embedding attached."""
-        from ..models.heads.files import check_head_matches_target
-
-        head = self.read_head(path_or_id)
-        check_head_matches_target(head.config, target, source=source, train_command=self.name)
-        head.to(device=device, dtype=torch.float32)
-        head.attach_embedding(target.model.get_input_embeddings().weight)
-        return head
-
-    def start_head(self, path_or_id: str, target, device: torch.device):
-        """The --init-head head to fine-tune, with a TrainError naming the flag when it cannot be used."""
-        from ..models.heads.files import HeadError, HeadTargetMismatch
-
-        try:
-            head = self.load_head(path_or_id, target, device, source=f"the --init-head head {path_or_id}")
-        except HeadTargetMismatch as exc:
-            raise TrainError(f"--init-head {path_or_id} was made for another target, so it cannot start a run for "
-                             f"{target.name}: {exc}. Drop --init-head to start a new head") from None
-        except HeadError as exc:
-            raise TrainError(f"--init-head {path_or_id} is not a usable {self.name} head: {exc}") from None
-        self.check_start_head(head)
-        return head
-
-    def save_head(self, head, out: Path, dtype: torch.dtype | None) -> None:
-        raise NotImplementedError
-
-    def sequence_loss(self, head, feats: SequenceFeatures, t2d_index: torch.Tensor, rt: Runtime,
-                      generator: torch.Generator) -> tuple[torch.Tensor, LevelStats] | None:
-        """Loss + stats of one training sequence (None: nothing to learn from it)."""
-        raise NotImplementedError
-
-    def evaluate(self, head, target, rows: Sequence[DistillRow], rt: Runtime) -> dict:
-        raise NotImplementedError
-
 
 
 def feature_source(cfg: BaseTrainConfig, target, rt: Runtime) -> tuple[Callable, dict]:
@@ -389,12 +86,12 @@ def feature_source(cfg: BaseTrainConfig, target, rt: Runtime) -> tuple[Callable,
                     "top_k": cache.top_k, "kept_mass": round(cache.kept_mass, 5), "argmax": "full"}
 
 
-def resolve_runtime(cfg: BaseTrainConfig, dist: _Dist, method: TrainMethod) -> Runtime:
+def resolve_runtime(cfg: BaseTrainConfig, ranks: Ranks, method: TrainMethod) -> Runtime:
     from ..models.loader import cpu_supports_bf16, resolve_device, resolve_dtype
 
     device = resolve_device(cfg.device)
-    if dist.enabled and device.type == "cuda":
-        device = torch.device(f"cuda:{dist.local_rank}")
+    if ranks.enabled and device.type == "cuda":
+        device = torch.device(f"cuda:{ranks.local_rank}")
         torch.cuda.set_device(device)
     dtype = resolve_dtype(cfg.dtype, device, inference=False)
     extra = method.resolve(device)
@@ -411,247 +108,396 @@ def train(cfg: BaseTrainConfig) -> dict:
 
 
 def run_training(cfg: BaseTrainConfig, method: TrainMethod) -> dict:
-    """Run (or resume) a training run; returns the summary written to ``out/training_summary.json``."""
-    from tqdm.auto import tqdm
+    """Run (or resume) a training run; returns the summary written to ``out/training_summary.json``.
+    Under torchrun every rank runs this; each takes its share of every batch (``--batch-seqs`` is the global
+    batch) and the gradients are summed, so N ranks take the steps one rank would."""
+    ranks = Ranks()
+    try:
+        run = plan_run(cfg, method, ranks)
+        s = run.schedule
+        if s.finished and s.step >= s.total_steps:  # a larger --max-steps extends a finished run
+            logger.info("the run in %s already finished (step %d); nothing to do", run.out, s.step)
+            summary_path = run.out / "training_summary.json"
+            return json.loads(summary_path.read_text()) if summary_path.is_file() else {"finished": True}
+        step_times = train_loop(run)
+        return finish_run(run, step_times)
+    finally:
+        ranks.close()
 
+
+@dataclass
+class Schedule:
+    """Where the run stands: what a checkpoint records besides the head and the optimiser, advanced by the loop."""
+    step: int
+    total_steps: int
+    warmup: int
+    epoch: int
+    cursor: int
+    elapsed0: float          # training seconds of the processes before this one (a resumed run)
+    history: list
+    budget_fitted: bool
+    finished: bool = False   # read back from a finished run's checkpoint
+    t_run: float = 0.0       # when this process's loop started
+
+    def elapsed(self) -> float:
+        return self.elapsed0 + (time.perf_counter() - self.t_run)
+
+
+@dataclass
+class Run:
+    """What :func:`plan_run` resolved before the first step: flags, ranks, target, rows, head, optimiser, schedule."""
+    cfg: BaseTrainConfig
+    method: TrainMethod
+    ranks: Ranks
+    rt: Runtime
+    target: Any
+    out: Path
+    train_rows: list
+    heldout: list
+    eval_rows: list
+    vocab_info: dict
+    head: Any
+    params: list
+    optimizer: torch.optim.Optimizer
+    t2d_index: torch.Tensor
+    planned: int             # the steps of --epochs or --max-steps, before any time budget
+    schedule: Schedule
+    run_info: dict
+    save_dtype: torch.dtype | None
+    stop_requested: bool = False   # SIGTERM: stop at the next sequence with a checkpoint
+
+    @property
+    def log_path(self) -> Path:
+        return self.out / "train_log.jsonl"
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.out / "checkpoint"
+
+
+# ---------------------------------------------------------------------------------------------- plan
+def plan_run(cfg: BaseTrainConfig, method: TrainMethod, ranks: Ranks) -> Run:
+    """Check the flags, join the ranks, load the target and the corpus, start (or read back) the head, its
+    optimiser and the schedule, and write run_info.json."""
     from ..models.loader import load_target
 
     cfg.validate()
     save_dtype = _save_dtype(cfg.save_dtype)
-    dist = _Dist()
+    if ranks.world > cfg.batch_seqs:
+        raise TrainError(f"--batch-seqs {cfg.batch_seqs} is the global batch and torchrun started {ranks.world} "
+                         "ranks: every rank needs a sequence per step; raise --batch-seqs or start fewer ranks")
     out = Path(cfg.out)
-    ckpt_dir = out / "checkpoint"
-    existing = find_checkpoint(ckpt_dir)
+    existing = find_checkpoint(out / "checkpoint")
     if existing is not None and not cfg.resume:
         raise TrainError(f"{out} already holds a checkpoint ({existing}); pass --resume to continue it, or choose "
                          "another --out")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    rt = resolve_runtime(cfg, dist, method)
-    device = rt.device
+    rt = resolve_runtime(cfg, ranks, method)
+    ranks.start(rt.device)
 
     t_setup = time.perf_counter()
-    target = load_target(cfg.target, dtype=rt.dtype, device=str(device))
+    target = load_target(cfg.target, dtype=rt.dtype, device=str(rt.device))
     for p in target.model.parameters():
         p.requires_grad_(False)
-    rows = load_distill_rows(cfg.data, vocab_size=target.vocab_size)
-    rows = [truncate(r, cfg.max_seq_len) for r in rows]
-    rows = [r for r in rows if len(r.response_ids) >= 2]
-    train_rows, heldout = split_rows(rows, cfg.heldout_permille)
-    vocab_rows = train_rows  # the draft vocabulary counts the whole training split, even with --train-rows
-    if cfg.train_rows is not None and cfg.train_rows < len(train_rows):
-        pick = np.random.default_rng([cfg.seed, 7]).permutation(len(train_rows))[: cfg.train_rows]
-        train_rows = [train_rows[i] for i in sorted(pick.tolist())]
+    train_rows, heldout, vocab_rows = _split_corpus(cfg, target)
     eval_rows = heldout[: cfg.eval_rows]
     rt.features, features_info = feature_source(cfg, target, rt)
     if not train_rows:
         raise TrainError(f"no training rows left in {cfg.data} after the held-out split (--heldout-permille)")
 
-    state: dict[str, Any] = {}
-    if existing is not None:
-        state = load_trainer_state(existing / STATE_FILE)
-        if state.get("method", "dart") != method.name:
-            raise TrainError(f"the checkpoint in {existing} is a {state.get('method', 'dart')} run, not {method.name}; "
-                             f"resume it with `python -m dart_core.train {state.get('method', 'dart')} ...`, or "
-                             "choose another --out")
+    state = _read_state(existing, method, len(train_rows)) if existing is not None else {}
+    if state and state.get("world_size", 1) != ranks.world:
+        # Nothing in the state depends on the ranks: the batch order, the per-sequence seeds and the optimiser
+        # are global, so the run goes on as if the world size had never changed.
+        logger.info("resuming a %d-rank run on %d rank(s): the same global batch of %d sequences",
+                    state.get("world_size", 1), ranks.world, cfg.batch_seqs)
+    head, vocab_info = _start_head(cfg, method, target, rt.device, existing, state, vocab_rows)
+    head.train()
+    params = [p for p in head.parameters() if p.requires_grad]
+    ranks.broadcast_params(params)
+    optimizer = make_optimizer(params, cfg.lr, cfg.weight_decay)
+    planned = cfg.max_steps or max(1, math.ceil(cfg.epochs * len(train_rows) / cfg.batch_seqs))
+    if state:
+        optimizer.load_state_dict(state["optimizer"])
+        set_rng_state(state["rng"])
+    else:
+        torch.manual_seed(cfg.seed)
+    schedule = _schedule(cfg, state, planned)
+
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = out / "train_log.jsonl"
+    if ranks.main and state and log_path.is_file():
+        # Steps logged after the checkpoint (a hard kill) are redone: drop them from the log.
+        kept = [ln for ln in log_path.read_text(encoding="utf-8").splitlines() if _log_step(ln) <= schedule.step]
+        log_path.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
+    run_info = {"method": method.name, "target": target.name, "data": str(cfg.data), "train_rows": len(train_rows),
+                "train_tokens": corpus_stats(train_rows), "heldout_rows": len(heldout), "eval_rows": len(eval_rows),
+                **_runtime_info(cfg, rt, features_info), "world_size": ranks.world, "vocab": vocab_info,
+                "config": asdict(cfg)}
+    if ranks.main:
+        logger.info("run: %s", json.dumps({k: v for k, v in run_info.items() if k != "config"}))
+        (out / "run_info.json").write_text(json.dumps(run_info, indent=1) + "\n", encoding="utf-8")
+    logger.info("setup took %.1f s", time.perf_counter() - t_setup)
+    return Run(cfg=cfg, method=method, ranks=ranks, rt=rt, target=target, out=out, train_rows=train_rows,
+               heldout=heldout, eval_rows=eval_rows, vocab_info=vocab_info, head=head, params=params,
+               optimizer=optimizer, t2d_index=head.target_to_draft(), planned=planned, schedule=schedule,
+               run_info=run_info, save_dtype=save_dtype)
+
+
+def _runtime_info(cfg: BaseTrainConfig, rt: Runtime, features_info: dict) -> dict:
+    """run_info's record of the machine, the runtime settings, the feature source and how the head started."""
+    return {"device": str(rt.device), "cpu": cpu_description(), "target_dtype": dtype_name(rt.dtype), **rt.extra,
+            "argmax": features_info.get("argmax", rt.argmax), "autocast_bf16": rt.autocast,
+            "features": features_info,
+            "init": {"head": cfg.init_head, "layer_from_target": cfg.init_layer_from_target,
+                     "lm_head_from_target": cfg.init_lm_head_from_target and not cfg.init_head},
+            "threads": torch.get_num_threads()}
+
+
+def _split_corpus(cfg: BaseTrainConfig, target) -> tuple[list, list, list]:
+    """(training rows, held-out rows, the rows the draft vocabulary counts): truncated, the stable held-out split,
+    then a seeded --train-rows subset (the vocabulary still counts the whole training split)."""
+    rows = load_distill_rows(cfg.data, vocab_size=target.vocab_size)
+    rows = [truncate(r, cfg.max_seq_len) for r in rows]
+    rows = [r for r in rows if len(r.response_ids) >= 2]
+    train_rows, heldout = split_rows(rows, cfg.heldout_permille)
+    vocab_rows = train_rows
+    if cfg.train_rows is not None and cfg.train_rows < len(train_rows):
+        pick = np.random.default_rng([cfg.seed, 7]).permutation(len(train_rows))[: cfg.train_rows]
+        train_rows = [train_rows[i] for i in sorted(pick.tolist())]
+    return train_rows, heldout, vocab_rows
+
+
+def _read_state(existing: Path, method: TrainMethod, n_train_rows: int) -> dict[str, Any]:
+    """The checkpoint's trainer state, refused when it belongs to another method or other data flags."""
+    state = load_trainer_state(existing / STATE_FILE)
+    if state.get("method", "dart") != method.name:
+        raise TrainError(f"the checkpoint in {existing} is a {state.get('method', 'dart')} run, not {method.name}; "
+                         f"resume it with `python -m dart_core.train {state.get('method', 'dart')} ...`, or "
+                         "choose another --out")
+    if state.get("data_rows") != n_train_rows:
+        raise TrainError(f"the checkpoint was trained on {state.get('data_rows')} rows but --data/--train-rows "
+                         f"now give {n_train_rows}; resume with the same data flags")
+    return state
+
+
+def _start_head(cfg: BaseTrainConfig, method: TrainMethod, target, device: torch.device, existing: Path | None,
+                state: dict, vocab_rows: Sequence[DistillRow]) -> tuple[Any, dict]:
+    """The head the run starts from, and its vocabulary record: the checkpoint's (resume), --init-head's
+    (fine-tuning) or a new head over a draft vocabulary built from ``vocab_rows``."""
+    if state:
         head = method.load_head(existing / "head", target, device, source=f"the checkpoint in {existing}")
-        if state.get("data_rows") != len(train_rows):
-            raise TrainError(f"the checkpoint was trained on {state.get('data_rows')} rows but --data/--train-rows "
-                             f"now give {len(train_rows)}; resume with the same data flags")
-        vocab_info = state["vocab"]
         logger.info("resuming from %s at step %d of %d", existing, state["step"], state["total_steps"])
-    elif cfg.init_head:
+        return head, state["vocab"]
+    if cfg.init_head:
         # Fine-tuning: the head's own weights and draft vocabulary (--draft-vocab-size does not apply).
         head = method.start_head(cfg.init_head, target, device)
         vocab_info = head_vocab_info(head, vocab_rows)
         logger.info("starting from %s: its draft vocabulary of %d tokens covers %.2f%% of %d training response "
                     "tokens", cfg.init_head, vocab_info["size"], 100 * vocab_info["coverage"],
                     vocab_info["counted_tokens"])
-    else:
-        vocab = build_draft_vocab((r.response_ids for r in vocab_rows), target.vocab_size, cfg.draft_vocab_size,
-                                  always_include=target.eos_token_ids)
-        vocab_info = {"size": vocab.size, "coverage": round(vocab.coverage, 5),
-                      "counted_tokens": vocab.counted_tokens}
-        logger.info("draft vocabulary: %d tokens cover %.2f%% of %d training response tokens", vocab.size,
-                    100 * vocab.coverage, vocab.counted_tokens)
-        head = method.new_head(target, vocab.draft_ids)
-    head.train()
-    params = [p for p in head.parameters() if p.requires_grad]
-    optimizer = make_optimizer(params, cfg.lr, cfg.weight_decay)
-    t2d_index = head.target_to_draft()
+        return head, vocab_info
+    vocab = build_draft_vocab((r.response_ids for r in vocab_rows), target.vocab_size, cfg.draft_vocab_size,
+                              always_include=target.eos_token_ids)
+    vocab_info = {"size": vocab.size, "coverage": round(vocab.coverage, 5), "counted_tokens": vocab.counted_tokens}
+    logger.info("draft vocabulary: %d tokens cover %.2f%% of %d training response tokens", vocab.size,
+                100 * vocab.coverage, vocab.counted_tokens)
+    return method.new_head(target, vocab.draft_ids), vocab_info
 
-    planned = cfg.max_steps or max(1, math.ceil(cfg.epochs * len(train_rows) / cfg.batch_seqs))
-    if state:
-        optimizer.load_state_dict(state["optimizer"])
-        _set_rng_state(state["rng"])
-        step, total_steps, elapsed0 = state["step"], state["total_steps"], state["elapsed_s"]
-        epoch, cursor = state["epoch"], state["cursor"]
-        history = state.get("history", [])
-        if cfg.max_steps is not None:  # an explicit --max-steps on resume replaces the plan
-            total_steps = max(step, cfg.max_steps)
-    else:
-        torch.manual_seed(cfg.seed)
-        step, total_steps, elapsed0, epoch, cursor, history = 0, planned, 0.0, 0, 0, []
+
+def _schedule(cfg: BaseTrainConfig, state: dict, planned: int) -> Schedule:
+    """A fresh schedule of ``planned`` steps, or the checkpoint's (an explicit --max-steps on resume replaces
+    its plan)."""
+    if not state:
+        return Schedule(step=0, total_steps=planned, warmup=max(1, int(cfg.warmup_frac * planned)), epoch=0,
+                        cursor=0, elapsed0=0.0, history=[], budget_fitted=False)
+    total_steps = state["total_steps"]
+    if cfg.max_steps is not None:
+        total_steps = max(state["step"], cfg.max_steps)
+    return Schedule(step=state["step"], total_steps=total_steps,
+                    warmup=state.get("warmup", max(1, int(cfg.warmup_frac * total_steps))), epoch=state["epoch"],
+                    cursor=state["cursor"], elapsed0=state["elapsed_s"], history=state.get("history", []),
+                    budget_fitted=bool(state.get("budget_fitted", False)), finished=bool(state.get("finished")))
+
+
+def write_checkpoint(run: Run, finished: bool = False) -> None:
+    """The head, optimiser, schedule and RNG states into out/checkpoint (atomically; rank 0 only)."""
+    if not run.ranks.main:
+        return
+    s = run.schedule
+    elapsed = s.elapsed()
+
+    def write(tmp: Path) -> None:
+        run.method.save_head(run.head, tmp / "head", None)
+        torch.save({"step": s.step, "total_steps": s.total_steps, "warmup": s.warmup, "epoch": s.epoch,
+                    "cursor": s.cursor, "elapsed_s": elapsed, "optimizer": run.optimizer.state_dict(),
+                    "rng": rng_state(), "data_rows": len(run.train_rows), "vocab": run.vocab_info,
+                    "history": s.history, "budget_fitted": s.budget_fitted, "finished": finished,
+                    "method": run.method.name, "world_size": run.ranks.world, "config": asdict(run.cfg)},
+                   tmp / STATE_FILE)
+    save_checkpoint(run.ckpt_dir, write)
+    logger.info("checkpoint at step %d -> %s", s.step, run.ckpt_dir)
+
+
+# ---------------------------------------------------------------------------------------------- loop
+def train_loop(run: Run) -> list[float]:
+    """Optimizer steps until the schedule's total (refitted to the time budget as it goes), a line of
+    train_log.jsonl each, a checkpoint every --checkpoint-minutes and on Ctrl-C / SIGTERM (then
+    KeyboardInterrupt). Returns this process's step times."""
+    from tqdm.auto import tqdm
+
+    cfg, ranks, s = run.cfg, run.ranks, run.schedule
     budget = BudgetPlanner(cfg.time_budget_min * 60 if cfg.time_budget_min else None,
-                           reserve_s=_eval_reserve_s(len(eval_rows)))
-    ceiling = max(total_steps, planned)   # the budget may shorten the plan, never pass this
-    budget_fitted = bool(state.get("budget_fitted", False))
-    warmup = max(1, int(cfg.warmup_frac * total_steps))
-    if state:
-        warmup = state.get("warmup", warmup)
+                           reserve_s=_eval_reserve_s(len(run.eval_rows)))
+    ceiling = max(s.total_steps, run.planned)   # the budget may shorten the plan, never pass this
 
-    out.mkdir(parents=True, exist_ok=True)
-    log_path = out / "train_log.jsonl"
-    if dist.main and state and log_path.is_file():
-        # Steps logged after the checkpoint (a hard kill) are redone: drop them from the log.
-        kept = [ln for ln in log_path.read_text(encoding="utf-8").splitlines() if _log_step(ln) <= step]
-        log_path.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
-    run_info = {"method": method.name, "target": target.name, "data": str(cfg.data), "train_rows": len(train_rows),
-                "train_tokens": corpus_stats(train_rows), "heldout_rows": len(heldout), "eval_rows": len(eval_rows),
-                "device": str(device), "cpu": cpu_description(),
-                "target_dtype": dtype_name(rt.dtype), **rt.extra,
-                "argmax": features_info.get("argmax", rt.argmax), "autocast_bf16": rt.autocast,
-                "features": features_info,
-                "init": {"head": cfg.init_head, "layer_from_target": cfg.init_layer_from_target,
-                         "lm_head_from_target": cfg.init_lm_head_from_target and not cfg.init_head},
-                "threads": torch.get_num_threads(), "world_size": dist.world, "vocab": vocab_info,
-                "config": asdict(cfg)}
-    if dist.main:
-        logger.info("run: %s", json.dumps({k: v for k, v in run_info.items() if k != "config"}))
-        (out / "run_info.json").write_text(json.dumps(run_info, indent=1) + "\n", encoding="utf-8")
-    logger.info("setup took %.1f s", time.perf_counter() - t_setup)
-
-    def write_checkpoint(finished: bool = False) -> None:
-        if not dist.main:
-            return
-        elapsed = elapsed0 + (time.perf_counter() - t_run)
-
-        def write(tmp: Path) -> None:
-            method.save_head(head, tmp / "head", None)
-            torch.save({"step": step, "total_steps": total_steps, "warmup": warmup, "epoch": epoch, "cursor": cursor,
-                        "elapsed_s": elapsed, "optimizer": optimizer.state_dict(), "rng": _rng_state(),
-                        "data_rows": len(train_rows), "vocab": vocab_info, "history": history,
-                        "budget_fitted": budget_fitted, "finished": finished, "method": method.name,
-                        "config": asdict(cfg)},
-                       tmp / STATE_FILE)
-        save_checkpoint(ckpt_dir, write)
-        logger.info("checkpoint at step %d -> %s", step, ckpt_dir)
-
-    if state.get("finished") and step >= total_steps:  # a larger --max-steps extends a finished run
-        logger.info("the run in %s already finished (step %d); nothing to do", out, step)
-        summary_path = out / "training_summary.json"
-        return json.loads(summary_path.read_text()) if summary_path.is_file() else {"finished": True}
-
-    # SIGTERM (e.g. a job scheduler) becomes a clean stop with a checkpoint, like Ctrl-C.
+    # SIGTERM (a job scheduler; torchrun when a rank fails) becomes a clean stop with a checkpoint, like Ctrl-C.
+    # It only sets a flag, read between sequences: raised at any bytecode it could land between the optimizer
+    # step and the step count (a checkpoint one step off), or inside the checkpoint written after a lost rank.
     def on_term(signum, frame):
-        raise _Interrupted()
-    old_term = signal.signal(signal.SIGTERM, on_term) if dist.main else None
+        run.stop_requested = True
+    old_term = signal.signal(signal.SIGTERM, on_term) if ranks.main else None
 
-    t_run = time.perf_counter()
-    last_ckpt = t_run
+    s.t_run = time.perf_counter()
+    last_ckpt = s.t_run
     step_times: list[float] = []
-    batches = iterate_batches(len(train_rows), cfg.batch_seqs, cfg.seed, epoch, cursor)
-    bar = tqdm(total=total_steps, initial=step, desc=method.bar_desc, unit="step",
-               disable=not (cfg.progress and dist.main), file=sys.stderr, dynamic_ncols=True)
+    batches = iterate_batches(len(run.train_rows), cfg.batch_seqs, cfg.seed, s.epoch, s.cursor)
+    bar = tqdm(total=s.total_steps, initial=s.step, desc=run.method.bar_desc, unit="step",
+               disable=not (cfg.progress and ranks.main), file=sys.stderr, dynamic_ncols=True)
     interrupted = False
     try:
-        while step < total_steps:
+        while s.step < s.total_steps:
+            if run.stop_requested:
+                raise _Interrupted()
             t0 = time.perf_counter()
             epoch_b, cursor_b, idx = next(batches)
-            lr = cosine_lr(step, total_steps, warmup, cfg.lr, cfg.min_lr_ratio)
-            set_lr(optimizer, lr)
-            optimizer.zero_grad(set_to_none=True)
-            stats = LevelStats.zeros(method.levels)
-            loss_sum, n_seq, t_feat, tokens = 0.0, 0, 0.0, 0
-            my_idx = idx[dist.rank::dist.world]
-            for i in my_idx:
-                row = train_rows[i]
-                tf = time.perf_counter()
-                feats = rt.features(row, head.draft_ids)
-                t_feat += time.perf_counter() - tf
-                g = torch.Generator().manual_seed(hash((cfg.seed, step, int(i))) & 0x7FFFFFFF)
-                res = method.sequence_loss(head, feats, t2d_index, rt, g)
-                if res is None:
-                    continue
-                loss, st = res
-                (loss / len(idx)).backward()
-                stats.add(st)
-                loss_sum += float(loss.detach())
-                n_seq += 1
-                tokens += len(row)
-            dist.all_reduce_grads(params)
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.clip))
-            optimizer.step()
-            step += 1
-            epoch, cursor = epoch_b, cursor_b
+            lr = cosine_lr(s.step, s.total_steps, s.warmup, cfg.lr, cfg.min_lr_ratio)
+            rec = _train_step(run, idx, lr)
+            s.step += 1
+            s.epoch, s.cursor = epoch_b, cursor_b
             dt = time.perf_counter() - t0
             step_times.append(dt)
-            elapsed = elapsed0 + (time.perf_counter() - t_run)
-
-            summ = stats.summary()
-            rec = {"step": step, "epoch": epoch, "lr": lr, "loss": round(loss_sum / max(n_seq, 1), 5),
-                   "grad_norm": round(grad_norm, 4), "hit@1": summ["hit@1"], "seqs": n_seq, "tokens": tokens,
-                   "step_s": round(dt, 3), "features_s": round(t_feat, 3), "elapsed_s": round(elapsed, 1),
-                   "total_steps": total_steps}
-            history.append({k: rec[k] for k in ("step", "loss")})
-            if dist.main:
-                with log_path.open("a", encoding="utf-8") as f:
+            features_s = rec.pop("features_s")
+            rec = {"step": s.step, "epoch": s.epoch, "lr": lr, **rec, "step_s": round(dt, 3),
+                   "features_s": features_s, "elapsed_s": round(s.elapsed(), 1), "total_steps": s.total_steps}
+            s.history.append({k: rec[k] for k in ("step", "loss")})
+            if ranks.main:
+                with run.log_path.open("a", encoding="utf-8") as f:
                     f.write(json.dumps(rec) + "\n")
                 bar.update(1)
-                bar.set_postfix_str(f"loss {rec['loss']:.3f} h1@t1 {summ['hit@1'][0]:.2f} "
-                                    f"h1@t2 {summ['hit@1'][1] if len(summ['hit@1']) > 1 else 0:.2f} "
+                h1 = rec["hit@1"]
+                bar.set_postfix_str(f"loss {rec['loss']:.3f} h1@t1 {h1[0]:.2f} h1@t2 {h1[1] if len(h1) > 1 else 0:.2f} "
                                     f"{dt:.1f}s/step lr {lr:.2e}", refresh=False)
-
-            # Fit the schedule to the time budget at the recent pace (decided by rank 0, shared with every rank).
-            pace_s = budget.pace(step_times)
-            new_total = budget.plan(total_steps, ceiling, step, elapsed, pace_s)
-            new_total = dist.broadcast_int(new_total, device)
-            if new_total != total_steps:
-                if not budget_fitted:
-                    logger.info("time budget: %.1f s/step -> %d steps instead of %d", pace_s, new_total, total_steps)
-                    if step < warmup:   # the warmup is a share of the fitted run, not of the epochs plan
-                        warmup = max(1, int(cfg.warmup_frac * new_total))
-                budget_fitted = True
-                total_steps = new_total
-                bar.total = total_steps
-            if dist.main and time.perf_counter() - last_ckpt >= cfg.checkpoint_minutes * 60 and step < total_steps:
-                write_checkpoint()
+            _fit_budget(run, budget, ceiling, step_times, bar)
+            if ranks.main and time.perf_counter() - last_ckpt >= cfg.checkpoint_minutes * 60 and s.step < s.total_steps:
+                write_checkpoint(run)
                 last_ckpt = time.perf_counter()
     except (KeyboardInterrupt, _Interrupted):
         interrupted = True
+    except RankLost as exc:
+        # A collective failed before this step's optimizer step or after its count: the head, optimiser and
+        # schedule are one finished step's, so rank 0 checkpoints them.
+        write_checkpoint(run)
+        saved = f"the checkpoint holds step {s.step}; " if ranks.main else ""
+        raise TrainError(f"{exc}: another rank stopped; {saved}rerun the same command with --resume (at any number "
+                         "of ranks) to continue from the last checkpoint") from None
     finally:
         bar.close()
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
     if interrupted:
-        write_checkpoint()
-        logger.warning("interrupted at step %d: checkpoint saved; continue with --resume", step)
+        write_checkpoint(run)
+        logger.warning("interrupted at step %d: checkpoint saved; continue with --resume", s.step)
         raise KeyboardInterrupt
-    train_s = elapsed0 + (time.perf_counter() - t_run)
+    return step_times
 
+
+def _train_step(run: Run, idx: list[int], lr: float) -> dict:
+    """One optimizer step over the batch ``idx``: this rank's share of it (every world-th sequence), the
+    gradients and statistics summed over the ranks, so the step and its log record are the one-rank run's
+    (loss, grad norm, hit@1, sequences, tokens; the feature seconds are this rank's)."""
+    cfg, ranks, rt = run.cfg, run.ranks, run.rt
+    set_lr(run.optimizer, lr)
+    run.optimizer.zero_grad(set_to_none=True)
+    stats = LevelStats.zeros(run.method.levels)
+    loss_sum, n_seq, t_feat, tokens = 0.0, 0, 0.0, 0
+    for i in idx[ranks.rank::ranks.world]:
+        if run.stop_requested:
+            raise _Interrupted()
+        row = run.train_rows[i]
+        tf = time.perf_counter()
+        feats = rt.features(row, run.head.draft_ids)
+        t_feat += time.perf_counter() - tf
+        g = torch.Generator().manual_seed(hash((cfg.seed, run.schedule.step, int(i))) & 0x7FFFFFFF)
+        res = run.method.sequence_loss(run.head, feats, run.t2d_index, rt, g)
+        if res is None:
+            continue
+        loss, st = res
+        (loss / len(idx)).backward()
+        stats.add(st)
+        loss_sum += float(loss.detach())
+        n_seq += 1
+        tokens += len(row)
+    if ranks.enabled:
+        ranks.all_reduce_grads(run.params)
+        totals = ranks.sum(torch.tensor([loss_sum, n_seq, tokens], dtype=torch.float64, device=rt.device))
+        stats = LevelStats.from_vector(ranks.sum(stats.to_vector(rt.device)), run.method.levels)
+        loss_sum, n_seq, tokens = float(totals[0]), int(totals[1]), int(totals[2])
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(run.params, cfg.clip))
+    run.optimizer.step()
+    return {"loss": round(loss_sum / max(n_seq, 1), 5), "grad_norm": round(grad_norm, 4),
+            "hit@1": stats.summary()["hit@1"], "seqs": n_seq, "tokens": tokens, "features_s": round(t_feat, 3)}
+
+
+def _fit_budget(run: Run, budget: BudgetPlanner, ceiling: int, step_times: list[float], bar) -> None:
+    """Fit the schedule to the time budget at the recent pace (decided by rank 0, shared with every rank)."""
+    s = run.schedule
+    pace_s = budget.pace(step_times)
+    new_total = budget.plan(s.total_steps, ceiling, s.step, s.elapsed(), pace_s)
+    new_total = run.ranks.broadcast_int(new_total, run.rt.device)
+    if new_total == s.total_steps:
+        return
+    if not s.budget_fitted:
+        logger.info("time budget: %.1f s/step -> %d steps instead of %d", pace_s, new_total, s.total_steps)
+        if s.step < s.warmup:   # the warmup is a share of the fitted run, not of the epochs plan
+            s.warmup = max(1, int(run.cfg.warmup_frac * new_total))
+    s.budget_fitted = True
+    s.total_steps = new_total
+    bar.total = s.total_steps
+
+
+# ---------------------------------------------------------------------------------------------- finish
+def finish_run(run: Run, step_times: list[float]) -> dict:
+    """On rank 0: the held-out evaluation, the head in --save-dtype, eval.json, training_summary.json, the model
+    card and a finished checkpoint; every rank waits for it. Returns the summary (empty on other ranks)."""
+    cfg, s = run.cfg, run.schedule
+    train_s = s.elapsed()
     summary: dict[str, Any] = {}
-    if dist.main:
+    if run.ranks.main:
         t_eval = time.perf_counter()
-        evaluation = method.evaluate(head, target, eval_rows, rt) if eval_rows else {}
+        evaluation = run.method.evaluate(run.head, run.target, run.eval_rows, run.rt) if run.eval_rows else {}
         eval_s = time.perf_counter() - t_eval
-        method.save_head(head, out, save_dtype)
-        summary = {**{k: v for k, v in run_info.items() if k != "config"}, "steps": step,
-                   "planned_steps": planned, "batch_seqs": cfg.batch_seqs,
-                   "sequences_seen": step * cfg.batch_seqs, "epochs_seen": round(step * cfg.batch_seqs / len(train_rows), 3),
+        run.method.save_head(run.head, run.out, run.save_dtype)
+        summary = {**{k: v for k, v in run.run_info.items() if k != "config"}, "steps": s.step,
+                   "planned_steps": run.planned, "batch_seqs": cfg.batch_seqs,
+                   "sequences_seen": s.step * cfg.batch_seqs,
+                   "epochs_seen": round(s.step * cfg.batch_seqs / len(run.train_rows), 3),
                    "train_wall_s": round(train_s, 1), "eval_wall_s": round(eval_s, 1),
                    "mean_step_s": round(float(np.mean(step_times)) if step_times else 0.0, 3),
-                   "final_train_loss": history[-1]["loss"] if history else None, "eval": evaluation,
-                   "sources": _source_counts(train_rows), "head_bytes": (out / "model.safetensors").stat().st_size,
-                   "lr_restarts": lr_restarts(log_path, warmup), "config": asdict(cfg)}
+                   "final_train_loss": s.history[-1]["loss"] if s.history else None, "eval": evaluation,
+                   "sources": _source_counts(run.train_rows),
+                   "head_bytes": (run.out / "model.safetensors").stat().st_size,
+                   "lr_restarts": lr_restarts(run.log_path, s.warmup), "config": asdict(cfg)}
         if cfg.compare_with:
             summary["compare_with"] = compared_run(cfg.compare_with)
-        (out / "eval.json").write_text(json.dumps(evaluation, indent=1) + "\n", encoding="utf-8")
-        (out / "training_summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
-        (out / "README.md").write_text(model_card(summary), encoding="utf-8")
-        write_checkpoint(finished=True)
-        logger.info("done: %d steps in %.0f s; held-out hit@1 per position %s", step, train_s,
+        (run.out / "eval.json").write_text(json.dumps(evaluation, indent=1) + "\n", encoding="utf-8")
+        (run.out / "training_summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+        (run.out / "README.md").write_text(model_card(summary), encoding="utf-8")
+        write_checkpoint(run, finished=True)
+        logger.info("done: %d steps in %.0f s; held-out hit@1 per position %s", s.step, train_s,
                     evaluation.get("hit@1"))
-    dist.barrier()
+    run.ranks.barrier()
     return summary
 
 
