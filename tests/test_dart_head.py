@@ -331,7 +331,7 @@ def tiny_head_dir(tiny, tmp_path_factory):
 def test_a_head_for_another_target_is_refused(tiny, tiny_head_dir):
     dirs, targets = tiny
     head = load_dart_head(tiny_head_dir, targets["llama"])                     # its own target: fine
-    assert head._embed is targets["llama"].model.get_input_embeddings().weight
+    assert head.embedding is targets["llama"].model.get_input_embeddings().weight
     with pytest.raises(HeadTargetMismatch, match="other weights .*fingerprint"):
         load_dart_head(tiny_head_dir, targets["llama_other"])                   # same shapes, other weights
     with pytest.raises(HeadTargetMismatch, match="qwen3"):

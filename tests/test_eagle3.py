@@ -409,7 +409,7 @@ def tiny_head_dir(tiny, tmp_path_factory):
 def test_a_head_for_another_target_is_refused(tiny, tiny_head_dir, tmp_path):
     _, targets = tiny
     head = load_eagle3_head(tiny_head_dir, targets["llama"])
-    assert head._embed is targets["llama"].model.get_input_embeddings().weight
+    assert head.embedding is targets["llama"].model.get_input_embeddings().weight
     with pytest.raises(HeadTargetMismatch, match="other weights .*fingerprint.*dart_core.train eagle3") as err:
         load_eagle3_head(tiny_head_dir, targets["llama_other"])
     assert isinstance(err.value, Eagle3HeadError) and not isinstance(err.value, DartHeadError)

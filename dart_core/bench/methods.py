@@ -111,7 +111,7 @@ def _eagle3_runner(target, args, EngineRunner, sized):
 
 
 def _load(target, args, with_ngram: bool):
-    from ..api import load_head_and_ngram
+    from ..loading import load_head_and_ngram
     from ..drafters.dart import DartDrafter
 
     head, store = load_head_and_ngram(target, getattr(args, "base_model_name_or_path", None),

@@ -54,6 +54,8 @@ class Drafter(Protocol):
 
     # Optional: ``step_done(trace: StepTrace) -> None``, called with each step's whole trace (tree, accepted
     # path, stage times) after the commit; dart_core.sizing.AutoTree sizes its trees from these.
+    # Optional: ``cache_nbytes() -> int``, the bytes of the drafter's own caches (a head's KV cache), which
+    # SpeculativeEngine.cache_nbytes counts with the target's.
 
 
 class FeatureDrafter:
@@ -70,7 +72,7 @@ class FeatureDrafter:
         (``head.kind`` names it in errors). loader: the load function the error recommends.
         prepare: applied once to the head in eval mode, returns (how the head runs, its native step or None);
         the drafters pass ``models.heads.native_step.prepare_head``. A native step brings its own head cache."""
-        if head._embed is None:
+        if head.embedding is None:
             raise ValueError(f"the {head.kind} head has no token embedding: load it with {loader}(path, target) "
                              "or call head.attach_embedding(target embedding)")
         self.head = head.eval()
@@ -96,6 +98,10 @@ class FeatureDrafter:
             raise ValueError(f"AcceptedStep has {len(step.tokens)} tokens but {step.aux.shape[0]} aux rows")
         self._pending = step.aux if self._pending is None else torch.cat([self._pending, step.aux])
         self._proposed = False
+
+    def cache_nbytes(self) -> int:
+        """Bytes of the head's KV cache (the weights are shared and not counted)."""
+        return self._cache.nbytes
 
     @property
     def waiting_positions(self) -> int:

@@ -175,10 +175,10 @@ class DartHead(DraftHeadBase):
     # ------------------------------------------------------------------ pieces of the forward
     def embed_inputs(self, aux: torch.Tensor, next_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """aux [n, 3H_t], next_ids [n] (token i+1 for feature i) -> x [n, 2H], residual h = fc(aux) [n, H]."""
-        if self._embed is None:
+        if self.embedding is None:
             raise RuntimeError("DartHead has no token embedding: call attach_embedding(target embedding) first")
         h = self.fc(aux)
-        e = F.embedding(next_ids.to(self._embed.device), self._embed).to(h.dtype)
+        e = F.embedding(next_ids.to(self.embedding.device), self.embedding).to(h.dtype)
         x = torch.cat([self.midlayer.input_layernorm(e), self.midlayer.hidden_norm(h)], dim=-1)
         return x, h
 

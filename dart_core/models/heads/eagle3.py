@@ -188,11 +188,11 @@ class Eagle3Head(DraftHeadBase):
         With a cache: this call's K/V are written to slots [write_at, write_at + n) (reserved by the
         caller) and the rows attend to slots [0, write_at + n) under ``allowed`` [n, write_at + n].
         """
-        if self._embed is None:
+        if self.embedding is None:
             raise RuntimeError("Eagle3Head has no token embedding: call attach_embedding(target embedding) first")
         mid = self.midlayer
         n = h.shape[0]
-        e = F.embedding(ids.to(self._embed.device), self._embed).to(h.device, h.dtype)
+        e = F.embedding(ids.to(self.embedding.device), self.embedding).to(h.device, h.dtype)
         x = torch.cat([mid.input_layernorm(e), mid.hidden_norm(h)], dim=-1)      # [n, 2H]
         q, k, v = mid.self_attn.qkv(x, positions)                                 # [heads|kv, n, hd]
         if cache is not None:
