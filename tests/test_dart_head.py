@@ -548,11 +548,11 @@ def test_bench_method_registration(tiny, tiny_head_dir):
     # trees the DartDrafter sits inside an AutoTree, which holds a set budget.)
     def pruning_of(runner):
         drafter = runner.engine.drafter
-        return getattr(drafter, "inner", drafter).pruning
-    assert pruning_of(registry["dart"].factory(t, args)).budget == PruningConfig().budget
+        return getattr(drafter, "inner", drafter).tree_settings()
+    assert pruning_of(registry["dart"].factory(t, args))["budget"] == PruningConfig().budget
     args.budget, args.beam_width = 7, 3
     pruning = pruning_of(registry["dart"].factory(t, args))
-    assert (pruning.budget, pruning.beam_width, pruning.level_top_k) == (7, 3, PruningConfig().level_top_k)
+    assert (pruning["budget"], pruning["beam_width"], pruning["level_top_k"]) == (7, 3, PruningConfig().level_top_k)
     args.budget = -1
     with pytest.raises(SystemExit, match="--budget"):
         registry["dart"].factory(t, args)

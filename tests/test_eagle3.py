@@ -545,8 +545,8 @@ def test_bench_method_registration(tiny, tiny_head_dir, tmp_path, monkeypatch):
     args = p.parse_args(["--eagle3-model-name-or-path", str(tiny_head_dir), "--eagle3-depth", "4"])
     args.base_model_name_or_path = str(dirs["llama"])
     drafter = registry["eagle3"].factory(t, args).engine.drafter
-    tc = getattr(drafter, "inner", drafter).tree_config
-    assert (tc.total_token, tc.depth, tc.top_k) == (60, 4, 10)
+    tc = getattr(drafter, "inner", drafter).tree_settings()
+    assert (tc["total_token"], tc["depth"], tc["top_k"]) == (60, 4, 10)
 
     # No head given: the bundled target's shipped head refuses a target it was not trained for; a
     # checkout without it says how to get one; another target has no default.

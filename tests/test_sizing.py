@@ -6,6 +6,7 @@ import itertools
 import json
 import logging
 import math
+from dataclasses import asdict
 from types import SimpleNamespace
 
 import numpy as np
@@ -20,6 +21,7 @@ from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3TreeConfig
 from dart_core.drafters.prompt_lookup import PromptLookupDrafter
 from dart_core.drafters.pruning import PruningConfig
 from dart_core.engine.decoding import SpeculativeEngine
+from dart_core.engine.protocol import TreeDrafter, TreeHolder
 from dart_core.engine.tree import DraftTree
 from dart_core.sizing import auto as auto_mod
 from dart_core.sizing import costs as costs_mod
@@ -165,11 +167,11 @@ def test_cost_model_is_measured_once_then_read_until_the_key_changes(tiny, tmp_p
 # ---------------------------------------------------------------------------------------------- the chooser
 def _fake(kind: str):
     """A stand-in with the tree settings the chooser reads (the chooser never runs it)."""
-    if kind == "dart":
-        return SimpleNamespace(name="dart", needs_aux=True, pruning=PruningConfig(),
-                               head=SimpleNamespace(config=SimpleNamespace(draft_length=8, draft_vocab_size=8192)))
-    return SimpleNamespace(name="eagle3", needs_aux=True, tree_config=Eagle3TreeConfig(),
-                           head=SimpleNamespace(config=SimpleNamespace(draft_vocab_size=8192)))
+    fake = TreeHolder()
+    fake.tree_kind, fake._tree_config = kind, PruningConfig() if kind == "dart" else Eagle3TreeConfig()
+    fake.name, fake.needs_aux = kind, True
+    fake.head = SimpleNamespace(config=SimpleNamespace(draft_length=8, draft_vocab_size=8192))
+    return fake
 
 
 def _costs(verify_ms: dict[int, float], per_forward_ms: float, per_row_ms: float) -> CostModel:
@@ -224,9 +226,41 @@ def test_tree_space_and_apply_choice_set_each_drafters_knobs():
     space = tree_space(lookup)
     assert space[0] is PLAIN and all(c.nodes == c.settings["num_pred_tokens"] + 1 for c in space[1:])
     apply_choice(lookup, space[3])
-    assert lookup.num_pred_tokens == space[3].settings["num_pred_tokens"] and lookup.max_tree_nodes == space[3].nodes
+    assert lookup.tree_settings() == {"num_pred_tokens": space[3].settings["num_pred_tokens"],
+                                      "max_tree_nodes": space[3].nodes}          # one chain: the tree counted
+    assert lookup.max_tree_nodes == space[3].nodes and space[3].label == f"num_pred_tokens {space[3].nodes - 1}"
     with pytest.raises(TypeError, match="no tree space"):
         tree_space(object())
+
+
+def test_every_drafter_reads_and_sets_its_tree_through_the_protocol(tiny):
+    """tree_settings() is what the drafter runs, by its tree config's field names; set_tree changes the named
+    fields (and the tree size bound with them), refuses a bad value naming the field and keeps its settings."""
+    drafters = _drafters(tiny)
+    configs = {"dart": PruningConfig(), "eagle3": Eagle3TreeConfig()}
+    for kind, drafter in drafters.items():
+        assert isinstance(drafter, TreeDrafter) and drafter.tree_kind == kind
+        if kind in configs:
+            assert drafter.tree_settings() == asdict(configs[kind])
+        with pytest.raises(TypeError):
+            drafter.tree_settings()["budget"] = 1                     # read-only: set_tree is the way
+    dart, eagle = drafters["dart"], drafters["eagle3"]
+    dart.set_tree(budget=3)
+    assert dart.tree_settings()["budget"] == 3 and dart.max_tree_nodes == 4
+    assert dart.tree_settings()["beam_width"] == PruningConfig().beam_width
+    eagle.set_tree(total_token=5, depth=1, top_k=2)
+    assert eagle.max_tree_nodes == 5
+    with pytest.raises(ValueError, match="beam_width"):
+        dart.set_tree(beam_width=0)
+    with pytest.raises(TypeError):
+        eagle.set_tree(budget=3)                                       # not an EAGLE-3 setting
+    assert dart.tree_settings()["beam_width"] == PruningConfig().beam_width and eagle.max_tree_nodes == 5
+    prompt = [5, 9, 11, 4]
+    cfg = GenerationConfig(max_new_tokens=12, max_length=100)
+    want = SpeculativeEngine(tiny[0]).generate(prompt, cfg).tokens
+    for drafter in (dart, eagle):
+        got = SpeculativeEngine(tiny[0], drafter).generate(prompt, cfg)
+        assert got.tokens == want and max(len(t.tree) for t in got.traces) <= drafter.max_tree_nodes
 
 
 # ---------------------------------------------------------------------------------------------- a damaged cache
@@ -407,8 +441,8 @@ def test_factory_builds_auto_engines_holding_the_set_knobs(tiny):
     assert isinstance(engines["dart"].drafter, AutoTree) and isinstance(engines["eagle3"].drafter, AutoTree)
     assert engines["eagle3"].drafter.fixed == {"top_k": 2} and engines["dart"].drafter.fixed == {}
     fixed = factory.build(RunSettings(tree="fixed", budget=3), fresh=True)
-    assert isinstance(fixed["dart"].drafter, DartDrafter) and fixed["dart"].drafter.pruning.budget == 3
-    assert fixed["eagle3"].drafter.tree_config == Eagle3TreeConfig()          # the published tree
+    assert isinstance(fixed["dart"].drafter, DartDrafter) and fixed["dart"].drafter.tree_settings()["budget"] == 3
+    assert fixed["eagle3"].drafter.tree_settings() == asdict(Eagle3TreeConfig())          # the published tree
     assert factory.tree_key("dart", RunSettings()) != factory.tree_key("dart", RunSettings(tree="fixed"))
     with pytest.raises(ConfigError, match="tree must be one of auto, fixed"):
         RunSettings.from_values(tree="big")
