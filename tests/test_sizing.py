@@ -21,7 +21,7 @@ from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3TreeConfig
 from dart_core.drafters.prompt_lookup import PromptLookupDrafter
 from dart_core.drafters.pruning import PruningConfig
 from dart_core.engine.decoding import SpeculativeEngine
-from dart_core.engine.protocol import TreeDrafter, TreeHolder
+from dart_core.engine.protocol import TreeDrafter
 from dart_core.engine.tree import DraftTree
 from dart_core.sizing import auto as auto_mod
 from dart_core.sizing import costs as costs_mod
@@ -29,6 +29,7 @@ from dart_core.sizing.acceptance import AcceptanceModel
 from dart_core.sizing.auto import PROBE_EVERY, AutoTree, make_auto
 from dart_core.sizing.costs import CostCacheError, CostModel, DraftCost, VerifyCurve, _nonneg_lstsq
 from dart_core.sizing.spaces import PLAIN, apply_choice, tree_space
+from tiny_models import stand_in_drafter
 
 # Held-out hit@1 / hit@10 per position of a strong head (published-scale targets) and of the bundled one.
 STRONG = ([0.80, 0.65, 0.55, 0.48, 0.42, 0.38, 0.35, 0.33, 0.31], [0.97, 0.92, 0.88, 0.84, 0.80, 0.77, 0.75, 0.73, 0.71])
@@ -165,15 +166,6 @@ def test_cost_model_is_measured_once_then_read_until_the_key_changes(tiny, tmp_p
 
 
 # ---------------------------------------------------------------------------------------------- the chooser
-def _fake(kind: str):
-    """A stand-in with the tree settings the chooser reads (the chooser never runs it)."""
-    fake = TreeHolder()
-    fake.tree_kind, fake._tree_config = kind, PruningConfig() if kind == "dart" else Eagle3TreeConfig()
-    fake.name, fake.needs_aux = kind, True
-    fake.head = SimpleNamespace(config=SimpleNamespace(draft_length=8, draft_vocab_size=8192))
-    return fake
-
-
 def _costs(verify_ms: dict[int, float], per_forward_ms: float, per_row_ms: float) -> CostModel:
     sizes = sorted(verify_ms)
     model = CostModel(VerifyCurve(sizes, [verify_ms[n] / 1e3 for n in sizes]), 0.0001, source="synthetic")
@@ -188,9 +180,9 @@ THIS_CPU = {1: 14.6, 3: 15.9, 5: 21.8, 9: 32.1, 17: 55.0, 33: 100.0, 64: 190.0} 
 
 @pytest.mark.parametrize("kind", ["dart", "eagle3"])
 def test_a_flat_verify_curve_picks_a_big_tree_and_this_cpu_a_small_one(kind):
-    gpu = AutoTree(_fake(kind), _costs(GPU, 1.0, 0.01), AcceptanceModel.from_hit_rates(*STRONG))
+    gpu = AutoTree(stand_in_drafter(kind), _costs(GPU, 1.0, 0.01), AcceptanceModel.from_hit_rates(*STRONG))
     assert gpu.choose().nodes >= 32
-    cpu = AutoTree(_fake(kind), _costs(THIS_CPU, 1.5, 0.2), AcceptanceModel.from_hit_rates(*BUNDLED))
+    cpu = AutoTree(stand_in_drafter(kind), _costs(THIS_CPU, 1.5, 0.2), AcceptanceModel.from_hit_rates(*BUNDLED))
     chosen = cpu.choose()
     assert not chosen.plain and chosen.nodes <= 5
     rates = cpu.rates()
@@ -198,11 +190,11 @@ def test_a_flat_verify_curve_picks_a_big_tree_and_this_cpu_a_small_one(kind):
 
 
 def test_held_knobs_stay_and_the_rest_are_chosen():
-    auto = AutoTree(_fake("eagle3"), _costs(GPU, 1.0, 0.01), AcceptanceModel.from_hit_rates(*STRONG),
+    auto = AutoTree(stand_in_drafter("eagle3"), _costs(GPU, 1.0, 0.01), AcceptanceModel.from_hit_rates(*STRONG),
                     fixed={"top_k": 2})
     assert all(c.plain or c.settings["top_k"] == 2 for c in auto.space)
     assert auto.choose().settings["top_k"] == 2
-    dart = AutoTree(_fake("dart"), _costs(GPU, 1.0, 0.01), AcceptanceModel.from_hit_rates(*STRONG), fixed={"budget": 5})
+    dart = AutoTree(stand_in_drafter("dart"), _costs(GPU, 1.0, 0.01), AcceptanceModel.from_hit_rates(*STRONG), fixed={"budget": 5})
     assert [c.label for c in dart.space] == ["plain step", "budget 5"]
 
 
@@ -323,8 +315,8 @@ def test_a_damaged_cost_cache_is_refused_measured_again_and_replaced(tmp_path, f
     assert fake_measure == [1, 1] and again.source.startswith("cached")
     assert again.verify.seconds == good.verify.seconds
     # DART's automatic trees draft as with a good cache.
-    chosen = AutoTree(_fake("dart"), model, AcceptanceModel.from_hit_rates(*STRONG)).choose()
-    assert not chosen.plain and chosen == AutoTree(_fake("dart"), good, AcceptanceModel.from_hit_rates(*STRONG)).choose()
+    chosen = AutoTree(stand_in_drafter("dart"), model, AcceptanceModel.from_hit_rates(*STRONG)).choose()
+    assert not chosen.plain and chosen == AutoTree(stand_in_drafter("dart"), good, AcceptanceModel.from_hit_rates(*STRONG)).choose()
 
 
 def test_a_record_of_another_key_is_measured_again_quietly(tmp_path, fake_measure, caplog):
@@ -370,7 +362,7 @@ def test_the_cost_cache_reader_never_crashes_nor_feeds_the_chooser_garbage(tmp_p
     prices = model.verify.table(np.arange(0, 200))
     assert np.isfinite(prices).all() and (prices > 0).all() and (np.diff(prices) >= 0).all()
     assert math.isfinite(model.commit_s) and model.commit_s >= 0
-    auto = AutoTree(_fake("dart"), model, AcceptanceModel.from_hit_rates(*STRONG))
+    auto = AutoTree(stand_in_drafter("dart"), model, AcceptanceModel.from_hit_rates(*STRONG))
     assert auto.choose() in auto.space
     assert all(math.isfinite(r["tokens_per_s"]) and r["step_s"] > 0 for r in auto.rates())
 
