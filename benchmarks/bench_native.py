@@ -39,6 +39,8 @@ sys.path.insert(0, str(REPO))
 
 from dart_core.ngram import build as ngram_build, store as ngram  # noqa: E402
 from dart_core.ngram.store import NgramStore  # noqa: E402
+from dart_core.loading import bundled_table_path  # noqa: E402
+from dart_core.models.loader import load_tokenizer  # noqa: E402
 from dart_core.drafters.pruning import PruningConfig, prune_dart_tree, prune_dart_tree_reference  # noqa: E402
 
 
@@ -62,14 +64,6 @@ def best_of(fn, repeats: int = 5):
     if isinstance(results[0], dict):
         return {k: min(r[k] for r in results) for k in ("wall", "cpu")}
     return min(results)
-
-
-def thread_cpu_loop(fn, n: int) -> tuple[float, float]:
-    """(wall, this thread's CPU) seconds per call of fn over n calls."""
-    w0, c0 = time.perf_counter(), time.thread_time()
-    for _ in range(n):
-        fn()
-    return (time.perf_counter() - w0) / n, (time.thread_time() - c0) / n
 
 
 def make_queries(store: NgramStore, docs: list[list[int]], n: int, rng) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -98,7 +92,7 @@ def make_queries(store: NgramStore, docs: list[list[int]], n: int, rng) -> tuple
 def bench_queries(store: NgramStore, contexts, likely, rand) -> list[tuple[str, str]]:
     rows = []
     for name, cands in (("likely candidates", likely), ("random candidates", rand)):
-        t = best_of(lambda: store._native.bench_query(contexts, cands, 3))
+        t = best_of(lambda: store.native.bench_query(contexts, cands, 3))
         def py_loop():
             w0, c0 = time.perf_counter(), time.thread_time()
             for c, k in zip(contexts, cands):
@@ -122,7 +116,7 @@ def bench_pruning(store: NgramStore, contexts, likely, rng) -> list[tuple[str, s
         tokens = likely[rng.integers(len(likely), size=9)]
         trees.append((logits, tokens, contexts[i].tolist()))
     def native_only():
-        runs = [native.bench_prune(lg, tk, np.array(ctx[-(store.order - 1):]), store._native, np.array([2]),
+        runs = [native.bench_prune(lg, tk, np.array(ctx[-(store.order - 1):]), store.native, np.array([2]),
                                    cfg, 20) for lg, tk, ctx in trees]
         return {k: statistics.mean(r[k] for r in runs) for k in ("wall", "cpu")}
     def end_to_end():
@@ -153,7 +147,7 @@ def bench_build(data: Path | None, tokenizer_name: str | None) -> list[tuple[str
                          f"{s['seconds']:.1f} s)"))
         corpus = data / "corpus" / "TheAlgorithms-Python.jsonl.gz"
         if tokenizer_name and corpus.is_file():
-            tok = ngram.load_tokenizer(tokenizer_name)
+            tok = load_tokenizer(tokenizer_name)
             s = ngram_build.build_ngram_table([corpus], Path(tmp) / "c.dngram", tok, order=4, progress=False)
             rows.append(("Build from text incl. tokenization (order 4): tokens/s",
                          f"{s['tokens_per_second']:,} ({s['total_tokens']:,} tokens, {s['seconds']:.1f} s)"))
@@ -261,7 +255,7 @@ def bench_gemm(threads: int, reps: int, paths: list[str] | None = None, cold: bo
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--table", type=Path, default=ngram.default_table_path())
+    ap.add_argument("--table", type=Path, default=bundled_table_path())
     ap.add_argument("--data", type=Path, default=None,
                     help="folder holding distill/smollm2-135m-instruct.jsonl.gz (the distillation corpus) for realistic "
                          "contexts and the build timing; without it those parts use what the table alone gives")

@@ -34,6 +34,15 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+def cpu_supports_bf16() -> bool:
+    """True when the CPU has native bf16 matmuls (AVX512-BF16 or AMX)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def _memory_total_gib() -> float | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -53,8 +62,6 @@ def _version(module: str) -> str | None:
 
 def describe_machine(device: str | torch.device | None = None, dtype: str | torch.dtype | None = None) -> dict:
     """A JSON-ready description of the machine, taken now (load average included)."""
-    from .models.loader import cpu_supports_bf16
-
     dev = torch.device(device) if device is not None else torch.device("cpu")
     try:
         load = [round(x, 2) for x in os.getloadavg()]

@@ -21,12 +21,20 @@ logger = logging.getLogger(__name__)
 
 #: Where the shipped default head lives in a source checkout.
 BUNDLED_HEAD_NAME = "smollm2-135m-instruct"
+#: File name of the bundled default N-gram table (for the bundled SmolLM2-135M-Instruct target).
+BUNDLED_TABLE_NAME = "smollm2-135m-instruct.dngram"
 NGRAM_NONE = ("none", "off", "")
 
 
 def bundled_head_dir() -> Path:
     from .models.assets import asset_path
     return asset_path("dart", BUNDLED_HEAD_NAME)
+
+
+def bundled_table_path() -> Path:
+    """The bundled default N-gram table (``assets/ngram/``)."""
+    from .models.assets import asset_path
+    return asset_path("ngram", BUNDLED_TABLE_NAME)
 
 
 def load_head_and_ngram(target, base_model_name_or_path: str | None, dart_model_name_or_path: str | None,
@@ -60,7 +68,7 @@ def load_head_and_ngram(target, base_model_name_or_path: str | None, dart_model_
 
 def open_ngram(name_or_path: str | None, tokenizer, *, is_small_ngram: bool = False, bundled: bool = True):
     """Open an N-gram table for ``tokenizer`` (see ``DartModel.from_pretrained``); None when disabled."""
-    from .ngram.store import NgramStore, default_table_path, tokenizer_fingerprint
+    from .ngram.store import NgramStore, tokenizer_fingerprint
 
     if isinstance(name_or_path, str) and name_or_path.lower() in NGRAM_NONE:
         return None
@@ -70,7 +78,7 @@ def open_ngram(name_or_path: str | None, tokenizer, *, is_small_ngram: bool = Fa
             logger.warning("no N-gram table given for this target: pruning uses the head's logits only "
                            "(pass ngram_model_name_or_path for the N-gram term)")
             return None
-        return NgramStore.open(default_table_path(), expected_fingerprint=fp)
+        return NgramStore.open(bundled_table_path(), expected_fingerprint=fp)
     path = _resolve_ngram_file(str(name_or_path), is_small_ngram)
     if path.suffix == ".trie":
         path = _import_trie_cached(path, tokenizer)

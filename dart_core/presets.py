@@ -3,7 +3,8 @@
 A knob has one name: the RunSettings field, the page's control, the settings API's keyword and (dashed)
 the command-line flag (``budget`` / ``--budget``, ``level_top_k`` / ``--level-top-k``, ...). Every entry
 point reads its range from here: the app's sliders, ``RunSettings`` (the page and
-its API), the tree flags of ``dart_core.bench`` and ``benchmarks/tune_tree.py``, and the configs
+its API), the tree flags of ``dart_core.bench`` (made by :func:`add_tree_flags`, as the page makes its sliders)
+and ``benchmarks/tune_tree.py``, and the configs
 ``PruningConfig`` / ``Eagle3TreeConfig`` (the Python API). A value inside a range always runs; a
 value outside is refused where it enters, with a message that names the setting.
 
@@ -111,7 +112,7 @@ class Knob:
 
     limit         its range and its label (the name the page's messages use)
     step          the page slider's step
-    help          one line for flags and docs
+    help          one line: the flag's help (:func:`add_tree_flags`)
     default       the page's default; None for a tree knob: the value in the engine's tree config, the
                   paper's / published one unless the app was started with other values (:meth:`default_for`)
     engine        "dart" / "eagle3" for a tree knob (None: a sampling knob every engine shares)
@@ -193,3 +194,19 @@ SIZE_FIELDS = {engine: {k.config_field: k.name for k in KNOBS.values() if k.engi
 #: ``--tree``: "auto" sizes each tree from this machine's measured costs and the drafter's acceptance (the
 #: default); "fixed" uses the tree settings as given (the paper's / published ones unless set).
 TREE_MODES = ("auto", "fixed")
+
+
+def add_tree_flags(group: Any, engine: str, base: Any) -> None:
+    """One command-line flag per tree knob of ``engine`` ("dart" / "eagle3"), made as the page makes its sliders:
+    the knob's name dashed (its argparse dest is the knob's name), its range checked at parse time (before any
+    model load), its help, and its default read from ``base`` (the tree config the run starts from). A flag left
+    unset is None: the run keeps ``base``'s value, and with ``--tree auto`` a size knob is chosen every few steps
+    (a size given is held)."""
+    for knob in KNOBS.values():
+        if knob.engine != engine:
+            continue
+        default = knob.default_for(base)
+        when = (f"chosen every few steps with --tree auto, {default} with --tree fixed; a value given is held "
+                "fixed under --tree auto too" if knob.sizes_tree else str(default))
+        group.add_argument(knob.flag, type=knob.limit.arg_type(knob.flag), default=None,
+                           metavar="N" if knob.limit.integer else "X", help=f"{knob.help} (default: {when})")

@@ -27,7 +27,7 @@ from dart_core.drafters.dart import DartDrafter  # noqa: E402
 from dart_core.models.heads.dart import new_head_for_target  # noqa: E402
 from dart_core.drafters.pruning import PruningConfig  # noqa: E402
 from dart_core.engine.sampling import accept_greedy  # noqa: E402
-from tiny_models import make_tiny_app_models, tiny_app_argv  # noqa: E402
+from tiny_models import make_tiny_app_models, stand_in_drafter, tiny_app_argv  # noqa: E402
 from gradio_server import launch_local  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -158,8 +158,7 @@ def test_each_step_is_labelled_with_the_setting_it_used():
     from dart_core.sizing.spaces import PLAIN
     from dart_core.ui.session import auto_tree_label
 
-    drafter = SimpleNamespace(name="dart", needs_aux=True, pruning=PruningConfig(),
-                              head=SimpleNamespace(config=SimpleNamespace(draft_length=4)))
+    drafter = stand_in_drafter("dart", draft_length=4)
     auto = AutoTree(drafter, CostModel(VerifyCurve([1, 2], [1e-3, 1e-3]), 0.0), AcceptanceModel.generic())
     engine = SimpleNamespace(drafter=auto)
     tree = next(c for c in auto.space if not c.plain)

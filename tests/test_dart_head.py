@@ -219,7 +219,7 @@ BAD_VALUES = [   # issue 27: each of these loaded
 
 @pytest.mark.parametrize("field,value,msg", BAD_VALUES)
 def test_bad_config_values_are_refused_naming_the_field(tmp_path, field, value, msg):
-    from dart_core.models.heads.eagle3 import Eagle3HeadConfig
+    from dart_core.models.heads.config import HeadConfig
     from dart_core.models.heads.files import Eagle3HeadError, read_config
     key = {"target": "dart_target"}.get(field, field)
     path = write_head(tmp_path / "h", published_state(), published_config(**{key: value}))
@@ -233,8 +233,8 @@ def test_bad_config_values_are_refused_naming_the_field(tmp_path, field, value, 
     (tmp_path / "e").mkdir()
     (tmp_path / "e" / "config.json").write_text(json.dumps(raw))
     with pytest.raises(Eagle3HeadError, match="config.json"):
-        Eagle3HeadConfig.from_dict(read_config(tmp_path / "e" / "config.json", Eagle3HeadError),
-                                   str(tmp_path / "e" / "config.json"))
+        HeadConfig.from_dict(read_config(tmp_path / "e" / "config.json", Eagle3HeadError), "eagle3",
+                             str(tmp_path / "e" / "config.json"))
 
 
 def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path):
@@ -262,6 +262,25 @@ def test_unreadable_configs_raise_the_heads_error(tmp_path, text, msg):
         load_dart_head(path)
 
 
+def test_one_config_class_reads_both_kinds_alike_and_writes_each_kinds_fields():
+    """DART's and EAGLE-3's config.json are read by one class: the shared fields the same way (rope_theta from
+    rope_parameters when the field is null), draft_length and the target record by kind."""
+    from dart_core.models.heads.config import HeadConfig
+    raw = published_config(rope_theta=None, rope_parameters={"rope_theta": 5e5}, dart_target={"fingerprint": "x"})
+    dart = HeadConfig.from_dict(dict(raw), "dart")
+    eagle = HeadConfig.from_dict({k: v for k, v in raw.items() if k != "draft_length"}, "eagle3")
+    shared = ("hidden_size", "num_key_value_heads", "head_dim", "vocab_size", "draft_vocab_size", "rope_theta",
+              "rms_norm_eps", "max_position_embeddings")
+    assert [getattr(dart, f) for f in shared] == [getattr(eagle, f) for f in shared] and dart.rope_theta == 5e5
+    assert (dart.draft_length, eagle.draft_length) == (D, None)
+    assert dart.target == {"fingerprint": "x"} and eagle.target is None and "dart_target" in eagle.extra
+    assert dart.to_dict()["draft_length"] == D and "draft_length" not in eagle.to_dict()
+    for c in (dart, eagle):
+        assert HeadConfig.from_dict(c.to_dict(), c.kind).to_dict() == c.to_dict()
+    with pytest.raises(DartHeadError, match="draft_length"):
+        HeadConfig.from_dict({k: v for k, v in raw.items() if k != "draft_length"}, "dart")
+
+
 _scalar = st.one_of(st.none(), st.booleans(), st.integers(-2, 2**70), st.floats(allow_nan=True, allow_infinity=True),
                     st.text(max_size=4))
 _garbage = st.recursive(_scalar, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5),
@@ -276,8 +295,7 @@ _FIELDS = sorted(published_config()) + ["head_dim", "target_hidden_size", "rope_
        drop=st.lists(st.sampled_from(_FIELDS), max_size=2), whole=st.none() | _garbage)
 def test_the_head_config_reader_gives_a_config_or_the_heads_error(tmp_path, over, drop, whole):
     """Any config.json: the head's error naming the file, or a config whose numbers a forward can use."""
-    from dart_core.models.heads.dart import DartHeadConfig
-    from dart_core.models.heads.eagle3 import Eagle3HeadConfig
+    from dart_core.models.heads.config import HeadConfig
     from dart_core.models.heads.files import Eagle3HeadError, read_config
     raw = published_config(**over) if whole is None else whole
     if isinstance(raw, dict):
@@ -285,9 +303,9 @@ def test_the_head_config_reader_gives_a_config_or_the_heads_error(tmp_path, over
             raw.pop(k, None)
     path = tmp_path / "config.json"
     path.write_text(json.dumps(raw))
-    for cls, error in ((DartHeadConfig, DartHeadError), (Eagle3HeadConfig, Eagle3HeadError)):
+    for kind, error in (("dart", DartHeadError), ("eagle3", Eagle3HeadError)):
         try:
-            c = cls.from_dict(read_config(path, error), str(path))
+            c = HeadConfig.from_dict(read_config(path, error), kind, str(path))
         except error as exc:
             assert str(path) in str(exc)
             continue
@@ -299,7 +317,7 @@ def test_the_head_config_reader_gives_a_config_or_the_heads_error(tmp_path, over
         assert math.isfinite(c.rope_theta) and c.rope_theta > 0
         assert c.head_dim % 2 == 0 and c.draft_vocab_size <= c.vocab_size
         assert c.target is None or isinstance(c.target, dict)
-        assert 1 <= getattr(c, "draft_length", 1) <= 64
+        assert c.draft_length is None if kind == "eagle3" else 1 <= c.draft_length <= 64
 
 
 def test_full_vocabulary_head_may_omit_the_vocab_map(tmp_path):
@@ -331,7 +349,7 @@ def tiny_head_dir(tiny, tmp_path_factory):
 def test_a_head_for_another_target_is_refused(tiny, tiny_head_dir):
     dirs, targets = tiny
     head = load_dart_head(tiny_head_dir, targets["llama"])                     # its own target: fine
-    assert head._embed is targets["llama"].model.get_input_embeddings().weight
+    assert head.embedding is targets["llama"].model.get_input_embeddings().weight
     with pytest.raises(HeadTargetMismatch, match="other weights .*fingerprint"):
         load_dart_head(tiny_head_dir, targets["llama_other"])                   # same shapes, other weights
     with pytest.raises(HeadTargetMismatch, match="qwen3"):
@@ -548,11 +566,11 @@ def test_bench_method_registration(tiny, tiny_head_dir):
     # trees the DartDrafter sits inside an AutoTree, which holds a set budget.)
     def pruning_of(runner):
         drafter = runner.engine.drafter
-        return getattr(drafter, "inner", drafter).pruning
-    assert pruning_of(registry["dart"].factory(t, args)).budget == PruningConfig().budget
+        return getattr(drafter, "inner", drafter).tree_settings()
+    assert pruning_of(registry["dart"].factory(t, args))["budget"] == PruningConfig().budget
     args.budget, args.beam_width = 7, 3
     pruning = pruning_of(registry["dart"].factory(t, args))
-    assert (pruning.budget, pruning.beam_width, pruning.level_top_k) == (7, 3, PruningConfig().level_top_k)
+    assert (pruning["budget"], pruning["beam_width"], pruning["level_top_k"]) == (7, 3, PruningConfig().level_top_k)
     args.budget = -1
     with pytest.raises(SystemExit, match="--budget"):
         registry["dart"].factory(t, args)
@@ -593,12 +611,14 @@ def test_shipped_head_on_the_bundled_model(bundled_fp32):
 
 def test_one_head_cache_serves_both_heads_and_keeps_every_slot_when_it_grows():
     from dart_core.models.heads.cache import HeadCache
-    from dart_core.models.heads.dart import DartHead, DartHeadConfig
-    from dart_core.models.heads.eagle3 import Eagle3Head, Eagle3HeadConfig
+    from dart_core.models.heads.config import HeadConfig
+    from dart_core.models.heads.dart import DartHead
+    from dart_core.models.heads.eagle3 import Eagle3Head
 
     small = dict(hidden_size=8, intermediate_size=16, num_attention_heads=2, num_key_value_heads=1, vocab_size=12,
                  draft_vocab_size=12)
-    dart, eagle3 = DartHead(DartHeadConfig(**small, draft_length=2)), Eagle3Head(Eagle3HeadConfig(**small))
+    dart = DartHead(HeadConfig(**small, draft_length=2, kind="dart"))
+    eagle3 = Eagle3Head(HeadConfig(**small, kind="eagle3"))
     for head in (dart, eagle3):
         cache = head.new_cache(16)
         assert type(cache) is HeadCache and cache.k.shape == (1, 16, 4)

@@ -11,7 +11,8 @@ import torch
 
 from dart_core.config import GenerationConfig
 from dart_core.engine.decoding import SpeculativeEngine
-from dart_core.models.heads.dart import BlockLayout, DartHead, DartHeadConfig, load_dart_head, new_head_for_target
+from dart_core.models.heads.config import HeadConfig
+from dart_core.models.heads.dart import BlockLayout, DartHead, load_dart_head, new_head_for_target
 from dart_core.models.heads.files import validate_vocab_mapping
 from dart_core.training.dart_trainer import (DartTrainConfig, TrainError, dart_loss, evaluate_head,
                                              sample_prefixes, train_dart)
@@ -25,8 +26,8 @@ from tiny_models import make_tiny_distill
 
 def small_head(D=3, V=40, seed=0) -> DartHead:
     torch.manual_seed(seed)
-    cfg = DartHeadConfig(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
-                         vocab_size=V, draft_vocab_size=V, draft_length=D, initializer_range=0.2)
+    cfg = HeadConfig(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
+                     vocab_size=V, draft_vocab_size=V, draft_length=D, initializer_range=0.2, kind="dart")
     head = DartHead(cfg)
     head.reset_parameters(seed)
     return head.attach_embedding(torch.randn(V, 32))
@@ -109,8 +110,8 @@ def test_draft_vocab_keeps_the_most_frequent_tokens():
     assert v.draft_ids.tolist() == [3, 5, 11]              # 3 (x4), 5 (x4), EOS 11 forced in; ids ascending
     assert v.d2t.tolist() == [3, 4, 9] and v.t2d.nonzero().view(-1).tolist() == [3, 5, 11]
     assert v.coverage == pytest.approx(8 / 13)
-    cfg = DartHeadConfig(hidden_size=8, intermediate_size=8, num_attention_heads=2, num_key_value_heads=1,
-                         vocab_size=12, draft_vocab_size=3)
+    cfg = HeadConfig(hidden_size=8, intermediate_size=8, num_attention_heads=2, num_key_value_heads=1,
+                     vocab_size=12, draft_vocab_size=3, kind="dart")
     validate_vocab_mapping(v.d2t, v.t2d, cfg, "test")
     full = build_draft_vocab(seqs, vocab_size=12, draft_vocab_size=64)
     assert full.size == 12 and bool(full.t2d.all()) and not full.d2t.any()

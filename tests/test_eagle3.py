@@ -409,7 +409,7 @@ def tiny_head_dir(tiny, tmp_path_factory):
 def test_a_head_for_another_target_is_refused(tiny, tiny_head_dir, tmp_path):
     _, targets = tiny
     head = load_eagle3_head(tiny_head_dir, targets["llama"])
-    assert head._embed is targets["llama"].model.get_input_embeddings().weight
+    assert head.embedding is targets["llama"].model.get_input_embeddings().weight
     with pytest.raises(HeadTargetMismatch, match="other weights .*fingerprint.*dart_core.train eagle3") as err:
         load_eagle3_head(tiny_head_dir, targets["llama_other"])
     assert isinstance(err.value, Eagle3HeadError) and not isinstance(err.value, DartHeadError)
@@ -545,8 +545,8 @@ def test_bench_method_registration(tiny, tiny_head_dir, tmp_path, monkeypatch):
     args = p.parse_args(["--eagle3-model-name-or-path", str(tiny_head_dir), "--eagle3-depth", "4"])
     args.base_model_name_or_path = str(dirs["llama"])
     drafter = registry["eagle3"].factory(t, args).engine.drafter
-    tc = getattr(drafter, "inner", drafter).tree_config
-    assert (tc.total_token, tc.depth, tc.top_k) == (60, 4, 10)
+    tc = getattr(drafter, "inner", drafter).tree_settings()
+    assert (tc["total_token"], tc["depth"], tc["top_k"]) == (60, 4, 10)
 
     # No head given: the bundled target's shipped head refuses a target it was not trained for; a
     # checkout without it says how to get one; another target has no default.

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from dart_core.models.heads.files import HeadTargetMismatch
-from dart_core.models.heads.eagle3 import Eagle3Head, Eagle3HeadConfig, load_eagle3_head, new_eagle3_head_for_target
+from dart_core.models.heads.config import HeadConfig
+from dart_core.models.heads.eagle3 import Eagle3Head, load_eagle3_head, new_eagle3_head_for_target
 from dart_core.models.loader import load_target
 from dart_core.training.data import DistillRow
 from dart_core.training.eagle3_trainer import (Eagle3TrainConfig, eagle3_loss, evaluate_eagle3_head, train_eagle3,
@@ -23,8 +24,9 @@ H, V = 32, 40
 
 
 def small_head(seed: int = 0) -> Eagle3Head:
-    cfg = Eagle3HeadConfig(hidden_size=H, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
-                           vocab_size=V, draft_vocab_size=V, head_dim=12, initializer_range=0.2, rope_theta=5000.0)
+    cfg = HeadConfig(hidden_size=H, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
+                     vocab_size=V, draft_vocab_size=V, head_dim=12, initializer_range=0.2, rope_theta=5000.0,
+                     kind="eagle3")
     head = Eagle3Head(cfg)
     head.reset_parameters(seed)
     with torch.no_grad():  # norms away from 1 so they matter

@@ -100,3 +100,26 @@ def test_every_slider_is_its_knob(page):
         assert slider.minimum == lo and slider.maximum == max(hi, min(default, knob.limit.high or default)), name
         assert slider.value == max(min(default, knob.limit.high or default), lo), name
         assert knob.limit.problem(slider.minimum) is None and knob.limit.problem(slider.maximum) is None, name
+
+
+def test_the_benchmarks_tree_flags_are_made_from_the_knobs():
+    """Every tree knob is a flag of python -m dart_core.bench under its own name, with its help, its range and the
+    default of the tree config the run starts from, as the page makes its sliders (presets.add_tree_flags)."""
+    from dart_core.bench.cli import build_parser
+    from dart_core.drafters.eagle3 import Eagle3TreeConfig
+    from dart_core.drafters.pruning import PruningConfig
+    from dart_core.presets import KNOBS
+    parser = build_parser()
+    by_flag = {a.option_strings[0]: a for a in parser._actions if a.option_strings}
+    base = {"dart": PruningConfig(), "eagle3": Eagle3TreeConfig()}
+    tree_knobs = [k for k in KNOBS.values() if k.engine is not None]
+    assert len(tree_knobs) == 7
+    for knob in tree_knobs:
+        action = by_flag[knob.flag]
+        assert action.dest == knob.name and action.default is None, knob.name
+        assert action.help.startswith(knob.help) and str(knob.default_for(base[knob.engine])) in action.help, knob.name
+        assert ("--tree auto" in action.help) == knob.sizes_tree, knob.name
+        hi = knob.limit.high
+        assert action.type(str(int(hi) if knob.limit.integer else hi)) == hi, knob.name
+        with pytest.raises(Exception, match=knob.flag):
+            action.type(str(hi * 2))

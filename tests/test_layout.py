@@ -5,6 +5,10 @@ those under ``if TYPE_CHECKING:``. Rules:
 
 - ``engine`` imports nothing of dart_core outside ``engine`` but ``config``;
 - ``models`` never import ``api``, ``ui``, ``bench``, ``drafters`` or ``training``;
+- ``ngram`` imports nothing of ``models`` (callers pass the tokenizer and the table's path) but its command line,
+  which loads the tokenizer the user names;
+- ``bench`` imports no ``ui`` and no ``api``; ``hardware`` imports no ``models``;
+- no module reads another module's private attribute (``x._name``, ``getattr(x, "_name")``, ``from m import _name``);
 - a drafter never imports another drafter's module (``drafters/pruning`` is DART's);
 - only ``page`` imports gradio (``ui`` computes what the page shows without it), and nothing in dart_core imports
   ``page`` (it sits on top: ``app.py`` serves it);
@@ -118,6 +122,22 @@ def test_nothing_imports_the_page():
     assert _violations(GRAPH, lambda m: not _in(m, "page"), lambda d: _in(d, "page")) == []
 
 
+def test_ngram_imports_no_model_code_but_its_command_line():
+    """The store and the builder take the tokenizer and the table's path from their callers (loading.py); only the
+    command line turns a ``--tokenizer`` name into a tokenizer, through the targets' loader."""
+    command_line = {"dart_core.ngram.cli", "dart_core.ngram.__main__"}
+    assert _violations(GRAPH, lambda m: _in(m, "ngram") and m not in command_line,
+                       lambda d: _in(d, "models")) == []
+
+
+def test_the_benchmark_imports_neither_the_page_nor_the_api():
+    assert _violations(GRAPH, lambda m: _in(m, "bench"), lambda d: _in(d, "ui") or _in(d, "api")) == []
+
+
+def test_hardware_imports_no_model_code():
+    assert _violations(GRAPH, lambda m: m == "dart_core.hardware", lambda d: _in(d, "models")) == []
+
+
 def test_only_the_figures_draw():
     """plotly stays in the modules that draw (ui/viz and its figure families ui/viz_*, ui/teaching_*, the
     benchmark report): the session, its record, the narration, the loading and the trace analytics
@@ -173,3 +193,118 @@ def test_the_graph_reader_sees_lazy_imports():
     """The rules would pass vacuously if function-level or relative imports were missed."""
     assert "dart_core.engine.tree" in GRAPH["dart_core.engine.decoding"]
     assert any(_in(d, "training") for d in GRAPH["dart_core.train"])
+
+
+# ---------------------------------------------------------------- private attributes
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+_ATTR_FUNCS = {"getattr", "hasattr", "setattr", "delattr"}
+
+
+def _attr_by_name(node: ast.AST) -> tuple[ast.AST, str] | None:
+    """``getattr(x, "_name", ...)`` and its kin: (x, "_name")."""
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _ATTR_FUNCS
+            and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+        return node.args[0], node.args[1].value
+    return None
+
+
+def _private_definitions(tree: ast.Module) -> set[str]:
+    """The private names a module defines: attributes it assigns (``x._name = ...``, ``setattr(x, "_name", ...)``),
+    names in its class bodies (methods, class attributes) and its module-level definitions. An import defines
+    nothing: ``from .. import _native`` binds a name another module owns."""
+    names: set[str] = set()
+    scopes = [tree.body] + [n.body for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+    for body in scopes:
+        for stmt in body:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(stmt.name)
+            elif isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+                for target in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]):
+                    names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        by_name = _attr_by_name(node)
+        if by_name and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+            names.add(by_name[1])
+    return {n for n in names if _private(n)}
+
+
+def _package_sources() -> dict[str, tuple[str, bool]]:
+    """module -> (its source, whether it is a package's ``__init__``), for every module of dart_core."""
+    return {_module_name(p): (p.read_text(encoding="utf-8"), p.name == "__init__.py") for p in PKG.rglob("*.py")}
+
+
+def private_reads(sources: dict[str, tuple[str, bool]] | None = None) -> list[str]:
+    """Every place a module of dart_core reads a private attribute that another module of dart_core owns.
+
+    ``x._name`` (or ``getattr(x, "_name")``) with x not ``self`` / ``cls`` is the module's own business only when
+    the module defines ``_name`` and no other module does: a name two modules define (``_native`` is an N-gram
+    store's and a tree builder's) cannot tell whose object x is, so reading it off another object counts as a
+    reach. ``from m import _name`` reads m's private name, unless ``m._name`` is a module of the package m (a
+    package's private submodule, e.g. ``dart_core._native``, belongs to every module inside it). Private names no
+    module of dart_core defines (a library's, e.g. numpy's ``_core``) are the library's business, not a layer's."""
+    sources = _package_sources() if sources is None else sources
+    trees = {m: ast.parse(text) for m, (text, _) in sources.items()}
+    modules = set(trees) | {"dart_core._native"}   # the compiled extension
+    owners: dict[str, set[str]] = {}
+    for mod, tree in trees.items():
+        for name in _private_definitions(tree):
+            owners.setdefault(name, set()).add(mod)
+    found = []
+    for mod, tree in trees.items():
+        is_pkg = sources[mod][1]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                source = (".".join(base[: len(base) - (node.level - 1)] + ([node.module] if node.module else []))
+                          if node.level else node.module or "")
+                for alias in node.names:
+                    if (_private(alias.name) and source.startswith("dart_core")
+                            and not (f"{source}.{alias.name}" in modules and mod.startswith(source + "."))):
+                        found.append(f"{mod}:{node.lineno} from {source} import {alias.name}")
+                continue
+            if isinstance(node, ast.Attribute):
+                obj, name = node.value, node.attr
+            elif _attr_by_name(node):
+                obj, name = _attr_by_name(node)
+            else:
+                continue
+            if not _private(name) or name not in owners:
+                continue
+            if isinstance(obj, ast.Name) and obj.id in ("self", "cls"):
+                continue
+            if owners[name] != {mod}:
+                found.append(f"{mod}:{node.lineno} {ast.unparse(obj)}.{name} (defined in {', '.join(sorted(owners[name]))})")
+    return sorted(found)
+
+
+def test_no_module_reads_another_modules_private_attribute():
+    assert private_reads() == []
+
+
+def test_the_private_reader_sees_reaches():
+    """The rule would pass vacuously if the reader missed the forms it checks: each one, in two small modules."""
+    a = ("def _helper():\n    pass\n"
+         "class A:\n    def __init__(self):\n        self._x = 1\n        self._native = 2\n"
+         "    def _own(self, other):\n        return other._x\n")
+    b = ("from .a import A, _helper\nfrom . import _native\n"
+         "class B:\n    def __init__(self):\n        self._native = None\n        self._y = self._native\n"
+         "def f(a: A):\n    return a._x, getattr(a, '_x'), a._native, a.__dict__, a._not_ours\n")
+    found = private_reads({"dart_core": ("", True), "dart_core.a": (a, False), "dart_core.b": (b, False)})
+    assert found == ["dart_core.b:1 from dart_core.a import _helper",
+                     "dart_core.b:8 a._native (defined in dart_core.a, dart_core.b)",
+                     "dart_core.b:8 a._x (defined in dart_core.a)",
+                     "dart_core.b:8 a._x (defined in dart_core.a)"]
+
+
+def test_the_page_and_the_benchmark_draw_with_one_palette():
+    """The palette moved below both (dart_core/palette.py); the page's copy in ui/viz.py must match it until the
+    page imports it."""
+    from dart_core.palette import OKABE_ITO
+    from dart_core.ui import viz
+    assert viz.OKABE_ITO == OKABE_ITO

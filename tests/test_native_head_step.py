@@ -47,7 +47,7 @@ def _eagle_head(t, dtype=torch.float32, seed=1):
 def _reference(head):
     """The torch head in float64 (same values: bf16 and float32 are exact in float64), the same embedding."""
     ref = copy.deepcopy(head).double()
-    return ref.attach_embedding(head._embed)
+    return ref.attach_embedding(head.embedding)
 
 
 def _inputs(t, n, seed):
@@ -289,7 +289,7 @@ def test_kernel_construction_checks_every_array(tiny):
              "lm_head": head.lm_head.weight.detach().numpy(), "hidden_norm": np.ones(c.hidden_size, np.float32),
              "input_norm": np.ones(c.hidden_size, np.float32), "post_norm": np.ones(c.hidden_size, np.float32),
              "norm": np.ones(c.hidden_size, np.float32), "mask_rep": np.ones(2 * c.hidden_size, np.float32),
-             "inv_freq": np.ones(c.head_dim // 2, np.float32), "embed": head._embed.detach().numpy(),
+             "inv_freq": np.ones(c.head_dim // 2, np.float32), "embed": head.embedding.detach().numpy(),
              "d2t": head.d2t.numpy()}
         a.update(over)
         return a

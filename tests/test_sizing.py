@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import time
+from dataclasses import asdict
 from types import SimpleNamespace
 
 import numpy as np
@@ -21,6 +22,7 @@ from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3TreeConfig
 from dart_core.drafters.prompt_lookup import PromptLookupDrafter
 from dart_core.drafters.pruning import PruningConfig
 from dart_core.engine.decoding import SpeculativeEngine
+from dart_core.engine.protocol import TreeDrafter
 from dart_core.engine.tree import DraftTree
 from dart_core.sizing import auto as auto_mod
 from dart_core.sizing import costs as costs_mod
@@ -28,6 +30,7 @@ from dart_core.sizing.acceptance import AcceptanceModel
 from dart_core.sizing.auto import PROBE_EVERY, AutoTree, make_auto
 from dart_core.sizing.costs import CostCacheError, CostModel, DraftCost, VerifyCurve, _nonneg_lstsq
 from dart_core.sizing.spaces import PLAIN, apply_choice, tree_space
+from tiny_models import stand_in_drafter
 
 # Held-out hit@1 / hit@10 per position of a strong head (published-scale targets) and of the bundled one.
 STRONG = ([0.80, 0.65, 0.55, 0.48, 0.42, 0.38, 0.35, 0.33, 0.31], [0.97, 0.92, 0.88, 0.84, 0.80, 0.77, 0.75, 0.73, 0.71])
@@ -241,15 +244,6 @@ def test_a_burst_of_load_does_not_bend_the_measured_curve(burst_from):
 
 
 # ---------------------------------------------------------------------------------------------- the chooser
-def _fake(kind: str):
-    """A stand-in with the tree settings the chooser reads (the chooser never runs it)."""
-    if kind == "dart":
-        return SimpleNamespace(name="dart", needs_aux=True, pruning=PruningConfig(),
-                               head=SimpleNamespace(config=SimpleNamespace(draft_length=8, draft_vocab_size=8192)))
-    return SimpleNamespace(name="eagle3", needs_aux=True, tree_config=Eagle3TreeConfig(),
-                           head=SimpleNamespace(config=SimpleNamespace(draft_vocab_size=8192)))
-
-
 def _costs(verify_ms: dict[int, float], per_forward_ms: float, per_row_ms: float) -> CostModel:
     sizes = sorted(verify_ms)
     model = CostModel(VerifyCurve(sizes, [verify_ms[n] / 1e3 for n in sizes]), 0.0001, source="synthetic")
@@ -264,9 +258,9 @@ THIS_CPU = {1: 14.6, 3: 15.9, 5: 21.8, 9: 32.1, 17: 55.0, 33: 100.0, 64: 190.0} 
 
 @pytest.mark.parametrize("kind", ["dart", "eagle3"])
 def test_a_flat_verify_curve_picks_a_big_tree_and_this_cpu_a_small_one(kind):
-    gpu = AutoTree(_fake(kind), _costs(GPU, 1.0, 0.01), AcceptanceModel.from_hit_rates(*STRONG))
+    gpu = AutoTree(stand_in_drafter(kind), _costs(GPU, 1.0, 0.01), AcceptanceModel.from_hit_rates(*STRONG))
     assert gpu.choose().nodes >= 32
-    cpu = AutoTree(_fake(kind), _costs(THIS_CPU, 1.5, 0.2), AcceptanceModel.from_hit_rates(*BUNDLED))
+    cpu = AutoTree(stand_in_drafter(kind), _costs(THIS_CPU, 1.5, 0.2), AcceptanceModel.from_hit_rates(*BUNDLED))
     chosen = cpu.choose()
     assert not chosen.plain and chosen.nodes <= 5
     rates = cpu.rates()
@@ -274,11 +268,11 @@ def test_a_flat_verify_curve_picks_a_big_tree_and_this_cpu_a_small_one(kind):
 
 
 def test_held_knobs_stay_and_the_rest_are_chosen():
-    auto = AutoTree(_fake("eagle3"), _costs(GPU, 1.0, 0.01), AcceptanceModel.from_hit_rates(*STRONG),
+    auto = AutoTree(stand_in_drafter("eagle3"), _costs(GPU, 1.0, 0.01), AcceptanceModel.from_hit_rates(*STRONG),
                     fixed={"top_k": 2})
     assert all(c.plain or c.settings["top_k"] == 2 for c in auto.space)
     assert auto.choose().settings["top_k"] == 2
-    dart = AutoTree(_fake("dart"), _costs(GPU, 1.0, 0.01), AcceptanceModel.from_hit_rates(*STRONG), fixed={"budget": 5})
+    dart = AutoTree(stand_in_drafter("dart"), _costs(GPU, 1.0, 0.01), AcceptanceModel.from_hit_rates(*STRONG), fixed={"budget": 5})
     assert [c.label for c in dart.space] == ["plain step", "budget 5"]
 
 
@@ -302,9 +296,41 @@ def test_tree_space_and_apply_choice_set_each_drafters_knobs():
     space = tree_space(lookup)
     assert space[0] is PLAIN and all(c.nodes == c.settings["num_pred_tokens"] + 1 for c in space[1:])
     apply_choice(lookup, space[3])
-    assert lookup.num_pred_tokens == space[3].settings["num_pred_tokens"] and lookup.max_tree_nodes == space[3].nodes
+    assert lookup.tree_settings() == {"num_pred_tokens": space[3].settings["num_pred_tokens"],
+                                      "max_tree_nodes": space[3].nodes}          # one chain: the tree counted
+    assert lookup.max_tree_nodes == space[3].nodes and space[3].label == f"num_pred_tokens {space[3].nodes - 1}"
     with pytest.raises(TypeError, match="no tree space"):
         tree_space(object())
+
+
+def test_every_drafter_reads_and_sets_its_tree_through_the_protocol(tiny):
+    """tree_settings() is what the drafter runs, by its tree config's field names; set_tree changes the named
+    fields (and the tree size bound with them), refuses a bad value naming the field and keeps its settings."""
+    drafters = _drafters(tiny)
+    configs = {"dart": PruningConfig(), "eagle3": Eagle3TreeConfig()}
+    for kind, drafter in drafters.items():
+        assert isinstance(drafter, TreeDrafter) and drafter.tree_kind == kind
+        if kind in configs:
+            assert drafter.tree_settings() == asdict(configs[kind])
+        with pytest.raises(TypeError):
+            drafter.tree_settings()["budget"] = 1                     # read-only: set_tree is the way
+    dart, eagle = drafters["dart"], drafters["eagle3"]
+    dart.set_tree(budget=3)
+    assert dart.tree_settings()["budget"] == 3 and dart.max_tree_nodes == 4
+    assert dart.tree_settings()["beam_width"] == PruningConfig().beam_width
+    eagle.set_tree(total_token=5, depth=1, top_k=2)
+    assert eagle.max_tree_nodes == 5
+    with pytest.raises(ValueError, match="beam_width"):
+        dart.set_tree(beam_width=0)
+    with pytest.raises(TypeError):
+        eagle.set_tree(budget=3)                                       # not an EAGLE-3 setting
+    assert dart.tree_settings()["beam_width"] == PruningConfig().beam_width and eagle.max_tree_nodes == 5
+    prompt = [5, 9, 11, 4]
+    cfg = GenerationConfig(max_new_tokens=12, max_length=100)
+    want = SpeculativeEngine(tiny[0]).generate(prompt, cfg).tokens
+    for drafter in (dart, eagle):
+        got = SpeculativeEngine(tiny[0], drafter).generate(prompt, cfg)
+        assert got.tokens == want and max(len(t.tree) for t in got.traces) <= drafter.max_tree_nodes
 
 
 # ---------------------------------------------------------------------------------------------- a damaged cache
@@ -367,8 +393,8 @@ def test_a_damaged_cost_cache_is_refused_measured_again_and_replaced(tmp_path, f
     assert fake_measure == [1, 1] and again.source.startswith("cached")
     assert again.verify.seconds == good.verify.seconds
     # DART's automatic trees draft as with a good cache.
-    chosen = AutoTree(_fake("dart"), model, AcceptanceModel.from_hit_rates(*STRONG)).choose()
-    assert not chosen.plain and chosen == AutoTree(_fake("dart"), good, AcceptanceModel.from_hit_rates(*STRONG)).choose()
+    chosen = AutoTree(stand_in_drafter("dart"), model, AcceptanceModel.from_hit_rates(*STRONG)).choose()
+    assert not chosen.plain and chosen == AutoTree(stand_in_drafter("dart"), good, AcceptanceModel.from_hit_rates(*STRONG)).choose()
 
 
 def test_a_record_of_another_key_is_measured_again_quietly(tmp_path, fake_measure, caplog):
@@ -414,7 +440,7 @@ def test_the_cost_cache_reader_never_crashes_nor_feeds_the_chooser_garbage(tmp_p
     prices = model.verify.table(np.arange(0, 200))
     assert np.isfinite(prices).all() and (prices > 0).all() and (np.diff(prices) >= 0).all()
     assert math.isfinite(model.commit_s) and model.commit_s >= 0
-    auto = AutoTree(_fake("dart"), model, AcceptanceModel.from_hit_rates(*STRONG))
+    auto = AutoTree(stand_in_drafter("dart"), model, AcceptanceModel.from_hit_rates(*STRONG))
     assert auto.choose() in auto.space
     assert all(math.isfinite(r["tokens_per_s"]) and r["step_s"] > 0 for r in auto.rates())
 
@@ -485,8 +511,8 @@ def test_factory_builds_auto_engines_holding_the_set_knobs(tiny):
     assert isinstance(engines["dart"].drafter, AutoTree) and isinstance(engines["eagle3"].drafter, AutoTree)
     assert engines["eagle3"].drafter.fixed == {"top_k": 2} and engines["dart"].drafter.fixed == {}
     fixed = factory.build(RunSettings(tree="fixed", budget=3), fresh=True)
-    assert isinstance(fixed["dart"].drafter, DartDrafter) and fixed["dart"].drafter.pruning.budget == 3
-    assert fixed["eagle3"].drafter.tree_config == Eagle3TreeConfig()          # the published tree
+    assert isinstance(fixed["dart"].drafter, DartDrafter) and fixed["dart"].drafter.tree_settings()["budget"] == 3
+    assert fixed["eagle3"].drafter.tree_settings() == asdict(Eagle3TreeConfig())          # the published tree
     assert factory.tree_key("dart", RunSettings()) != factory.tree_key("dart", RunSettings(tree="fixed"))
     with pytest.raises(ConfigError, match="tree must be one of auto, fixed"):
         RunSettings.from_values(tree="big")

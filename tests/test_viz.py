@@ -21,7 +21,7 @@ from dart_core.models.loader import load_target
 from dart_core.drafters.pruning import PruningConfig
 from dart_core.engine.trace import STAGES, ScoredCandidates, StepTrace
 from dart_core.engine.tree import DraftTree
-from tiny_models import make_tiny_model_dir
+from tiny_models import make_tiny_model_dir, stand_in_drafter
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 
@@ -572,12 +572,9 @@ def _costs(ms_by_nodes: dict[int, float]):
 
 def _dart_auto(costs):
     """An AutoTree over a stand-in DART drafter (its tree knobs only) with the generic acceptance prior."""
-    from types import SimpleNamespace
     from dart_core.sizing.acceptance import AcceptanceModel
     from dart_core.sizing.auto import AutoTree
-    drafter = SimpleNamespace(name="dart", needs_aux=True, pruning=PruningConfig(),
-                              head=SimpleNamespace(config=SimpleNamespace(draft_length=4)))
-    return AutoTree(drafter, costs, AcceptanceModel.generic())
+    return AutoTree(stand_in_drafter("dart", draft_length=4), costs, AcceptanceModel.generic())
 
 
 FLAT = {1: 10.0, 3: 10.1, 9: 10.2, 17: 10.4, 33: 10.8, 64: 11.5}      # a GPU: big trees almost free

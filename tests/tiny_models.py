@@ -129,3 +129,18 @@ def tiny_app_argv(model_dir, dart_dir, eagle_dir, max_new_tokens: int) -> list[s
     return ["--base-model-name-or-path", str(model_dir), "--dart-model-name-or-path", str(dart_dir),
             "--ngram-model-name-or-path", "none", "--eagle3-model-name-or-path", str(eagle_dir),
             "--max-new-tokens", str(max_new_tokens), "--max-length", "256"]
+
+
+def stand_in_drafter(kind: str = "dart", draft_length: int = 8):
+    """A drafter of ``kind`` ("dart" / "eagle3") with tree settings only (the paper's PruningConfig, the published
+    Eagle3TreeConfig) and a head config: what an AutoTree reads and sets. Nothing runs it."""
+    from types import SimpleNamespace
+
+    from dart_core.drafters.eagle3 import Eagle3TreeConfig
+    from dart_core.drafters.pruning import PruningConfig
+    from dart_core.engine.protocol import TreeHolder
+    fake = TreeHolder()
+    fake.tree_kind, fake._tree_config = kind, PruningConfig() if kind == "dart" else Eagle3TreeConfig()
+    fake.name, fake.needs_aux = kind, True
+    fake.head = SimpleNamespace(config=SimpleNamespace(draft_length=draft_length, draft_vocab_size=8192))
+    return fake

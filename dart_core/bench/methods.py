@@ -19,32 +19,20 @@ from __future__ import annotations
 
 import argparse
 
-from ..presets import LIMITS
-
-
-def _limit(key: str, flag: str):
-    """argparse type: the range of LIMITS[key], checked at parse time (before any model load)."""
-    return LIMITS[key].arg_type(flag)
+from ..presets import EAGLE3_FIELDS, PRUNING_FIELDS, add_tree_flags
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("dart")
+    from ..drafters.pruning import PruningConfig
+    g = p.add_argument_group("dart", "dart and dart_no_ngram (the same without the N-gram term)")
     g.add_argument("--dart-model-name-or-path", default=None, metavar="HEAD",
                    help="DART head: directory (config.json + model.safetensors) or Hub id; default: the bundled head")
     g.add_argument("--ngram-model-name-or-path", default=None, metavar="TABLE",
                    help="N-gram table for dart: .dngram file, directory, Hub repo, or 'none'; default: the bundled one")
     g.add_argument("--small-ngram", action="store_true", help="prefer small.* over full.* tables in a directory/repo")
-    # Pruner knobs: unset flags take the paper's PruningConfig(); with --tree auto an unset --budget is chosen.
-    g.add_argument("--budget", type=_limit("budget", "--budget"), default=None, metavar="N",
-                   help="drafted nodes kept per step, root excluded; 0 = no draft, a plain target step (default: "
-                        "chosen every few steps with --tree auto, 60 with --tree fixed; a value given is held "
-                        "fixed under --tree auto too)")
-    g.add_argument("--beam-width", type=_limit("beam_width", "--beam-width"), default=None, metavar="N",
-                   help="candidates expanded per tree level (default 20)")
-    g.add_argument("--level-top-k", type=_limit("level_top_k", "--level-top-k"), default=None, metavar="K",
-                   help="tokens taken from each head row (default 25)")
-    g.add_argument("--ngram-weight", type=_limit("ngram_weight", "--ngram-weight"), default=None, metavar="W",
-                   help="weight of the N-gram term (default 0.5; dart_no_ngram has no N-gram term)")
+    # The pruner's knobs (dart_core.presets.KNOBS); unset flags take the paper's PruningConfig() (dart_no_ngram
+    # has no N-gram term whatever --ngram-weight says).
+    add_tree_flags(g, "dart", PruningConfig())
 
 
 def _flags_over(base, args, flags: dict[str, str], what: str):
@@ -62,31 +50,22 @@ def _flags_over(base, args, flags: dict[str, str], what: str):
 
 def _pruning(target, args):
     from ..drafters.pruning import PruningConfig
-    return _flags_over(PruningConfig(), args, {"budget": "budget", "beam_width": "beam_width",
-                       "level_top_k": "level_top_k", "ngram_weight": "ngram_weight"}, "DART pruning")
+    return _flags_over(PruningConfig(), args, PRUNING_FIELDS, "DART pruning")
 
 
 def _add_eagle3_arguments(p: argparse.ArgumentParser) -> None:
-    # Unset flags take the published Eagle3TreeConfig(); with --tree auto the unset size flags are chosen.
+    from ..drafters.eagle3 import Eagle3TreeConfig
     g = p.add_argument_group("eagle3")
     g.add_argument("--eagle3-model-name-or-path", default=None, metavar="HEAD",
                    help="EAGLE-3 head: directory (config.json + model.safetensors or pytorch_model.bin) or Hub id; "
                         "default: the bundled head (assets/eagle3/)")
-    g.add_argument("--eagle3-total-token", type=_limit("eagle3_total_token", "--eagle3-total-token"), default=None,
-                   metavar="N",
-                   help="nodes verified per step, root included (default: chosen with --tree auto, 60 with "
-                        "--tree fixed; a value given is held fixed under --tree auto too)")
-    g.add_argument("--eagle3-depth", type=_limit("eagle3_depth", "--eagle3-depth"), default=None, metavar="N",
-                   help="tree forwards per step, drafted depth <= N + 1 (default: chosen with --tree auto, 7 with "
-                        "--tree fixed)")
-    g.add_argument("--eagle3-top-k", type=_limit("eagle3_top_k", "--eagle3-top-k"), default=None, metavar="K",
-                   help="children per expanded node (default: chosen with --tree auto, 10 with --tree fixed)")
+    # The tree's knobs (dart_core.presets.KNOBS); unset flags take the published Eagle3TreeConfig().
+    add_tree_flags(g, "eagle3", Eagle3TreeConfig())
 
 
 def _eagle3_tree(target, args):
     from ..drafters.eagle3 import Eagle3TreeConfig
-    return _flags_over(Eagle3TreeConfig(), args, {"total_token": "eagle3_total_token",
-                       "depth": "eagle3_depth", "top_k": "eagle3_top_k"}, "EAGLE-3 tree")
+    return _flags_over(Eagle3TreeConfig(), args, EAGLE3_FIELDS, "EAGLE-3 tree")
 
 
 def _held_sizes(engine: str, args) -> dict[str, int]:
@@ -111,7 +90,7 @@ def _eagle3_runner(target, args, EngineRunner, sized):
 
 
 def _load(target, args, with_ngram: bool):
-    from ..api import load_head_and_ngram
+    from ..loading import load_head_and_ngram
     from ..drafters.dart import DartDrafter
 
     head, store = load_head_and_ngram(target, getattr(args, "base_model_name_or_path", None),

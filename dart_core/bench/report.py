@@ -26,7 +26,7 @@ from typing import Any, Iterable
 import plotly.graph_objects as go
 
 from ..engine.trace import STAGES
-from ..ui.viz import OKABE_ITO
+from ..palette import OKABE_ITO
 
 # One colour per method across every chart (Okabe-Ito, colour-blind safe).
 METHOD_COLOURS = {

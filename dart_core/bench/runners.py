@@ -25,13 +25,13 @@ import logging
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
 import torch
 
 from ..config import ConfigError, GenerationConfig
-from ..drafters import PromptLookupDrafter
+from ..drafters import PromptLookupDrafter, TreeDrafter
 from ..engine.decoding import GenerationStats, SpeculativeEngine
 from .questions import BenchInputError, Question
 
@@ -83,26 +83,21 @@ def is_auto(drafter) -> bool:
 
 
 def tree_settings(drafter) -> dict | None:
-    """The tree settings a drafter runs (None: no drafter): {"mode": "fixed", "settings": DART's pruning, EAGLE-3's
-    tree or prompt lookup's draft length}; for an AutoTree {"mode": "auto", "chosen_knobs": the size knobs it
-    chooses, "held": the size knobs held fixed, "settings": its other settings, "choices": settings weighed}."""
+    """The tree settings a drafter runs (None: no drafter, or one without tree settings): {"mode": "fixed",
+    "settings": its ``tree_settings()`` (DART's pruning, EAGLE-3's tree, prompt lookup's draft length and node
+    cap)}; for an AutoTree {"mode": "auto", "chosen_knobs": the knobs it chooses, "held": the size knobs held
+    fixed, "settings": its other settings, "choices": settings weighed}."""
     if drafter is None:
         return None
     if is_auto(drafter):
-        knobs = sorted({k for c in drafter.space for k, _ in c.params} - set(drafter.fixed))
+        knobs = sorted({k for c in drafter.space for k, _ in c.params + c.implied} - set(drafter.fixed))
         inner = (tree_settings(drafter.inner) or {}).get("settings") or {}
         return {"mode": "auto", "chosen_knobs": knobs, "held": dict(drafter.fixed),
                 "settings": {k: v for k, v in inner.items() if k not in knobs and k not in drafter.fixed},
                 "choices": len(drafter.space)}
-    if hasattr(drafter, "pruning"):
-        settings = dict(drafter.pruning.to_dict())
-    elif hasattr(drafter, "tree_config"):
-        settings = asdict(drafter.tree_config)
-    elif hasattr(drafter, "num_pred_tokens"):
-        settings = {"num_pred_tokens": int(drafter.num_pred_tokens)}
-    else:
+    if not isinstance(drafter, TreeDrafter):
         return None
-    return {"mode": "fixed", "settings": settings}
+    return {"mode": "fixed", "settings": dict(drafter.tree_settings())}
 
 
 class MethodRunner(Protocol):

@@ -29,11 +29,12 @@ from ..models.heads.dart import DartHead
 from ..models.heads.native_step import prepare_head
 from .pruning import PruningConfig, TreeBuilder
 from ..engine.tree import DraftTree
-from ..engine.protocol import FeatureDrafter, Proposal
+from ..engine.protocol import FeatureDrafter, Proposal, TreeHolder
 
 
-class DartDrafter(FeatureDrafter):
+class DartDrafter(TreeHolder, FeatureDrafter):
     name = "dart"
+    tree_kind = "dart"      # its tree settings: PruningConfig's fields (tree_settings / set_tree)
 
     def __init__(self, head: DartHead, store=None, eos_token_ids: Sequence[int] = (),
                  pruning: PruningConfig | None = None, backend: str = "native", name: str = "dart",
@@ -44,10 +45,14 @@ class DartDrafter(FeatureDrafter):
         step on a CPU)."""
         super().__init__(head, name, loader="load_dart_head", prepare=lambda h: prepare_head(h, head_backend))
         self._builder = TreeBuilder(store, eos_token_ids, backend)   # holds the store, EOS ids and pruner backend
-        self.pruning = pruning or PruningConfig()
-        self.pruning.validate()
-        self.max_tree_nodes = self._tree_size_bound(head.config.draft_length + 1, head.config.draft_vocab_size)
+        self._tree_config = pruning or PruningConfig()
+        self._tree_config.validate()
         self._d2t = head.d2t
+
+    @property
+    def max_tree_nodes(self) -> int:
+        c = self.head.config
+        return self._tree_size_bound(c.draft_length + 1, c.draft_vocab_size)
 
     # Read-only views of what the tree builder holds (one place, so they cannot drift apart).
     @property
@@ -65,7 +70,7 @@ class DartDrafter(FeatureDrafter):
     def _tree_size_bound(self, rows: int, draft_vocab: int) -> int:
         """Nodes (root included) of the largest tree this drafter can propose: the budget, or fewer when the
         head's rows x top-k x beam cannot produce that many candidates (so a huge budget sizes no cache)."""
-        p = self.pruning
+        p = self._tree_config
         levels, k = min(rows, int(p.budget)), min(int(p.level_top_k), draft_vocab)
         total, width = 0, 1
         for _ in range(levels):
@@ -78,15 +83,15 @@ class DartDrafter(FeatureDrafter):
     # ------------------------------------------------------------------ protocol
 
     def propose(self, context: Sequence[int]) -> Proposal:
-        if int(self.pruning.budget) == 0:
+        if int(self._tree_config.budget) == 0:
             # Budget 0 drafts nothing: the step is one plain target forward (the output equals vanilla's). The
             # head does not run; its features wait for the next step that drafts.
             return self.skip(context)
         start = self._cache.length
         pending = self.take_pending(context)
         # A tree of `budget` nodes is at most `budget` levels deep: deeper rows could never be kept.
-        levels = min(self.head.config.draft_length + 1, int(self.pruning.budget))
-        k = min(int(self.pruning.level_top_k), self.head.config.draft_vocab_size)
+        levels = min(self.head.config.draft_length + 1, int(self._tree_config.budget))
+        k = min(int(self._tree_config.level_top_k), self.head.config.draft_vocab_size)
 
         t0 = time.perf_counter()
         if self._step is not None:     # one native call: the head forward and each level's top-k
@@ -94,7 +99,7 @@ class DartDrafter(FeatureDrafter):
         else:
             vals, tokens = self._torch_step(pending, context[start + 1:], levels, k)
         t1 = time.perf_counter()
-        tree, cands = self._builder.build(vals, tokens, context, self.pruning)
+        tree, cands = self._builder.build(vals, tokens, context, self._tree_config)
         t2 = time.perf_counter()
         return Proposal(tree=tree, candidates=cands, draft_forward_s=t1 - t0, tree_build_s=t2 - t1)
 

@@ -38,7 +38,7 @@ from ..models.heads.eagle3 import Eagle3Head
 from ..models.heads.native_step import prepare_head
 from ..engine.trace import ScoredCandidates
 from ..engine.tree import DraftTree
-from ..engine.protocol import FeatureDrafter, Proposal
+from ..engine.protocol import FeatureDrafter, Proposal, TreeHolder
 
 
 @dataclass
@@ -84,8 +84,9 @@ def rank_candidates(scores: np.ndarray, depths: np.ndarray) -> np.ndarray:
     return np.lexsort((np.arange(len(scores)), depths, -np.asarray(scores)))
 
 
-class Eagle3Drafter(FeatureDrafter):
+class Eagle3Drafter(TreeHolder, FeatureDrafter):
     name = "eagle3"
+    tree_kind = "eagle3"    # its tree settings: Eagle3TreeConfig's fields (tree_settings / set_tree)
 
     def __init__(self, head: Eagle3Head, tree: Eagle3TreeConfig | None = None, name: str = "eagle3",
                  head_backend: str = "auto"):
@@ -93,17 +94,21 @@ class Eagle3Drafter(FeatureDrafter):
         head_backend: how the head runs (models.heads.native_step.HEAD_BACKENDS; "auto": one native call per
         depth on a CPU)."""
         super().__init__(head, name, loader="load_eagle3_head", prepare=lambda h: prepare_head(h, head_backend))
-        self.tree_config = tree or Eagle3TreeConfig()
-        self.tree_config.validate()
-        # the best total_token - 1 of at most k + depth * k^2 candidates, plus the root
-        k = min(int(self.tree_config.top_k), head.config.draft_vocab_size)
-        self.max_tree_nodes = min(int(self.tree_config.total_token), 1 + k + int(self.tree_config.depth) * k * k)
+        self._tree_config = tree or Eagle3TreeConfig()
+        self._tree_config.validate()
+
+    @property
+    def max_tree_nodes(self) -> int:
+        """The best total_token - 1 of at most k + depth * k^2 candidates, plus the root."""
+        tc = self._tree_config
+        k = min(int(tc.top_k), self.head.config.draft_vocab_size)
+        return min(int(tc.total_token), 1 + k + int(tc.depth) * k * k)
 
     # ------------------------------------------------------------------ protocol
 
     @torch.inference_mode()
     def propose(self, context: Sequence[int]) -> Proposal:
-        head, cache, tc = self.head, self._cache, self.tree_config
+        head, cache, tc = self.head, self._cache, self._tree_config
         dev = head.fc.weight.device
         sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
         start = cache.length

@@ -11,31 +11,49 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
 from ..engine.tree import DraftTree
-from ..engine.protocol import AcceptedStep, Proposal
+from ..engine.protocol import AcceptedStep, Proposal, TreeHolder
 
 
-class PromptLookupDrafter:
+def _check_whole(name: str, value, low: int) -> None:
+    """The lowest value of each setting that drafts anything; every whole number from there on runs."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"PromptLookupDrafter {name} must be a whole number >= {low}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class LookupTreeConfig:
+    """Prompt lookup's tree: how far each match is continued, and the most nodes the merged tree may hold."""
+    num_pred_tokens: int = 10
+    max_tree_nodes: int = 61
+
+    def __post_init__(self) -> None:
+        _check_whole("num_pred_tokens", self.num_pred_tokens, 1)
+        _check_whole("max_tree_nodes", self.max_tree_nodes, 2)
+
+
+class PromptLookupDrafter(TreeHolder):
     name = "prompt_lookup"
+    tree_kind = "prompt_lookup"   # its tree settings: LookupTreeConfig's fields (tree_settings / set_tree)
     needs_aux = False
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, num_pred_tokens: int = 10,
                  max_matches: int = 8, max_tree_nodes: int = 61):
-        # the lowest value of each that drafts anything; every whole number from there on runs
-        for name, value, low in (("max_ngram", max_ngram, 1), ("min_ngram", min_ngram, 1),
-                                 ("num_pred_tokens", num_pred_tokens, 1), ("max_matches", max_matches, 1),
-                                 ("max_tree_nodes", max_tree_nodes, 2)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"PromptLookupDrafter {name} must be a whole number >= {low}, got {value!r}")
+        for name, value in (("max_ngram", max_ngram), ("min_ngram", min_ngram), ("max_matches", max_matches)):
+            _check_whole(name, value, 1)
         if min_ngram > max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self.num_pred_tokens, self.max_matches = num_pred_tokens, max_matches
-        self.max_tree_nodes = max_tree_nodes
+        self._tree_config = LookupTreeConfig(num_pred_tokens, max_tree_nodes)
+        self.max_ngram, self.min_ngram, self.max_matches = max_ngram, min_ngram, max_matches
+
+    @property
+    def max_tree_nodes(self) -> int:
+        return self._tree_config.max_tree_nodes
 
     def begin(self, prompt_ids, prefill_aux) -> None:
         return None
@@ -53,7 +71,7 @@ class PromptLookupDrafter:
             starts = np.flatnonzero((windows == pattern).all(axis=1))
             if starts.size:
                 starts = starts[::-1][: self.max_matches]  # most recent first
-                return [ctx[s + n: s + n + self.num_pred_tokens] for s in starts]
+                return [ctx[s + n: s + n + self._tree_config.num_pred_tokens] for s in starts]
         return []
 
     def propose(self, context: Sequence[int]) -> Proposal:
@@ -67,7 +85,7 @@ class PromptLookupDrafter:
             for tok in cont.tolist():
                 key = (node, tok)
                 if key not in child:
-                    if len(tokens) >= self.max_tree_nodes:
+                    if len(tokens) >= self._tree_config.max_tree_nodes:
                         break
                     child[key] = len(tokens)
                     tokens.append(tok); parents.append(node); counts.append(0)

@@ -167,7 +167,7 @@ def prune_dart_tree(topk_logits: np.ndarray, topk_tokens: np.ndarray, context: S
     ctx_tail = _context_tail(context, store)
     _check_token_ids(tokens, ctx_tail, store, vocab_size)
     r = native.prune_dart_tree(logits, tokens, ctx_tail,
-                               None if store is None else store._native,
+                               None if store is None else store.native,
                                np.asarray(list(eos_token_ids), dtype=np.int64), config)
     tree = DraftTree(tokens=r["tree_tokens"], parents=r["tree_parents"], depths=r["tree_depths"],
                      scores=r["tree_scores"])
@@ -293,7 +293,7 @@ class TreeBuilder:
                 raise TypeError(f"the native pruner needs an NgramStore, got {type(store).__name__}; "
                                 "use backend='python'")
             self._native = require_native()
-            self._native_store = None if store is None else store._native
+            self._native_store = None if store is None else store.native
         self._key: tuple | None = None
         self._hot: dict[str, Any] = {}
 

@@ -92,12 +92,8 @@ class SpeculativeEngine:
             for layer in getattr(self._session.cache, "layers", ()):
                 total += sum(int(t.nbytes) for t in (getattr(layer, "key_buffer", None),
                                                      getattr(layer, "value_buffer", None)) if t is not None)
-        head_cache = getattr(self.drafter, "_cache", None)
-        for name in ("k", "v"):
-            t = getattr(head_cache, name, None)
-            if isinstance(t, torch.Tensor):
-                total += int(t.nbytes)
-        return total
+        drafter_nbytes = getattr(self.drafter, "cache_nbytes", None)   # optional in the Drafter protocol
+        return total + (int(drafter_nbytes()) if drafter_nbytes is not None else 0)
 
     # ------------------------------------------------------------------ helpers
     def _sync(self, config: GenerationConfig) -> None:

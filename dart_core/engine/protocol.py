@@ -13,8 +13,10 @@ Proposal (tree, scored candidates for the trace, and the drafter's own stage tim
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -54,6 +56,42 @@ class Drafter(Protocol):
 
     # Optional: ``step_done(trace: StepTrace) -> None``, called with each step's whole trace (tree, accepted
     # path, stage times) after the commit; dart_core.sizing.AutoTree sizes its trees from these.
+    # Optional: ``cache_nbytes() -> int``, the bytes of the drafter's own caches (a head's KV cache), which
+    # SpeculativeEngine.cache_nbytes counts with the target's.
+
+
+@runtime_checkable
+class TreeDrafter(Protocol):
+    """A drafter whose tree has settings (DART, EAGLE-3, prompt lookup): the one way to read and set them, so
+    nothing above the drafters (automatic trees, the benchmark) needs to know where a drafter keeps them.
+
+    tree_kind        which settings it takes: "dart" (``PruningConfig``'s fields), "eagle3"
+                     (``Eagle3TreeConfig``'s) or "prompt_lookup" (``LookupTreeConfig``'s); the names are the tree
+                     configs' fields, which ``dart_core.presets`` maps to the knobs (``PRUNING_FIELDS``, ...)
+    tree_settings()  the settings it runs, field -> value (read-only)
+    set_tree(**s)    run with these fields changed; a bad value raises ValueError naming the field, an unknown
+                     field TypeError, and the drafter keeps its settings
+    """
+    tree_kind: str
+
+    def tree_settings(self) -> Mapping[str, Any]:
+        ...
+
+    def set_tree(self, **settings: Any) -> None:
+        ...
+
+
+class TreeHolder:
+    """:class:`TreeDrafter` for a drafter that keeps its tree settings in one config dataclass (``_tree_config``) whose
+    construction validates them: read as a read-only mapping, set by replacing the config."""
+    tree_kind: str
+    _tree_config: Any
+
+    def tree_settings(self) -> Mapping[str, Any]:
+        return MappingProxyType(dataclasses.asdict(self._tree_config))
+
+    def set_tree(self, **settings: Any) -> None:
+        self._tree_config = dataclasses.replace(self._tree_config, **settings)
 
 
 class FeatureDrafter:
@@ -70,7 +108,7 @@ class FeatureDrafter:
         (``head.kind`` names it in errors). loader: the load function the error recommends.
         prepare: applied once to the head in eval mode, returns (how the head runs, its native step or None);
         the drafters pass ``models.heads.native_step.prepare_head``. A native step brings its own head cache."""
-        if head._embed is None:
+        if head.embedding is None:
             raise ValueError(f"the {head.kind} head has no token embedding: load it with {loader}(path, target) "
                              "or call head.attach_embedding(target embedding)")
         self.head = head.eval()
@@ -96,6 +134,10 @@ class FeatureDrafter:
             raise ValueError(f"AcceptedStep has {len(step.tokens)} tokens but {step.aux.shape[0]} aux rows")
         self._pending = step.aux if self._pending is None else torch.cat([self._pending, step.aux])
         self._proposed = False
+
+    def cache_nbytes(self) -> int:
+        """Bytes of the head's KV cache (the weights are shared and not counted)."""
+        return self._cache.nbytes
 
     @property
     def waiting_positions(self) -> int:

@@ -132,6 +132,10 @@ def prepare_bundled_model(force: bool = False) -> Path:
     return model_dir
 
 
+def is_bundled_target(base_model_name_or_path: str | None) -> bool:
+    return base_model_name_or_path is None or base_model_name_or_path in BUNDLED_ALIASES
+
+
 def main() -> None:
     """`python -m dart_core.models.bundled`: fetch and prepare the bundled model now."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -140,16 +144,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-
-
-def canonical_target_name(target_name: str | None) -> str:
-    """The name under which a target's measured settings are filed: the bundled model's aliases all
-    map to one name, other targets keep theirs."""
-    key = target_name or BUNDLED_NAME
-    if key in BUNDLED_ALIASES or key.startswith("bundled"):
-        key = BUNDLED_NAME
-    return key
-
-
-def is_bundled_target(base_model_name_or_path: str | None) -> bool:
-    return base_model_name_or_path is None or base_model_name_or_path in BUNDLED_ALIASES

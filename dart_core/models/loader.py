@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from ..hardware import cpu_supports_bf16   # a fact of the machine; also imported from here by training
 from .templates import guess_template_name
 from .bundled import BUNDLED_ALIASES, prepare_bundled_model
 from .target import TargetModel
@@ -23,15 +24,6 @@ DTYPE_ALIASES: dict[str, torch.dtype] = {
 
 class ModelLoadError(ValueError):
     """The model could not be found or is not a supported causal LM."""
-
-
-def cpu_supports_bf16() -> bool:
-    """True when the CPU has native bf16 matmuls (AVX512-BF16 or AMX)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -90,7 +82,11 @@ def resolve_model_path(name_or_path: str | None) -> tuple[str, dict]:
 
 
 def load_tokenizer(name_or_path: str | None = None):
+    """A target's tokenizer by the names load_target takes (None / 'bundled', directory, .gguf, Hub id). A local
+    directory needs only the tokenizer files (no config.json): N-gram tables are built from such folders."""
     from transformers import AutoTokenizer
+    if name_or_path is not None and Path(name_or_path).expanduser().is_dir():
+        return AutoTokenizer.from_pretrained(str(Path(name_or_path).expanduser()))
     path, extra = resolve_model_path(name_or_path)
     return AutoTokenizer.from_pretrained(path, **extra)
 

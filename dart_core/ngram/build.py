@@ -37,16 +37,6 @@ log = logging.getLogger(__name__)
 _TEXT_BLOCK_BYTES = 1 << 20
 
 
-def load_tokenizer(name_or_path: str):
-    """A tokenizer by local dir, Hub id or 'bundled' (the bundled target's). A local directory
-    needs only the tokenizer files; anything else goes through the project's model loader."""
-    if Path(name_or_path).expanduser().is_dir():  # may hold only tokenizer files (no config.json)
-        from transformers import AutoTokenizer
-        return AutoTokenizer.from_pretrained(str(Path(name_or_path).expanduser()))
-    from ..models.loader import load_tokenizer as load_model_tokenizer
-    return load_model_tokenizer(name_or_path)
-
-
 def _tokenizer_identity(tokenizer, vocab_size: int | None, fingerprint: str | None) -> tuple[int | None, str | None]:
     """Vocab size and fingerprint for a table header: given values win, else the tokenizer's."""
     if tokenizer is None:

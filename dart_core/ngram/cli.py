@@ -13,8 +13,16 @@ from typing import Sequence
 
 import numpy as np
 
-from .build import build_ngram_table, import_original_trie, load_tokenizer
+from .build import build_ngram_table, import_original_trie
 from .store import NgramFormatError, NgramStore, tokenizer_fingerprint
+
+
+def load_tokenizer(name: str):
+    """The tokenizer ``--tokenizer`` names ('bundled', a directory, a Hub id), loaded as targets are. The command
+    line is the one part of ``ngram`` that reaches the model loader: the store and the builder take the tokenizer
+    as an argument. Imported here, so ``info`` and ``query`` without a tokenizer do not load torch."""
+    from ..models.loader import load_tokenizer as load
+    return load(name)
 
 
 def _cmd_build(args: argparse.Namespace) -> None:

@@ -47,9 +47,6 @@ VERIFY_ON_OPEN_MAX_BYTES = 256 << 20
 #: same timestamp tick could keep both its size and its mtime (git's "racy" index entries).
 RECORD_MIN_AGE_S = 2.0
 
-#: File name of the bundled default table (for the bundled SmolLM2-135M-Instruct target).
-DEFAULT_TABLE_NAME = "smollm2-135m-instruct.dngram"
-
 REBUILD_HINT = ("rebuild it with `python -m dart_core.ngram build --tokenizer MODEL --corpus FILES... --out TABLE` "
                 "(or convert an original DART .trie with `python -m dart_core.ngram import`)")
 
@@ -69,12 +66,6 @@ def require_native():
         raise ImportError("dart_core._native (the C++ N-gram store and pruner) is not built: run "
                           "`pip install -e .` in the repository (needs a C++17 compiler)") from _NATIVE_IMPORT_ERROR
     return _native
-
-
-def default_table_path() -> Path:
-    """The bundled default table (``assets/ngram/``)."""
-    from ..models.assets import asset_path
-    return asset_path("ngram", DEFAULT_TABLE_NAME)
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
@@ -161,6 +152,11 @@ class NgramStore:
     @property
     def fingerprint(self) -> str:
         return str(self._header["fingerprint"])
+
+    @property
+    def native(self) -> Any:
+        """The extension's table object, for native code that queries it directly (the DART pruner)."""
+        return self._native
 
     def info(self) -> dict[str, Any]:
         """Header fields, bytes per node and the builder's metadata (sources, command)."""

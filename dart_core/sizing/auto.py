@@ -81,6 +81,11 @@ class AutoTree:
         self._best_tree: TreeChoice | None = None
         self._tau_of: dict[TreeChoice, float] = {}
 
+    @property
+    def last_used(self) -> TreeChoice:
+        """The setting the last step ran: a probe step differs from :attr:`choice`."""
+        return self._last
+
     # ------------------------------------------------------------------ the choice
     def _expected(self) -> tuple[np.ndarray, np.ndarray]:
         """Per setting of the space (in order): expected tau and predicted step seconds (vectorised: this runs
@@ -154,6 +159,11 @@ class AutoTree:
     def observe(self, step: AcceptedStep) -> None:
         self.inner.observe(step)
 
+    def cache_nbytes(self) -> int:
+        """The wrapped drafter's cache bytes (the chooser holds no cache of its own)."""
+        nbytes = getattr(self.inner, "cache_nbytes", None)
+        return int(nbytes()) if nbytes is not None else 0
+
     def step_done(self, trace: StepTrace) -> None:
         """After each verify step (the engine calls it): refresh both models, count the setting."""
         tree = trace.tree
@@ -179,10 +189,9 @@ class AutoTree:
         # about seven settings spread over the space (its order varies forwards, rows and candidates apart), so the
         # four coefficients of the draft cost are all pinned down
         picks = set(trees[:: max(1, len(trees) // 6)]) | {trees[-1], max(trees, key=lambda c: c.work[0])}
-        vocab = 1000
         head = getattr(self.inner, "head", None)
-        if head is not None:
-            vocab = int(head._embed.shape[0]) if getattr(head, "_embed", None) is not None else vocab
+        embedding = head.embedding if head is not None else None
+        vocab = int(embedding.shape[0]) if embedding is not None else 1000
         prompt = [(7 + 13 * i) % vocab for i in range(prompt_len)]
         aux = None
         if self.needs_aux:

@@ -6,7 +6,10 @@ drafter's *work* (head forwards, rows through the head, candidates scored) that 
 ``plain`` (no draft, one target forward) is always a choice.
 
     space = tree_space(drafter, fixed={"top_k": 4})   # every setting, with the knobs in ``fixed`` held
-    apply_choice(drafter, space[3])                   # set the drafter's knobs
+    apply_choice(drafter, space[3])                   # set the drafter's knobs (drafter.set_tree)
+
+A drafter is read and set through its tree settings (``engine.protocol.TreeDrafter``: ``tree_kind``,
+``tree_settings()``, ``set_tree(**settings)``); the knobs are its tree config's field names.
 
 DART's one size knob is its budget (how many levels it drafts follows: at most ``budget``); EAGLE-3's
 are total_token / depth / top_k; prompt lookup's is its draft length. Knobs the user set stay fixed.
@@ -14,8 +17,10 @@ are total_token / depth / top_k; prompt lookup's is its draft length. Knobs the 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Mapping
+
+from ..engine.protocol import TreeDrafter
 
 #: DART budgets (drafted nodes, root excluded) the chooser weighs.
 DART_BUDGETS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 60)
@@ -38,6 +43,9 @@ class TreeChoice:
     beam: int | None = None              # nodes expanded per depth (None: all)
     work: tuple[int, int, int] = (0, 0, 0)   # head forwards, rows, candidates scored
     plain: bool = False
+    # settings that go with the knobs but are not chosen (prompt lookup's node cap: one chain, the tree the
+    # acceptance model counts); set with them, not part of the label
+    implied: tuple[tuple[str, int], ...] = ()
 
     @property
     def settings(self) -> dict[str, int]:
@@ -54,22 +62,19 @@ PLAIN = TreeChoice(plain=True)
 
 
 def drafter_kind(drafter: Any) -> str:
-    """``dart``, ``eagle3`` or ``prompt_lookup`` by the drafter's tree settings (names may differ, e.g.
+    """``dart``, ``eagle3`` or ``prompt_lookup``: the drafter's ``tree_kind`` (names may differ, e.g.
     ``dart_no_ngram``)."""
-    if hasattr(drafter, "pruning"):
-        return "dart"
-    if hasattr(drafter, "tree_config"):
-        return "eagle3"
-    if hasattr(drafter, "num_pred_tokens"):
-        return "prompt_lookup"
-    raise TypeError(f"no tree space for drafter {type(drafter).__name__}: it has none of the DART, EAGLE-3 or "
-                    "prompt-lookup tree settings")
+    kind = drafter.tree_kind if isinstance(drafter, TreeDrafter) else None
+    if kind not in _SPACES:
+        raise TypeError(f"no tree space for drafter {type(drafter).__name__}: it is no TreeDrafter of the DART, "
+                        "EAGLE-3 or prompt-lookup kind (tree_kind, tree_settings(), set_tree())")
+    return kind
 
 
 def _dart_space(drafter, fixed: Mapping[str, int], max_nodes: int) -> list[TreeChoice]:
-    p = drafter.pruning
+    p = drafter.tree_settings()
     rows = int(drafter.head.config.draft_length) + 1
-    k, beam = int(p.level_top_k), int(p.beam_width)
+    k, beam = int(p["level_top_k"]), int(p["beam_width"])
     budgets = [int(fixed["budget"])] if "budget" in fixed else [b for b in DART_BUDGETS if b + 1 <= max_nodes]
     out = []
     for b in budgets:
@@ -112,14 +117,17 @@ def _lookup_space(drafter, fixed: Mapping[str, int], max_nodes: int) -> list[Tre
     lengths = ([int(fixed["num_pred_tokens"])] if "num_pred_tokens" in fixed
                else [n for n in LOOKUP_LENGTHS if n + 1 <= max_nodes])
     # one chain (the most recent match); further matches add branches the model does not count
-    return [TreeChoice((("num_pred_tokens", n),), nodes=n + 1, max_depth=n, width=1, work=(0, 0, n)) for n in lengths]
+    return [TreeChoice((("num_pred_tokens", n),), nodes=n + 1, max_depth=n, width=1, work=(0, 0, n),
+                       implied=(("max_tree_nodes", n + 1),)) for n in lengths]
+
+
+_SPACES = {"dart": _dart_space, "eagle3": _eagle3_space, "prompt_lookup": _lookup_space}
 
 
 def tree_space(drafter: Any, fixed: Mapping[str, int] | None = None, max_nodes: int = 65) -> list[TreeChoice]:
     """Every setting the chooser weighs for ``drafter`` (plain step first, duplicates dropped), the knobs in
     ``fixed`` held at their values, no tree above ``max_nodes`` nodes."""
-    kind = drafter_kind(drafter)
-    build = {"dart": _dart_space, "eagle3": _eagle3_space, "prompt_lookup": _lookup_space}[kind]
+    build = _SPACES[drafter_kind(drafter)]
     out, seen = [PLAIN], {PLAIN}
     for c in build(drafter, dict(fixed or {}), max_nodes):
         if c not in seen:
@@ -130,16 +138,8 @@ def tree_space(drafter: Any, fixed: Mapping[str, int] | None = None, max_nodes: 
 
 def apply_choice(drafter: Any, choice: TreeChoice) -> None:
     """Set the drafter's knobs to ``choice`` (a plain step sets nothing: the caller skips the draft)."""
-    if choice.plain:
-        return
-    kind = drafter_kind(drafter)
-    if kind == "dart":
-        drafter.pruning = replace(drafter.pruning, **choice.settings)
-    elif kind == "eagle3":
-        drafter.tree_config = replace(drafter.tree_config, **choice.settings)
-    else:
-        drafter.num_pred_tokens = int(choice.settings["num_pred_tokens"])
-        drafter.max_tree_nodes = choice.nodes
+    if not choice.plain:
+        drafter.set_tree(**choice.settings, **dict(choice.implied))
 
 
 __all__ = ["PLAIN", "TreeChoice", "apply_choice", "drafter_kind", "tree_space"]

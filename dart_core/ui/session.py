@@ -171,7 +171,7 @@ def auto_tree_label(engine: Any) -> str | None:
     drafter = getattr(engine, "drafter", None)
     if not isinstance(drafter, AutoTree):
         return None
-    used = getattr(drafter, "_last", None) or drafter.choice   # a probe step differs from the current choice
+    used = drafter.last_used                                  # a probe step differs from the current choice
     if drafter.choice.plain and not used.plain:
         return f"{used.label} (a probe: plain steps pay more here, a tree now and then keeps it learning)"
     return used.label

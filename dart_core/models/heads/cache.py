@@ -24,6 +24,11 @@ class HeadCache:
     def capacity(self) -> int:
         return int(self.k.shape[1])
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the keys and values (all capacity, used or not)."""
+        return int(self.k.nbytes) + int(self.v.nbytes)
+
     def reset(self) -> None:
         self.length = 0
 

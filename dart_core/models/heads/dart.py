@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -52,107 +52,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cache import HeadCache
-from .files import (WEIGHTS_NAME, DartHeadError, HeadTargetMismatch, check_head_matches_target, config_number,
-                    fill_head, head_config_dict, head_config_problems, llama_fields_for_target, match_state_dict,
-                    read_config, read_state, resolve_head_files, save_head)
+from .config import HEAD_KINDS, HeadConfig
+from .files import (WEIGHTS_NAME, DartHeadError, HeadTargetMismatch, check_head_matches_target, fill_head,
+                    match_state_dict, read_config, read_state, resolve_head_files, save_head)
 from .layers import (AttendFn, DraftHeadBase, MidLayer, RMSNorm, draft_ids_for, flex_attend, head_shapes,
                      init_head_from_target, sdpa_attend)
 
 logger = logging.getLogger(__name__)
 
-ARCHITECTURE = "LlamaForCausalLMDart"
+ARCHITECTURE = HEAD_KINDS["dart"].architecture
 
-__all__ = ["ARCHITECTURE", "BlockLayout", "DartHead", "DartHeadConfig", "DartHeadError", "HeadTargetMismatch",
+__all__ = ["ARCHITECTURE", "BlockLayout", "DartHead", "DartHeadError", "HeadTargetMismatch",
            "check_state_dict", "expected_shapes", "load_dart_head", "new_head_for_target", "save_dart_head"]
-
-# ---------------------------------------------------------------------------------------------- config
-_LLAMA_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-                 "vocab_size", "draft_vocab_size")
-
-
-@dataclass
-class DartHeadConfig:
-    """The head's ``config.json``: Llama fields + ``draft_length``, ``draft_vocab_size``
-    (+ optional ``target_hidden_size``, ``head_dim``, ``rope_theta``) + our ``dart_target``.
-
-    target  what the head was trained for: {"name", "architecture", "model_type", "hidden_size",
-            "vocab_size", "num_hidden_layers", "aux_layer_ids", "fingerprint"} (None for published
-            heads, which are then checked by shape only)
-    extra   every other field of a loaded config.json, written back unchanged on save
-    """
-    hidden_size: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    vocab_size: int
-    draft_vocab_size: int
-    draft_length: int = 8
-    head_dim: int | None = None
-    target_hidden_size: int | None = None
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    hidden_act: str = "silu"
-    max_position_embeddings: int = 2048
-    initializer_range: float = 0.02
-    target: dict | None = None
-    extra: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.head_dim is None and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-                                         for v in (self.hidden_size, self.num_attention_heads)):
-            self.head_dim = self.hidden_size // self.num_attention_heads   # else reported below
-        if self.target_hidden_size is None:
-            self.target_hidden_size = self.hidden_size
-        problems = head_config_problems(self, extra_int_fields=("draft_length",))
-        if problems:
-            raise DartHeadError("invalid DART head config: " + "; ".join(problems))
-
-    @property
-    def full_vocab(self) -> bool:
-        return self.draft_vocab_size == self.vocab_size
-
-    @classmethod
-    def from_dict(cls, d: dict, source: str = "config.json") -> "DartHeadConfig":
-        missing = [k for k in _LLAMA_FIELDS + ("draft_length",) if k not in d]
-        if missing:
-            raise DartHeadError(f"{source}: missing field(s) {', '.join(missing)}; a DART head config needs the "
-                                f"Llama fields plus draft_length and draft_vocab_size")
-        rope_scaling = d.get("rope_scaling")
-        rope_params = d.get("rope_parameters") if isinstance(d.get("rope_parameters"), dict) else {}
-        rope_type = (rope_scaling.get("rope_type", rope_scaling.get("type"))
-                     if isinstance(rope_scaling, dict) else rope_scaling or None)
-        if rope_type not in (None, "default"):
-            raise DartHeadError(f"{source}: rope_scaling {rope_scaling!r} is not supported (plain RoPE only)")
-        theta_at = d if d.get("rope_theta") is not None else {"rope_theta": rope_params.get("rope_theta", 10000.0)}
-        known = set(_LLAMA_FIELDS) | {"draft_length", "head_dim", "target_hidden_size", "rms_norm_eps", "rope_theta",
-                                      "hidden_act", "max_position_embeddings", "initializer_range", "dart_target"}
-        extra = {k: v for k, v in d.items() if k not in known}
-        try:
-            return cls(hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"],
-                       num_attention_heads=d["num_attention_heads"],
-                       num_key_value_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
-                       vocab_size=d["vocab_size"], draft_vocab_size=d["draft_vocab_size"],
-                       draft_length=d["draft_length"], head_dim=d.get("head_dim"),
-                       target_hidden_size=d.get("target_hidden_size"),
-                       rms_norm_eps=config_number(d, "rms_norm_eps", 1e-6, DartHeadError),
-                       rope_theta=config_number(theta_at, "rope_theta", 10000.0, DartHeadError),
-                       hidden_act=d.get("hidden_act", "silu"),
-                       max_position_embeddings=config_number(d, "max_position_embeddings", 2048, DartHeadError,
-                                                             integer=True),
-                       initializer_range=config_number(d, "initializer_range", 0.02, DartHeadError),
-                       target=d.get("dart_target"), extra=extra)
-        except DartHeadError as exc:
-            raise DartHeadError(f"{source}: {exc}") from None
-
-    def to_dict(self) -> dict:
-        return head_config_dict(self, ARCHITECTURE, "dart_target", draft_length=self.draft_length)
-
-    @classmethod
-    def for_target(cls, target, draft_vocab_size: int, draft_length: int = 8) -> "DartHeadConfig":
-        """A head config sized for ``target`` (a TargetModel), recording the target's identity."""
-        return cls(**llama_fields_for_target(target), draft_vocab_size=int(draft_vocab_size),
-                   draft_length=int(draft_length))
-
 
 # ---------------------------------------------------------------------------------------------- the head
 class DartHead(DraftHeadBase):
@@ -161,7 +72,7 @@ class DartHead(DraftHeadBase):
     kind = "DART"
     error = DartHeadError
 
-    def __init__(self, config: DartHeadConfig):
+    def __init__(self, config: HeadConfig):
         super().__init__()
         c = self.config = config
         self.fc = nn.Linear(3 * c.target_hidden_size, c.hidden_size, bias=False)
@@ -175,10 +86,10 @@ class DartHead(DraftHeadBase):
     # ------------------------------------------------------------------ pieces of the forward
     def embed_inputs(self, aux: torch.Tensor, next_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """aux [n, 3H_t], next_ids [n] (token i+1 for feature i) -> x [n, 2H], residual h = fc(aux) [n, H]."""
-        if self._embed is None:
+        if self.embedding is None:
             raise RuntimeError("DartHead has no token embedding: call attach_embedding(target embedding) first")
         h = self.fc(aux)
-        e = F.embedding(next_ids.to(self._embed.device), self._embed).to(h.dtype)
+        e = F.embedding(next_ids.to(self.embedding.device), self.embedding).to(h.dtype)
         x = torch.cat([self.midlayer.input_layernorm(e), self.midlayer.hidden_norm(h)], dim=-1)
         return x, h
 
@@ -348,11 +259,11 @@ class BlockLayout:
 
 
 # ---------------------------------------------------------------------------------------------- load / save
-def expected_shapes(c: DartHeadConfig) -> dict[str, tuple[int, ...]]:
+def expected_shapes(c: HeadConfig) -> dict[str, tuple[int, ...]]:
     return head_shapes(c, mask_rep=True)
 
 
-def check_state_dict(state: dict[str, torch.Tensor], config: DartHeadConfig, source: str) -> dict[str, torch.Tensor]:
+def check_state_dict(state: dict[str, torch.Tensor], config: HeadConfig, source: str) -> dict[str, torch.Tensor]:
     """Strictly match a checkpoint to the config; returns the tensors to load (allow-listed keys removed)."""
     return match_state_dict(state, expected_shapes(config), config, source, what="a DART head checkpoint")
 
@@ -365,7 +276,7 @@ def load_dart_head(path_or_id: str | os.PathLike, target=None, *, dtype: torch.d
     cfg_path, weights_path = resolve_head_files(path_or_id, kind="DART", weights_names=(WEIGHTS_NAME,),
                                                 layout="the published fvliang/DART layout",
                                                 flag="--dart-model-name-or-path", error=DartHeadError)
-    config = DartHeadConfig.from_dict(read_config(cfg_path, DartHeadError), str(cfg_path))
+    config = HeadConfig.from_dict(read_config(cfg_path, DartHeadError), "dart", str(cfg_path))
     tensors = check_state_dict(read_state(weights_path, DartHeadError), config, str(weights_path))
     if target is not None:
         check_head_matches_target(config, target, source=f"the DART head {path_or_id}",
@@ -389,6 +300,6 @@ def new_head_for_target(target, draft_ids: torch.Tensor | None = None, draft_len
     init_lm_head_from_target / init_layer_from_target: see :func:`~.layers.init_head_from_target`.
     """
     ids = draft_ids_for(target, draft_ids)
-    head = DartHead(DartHeadConfig.for_target(target, draft_vocab_size=int(ids.numel()), draft_length=draft_length))
+    head = DartHead(HeadConfig.for_target(target, "dart", draft_vocab_size=int(ids.numel()), draft_length=draft_length))
     return init_head_from_target(head, target, ids, seed, lm_head=init_lm_head_from_target,
                                  layer=init_layer_from_target)

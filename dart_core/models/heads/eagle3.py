@@ -35,9 +35,7 @@ file handling are shared with DART (:mod:`.layers`, :mod:`.cache`, :mod:`.files`
 """
 from __future__ import annotations
 
-import logging
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -45,114 +43,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cache import HeadCache
-from .files import (CONFIG_NAME, Eagle3HeadError, check_head_matches_target, config_number, fill_head,
-                    head_config_dict, head_config_problems, llama_fields_for_target, match_state_dict, read_config,
-                    read_state, resolve_head_files, save_head)
+from .config import HEAD_KINDS, HeadConfig
+from .files import (CONFIG_NAME, Eagle3HeadError, check_head_matches_target, fill_head, match_state_dict,
+                    read_config, read_state, resolve_head_files, save_head)
 from .layers import (DraftHeadBase, MidLayer, RMSNorm, draft_ids_for, head_shapes, init_head_from_target,
                      sdpa_attend)
 
-logger = logging.getLogger(__name__)
-
 WEIGHTS_NAMES = ("model.safetensors", "pytorch_model.bin")   # preference order
-ARCHITECTURE = "LlamaForCausalLMEagle3"
-TARGET_KEY = "eagle3_target"
+ARCHITECTURE = HEAD_KINDS["eagle3"].architecture
 #: where the bundled target's default EAGLE-3 head lives (assets/eagle3/, with its model card)
 BUNDLED_EAGLE3_HEAD_NAME = "smollm2-135m-instruct"
 
 
-# ---------------------------------------------------------------------------------------------- config
-_REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
-
-
-@dataclass
-class Eagle3HeadConfig:
-    """The head's ``config.json``: Llama fields + ``draft_vocab_size`` (+ optional ``target_hidden_size``)
-    + our ``eagle3_target`` record (None for published heads, which are checked by shape only).
-
-    head_dim comes from the weights (``q_proj`` rows / heads) when loading: published heads may carry
-    a ``head_dim`` copied from their target that their weights do not use.
-    extra: every other field of a loaded config.json, written back unchanged on save.
-    """
-    hidden_size: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    vocab_size: int
-    draft_vocab_size: int
-    head_dim: int | None = None
-    target_hidden_size: int | None = None
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    hidden_act: str = "silu"
-    max_position_embeddings: int = 2048
-    initializer_range: float = 0.02
-    target: dict | None = None
-    extra: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.head_dim is None and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-                                         for v in (self.hidden_size, self.num_attention_heads)):
-            self.head_dim = self.hidden_size // self.num_attention_heads
-        if self.target_hidden_size is None:
-            self.target_hidden_size = self.hidden_size
-        problems = head_config_problems(self)
-        if problems:
-            raise Eagle3HeadError("invalid EAGLE-3 head config: " + "; ".join(problems))
-
-    @property
-    def full_vocab(self) -> bool:
-        return self.draft_vocab_size == self.vocab_size
-
-    @classmethod
-    def from_dict(cls, d: dict, source: str = "config.json", head_dim: int | None = None) -> "Eagle3HeadConfig":
-        """head_dim: the value implied by the weights (overrides the config's own field)."""
-        missing = [k for k in _REQUIRED if k not in d]
-        if missing:
-            raise Eagle3HeadError(f"{source}: missing field(s) {', '.join(missing)}; an EAGLE-3 head config needs "
-                                  "the Llama fields (hidden_size, intermediate_size, num_attention_heads, vocab_size)")
-        rope_scaling = d.get("rope_scaling")
-        rope_type = (rope_scaling.get("rope_type", rope_scaling.get("type"))
-                     if isinstance(rope_scaling, dict) else rope_scaling or None)
-        if rope_type not in (None, "default"):
-            raise Eagle3HeadError(f"{source}: rope_scaling {rope_scaling!r} is not supported (plain RoPE only); "
-                                  "remove the field if the head was trained without scaling")
-        rope_params = d.get("rope_parameters") if isinstance(d.get("rope_parameters"), dict) else {}
-        # null or absent: the rope_parameters' value or the default (0 is kept, and refused as a bad theta)
-        theta_at = d if d.get("rope_theta") is not None else {"rope_theta": rope_params.get("rope_theta", 10000.0)}
-        if head_dim is not None and d.get("head_dim") not in (None, head_dim):
-            logger.info("%s: head_dim %s in the config, but the weights use %s; using the weights'", source,
-                        d.get("head_dim"), head_dim)
-        known = set(_REQUIRED) | {"num_key_value_heads", "draft_vocab_size", "head_dim", "target_hidden_size",
-                                  "rms_norm_eps", "rope_theta", "hidden_act", "max_position_embeddings",
-                                  "initializer_range", TARGET_KEY}
-        extra = {k: v for k, v in d.items() if k not in known}
-        try:
-            return cls(hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"],
-                       num_attention_heads=d["num_attention_heads"],
-                       num_key_value_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
-                       vocab_size=d["vocab_size"], draft_vocab_size=d.get("draft_vocab_size") or d["vocab_size"],
-                       head_dim=head_dim if head_dim is not None else d.get("head_dim"),
-                       target_hidden_size=d.get("target_hidden_size"),
-                       rms_norm_eps=config_number(d, "rms_norm_eps", 1e-6, Eagle3HeadError),
-                       rope_theta=config_number(theta_at, "rope_theta", 10000.0, Eagle3HeadError),
-                       hidden_act=d.get("hidden_act", "silu"),
-                       max_position_embeddings=config_number(d, "max_position_embeddings", 2048, Eagle3HeadError,
-                                                             integer=True),
-                       initializer_range=config_number(d, "initializer_range", 0.02, Eagle3HeadError),
-                       target=d.get(TARGET_KEY), extra=extra)
-        except Eagle3HeadError as exc:
-            raise Eagle3HeadError(f"{source}: {exc}") from None
-
-    def to_dict(self) -> dict:
-        return head_config_dict(self, ARCHITECTURE, TARGET_KEY)
-
-    @classmethod
-    def for_target(cls, target, draft_vocab_size: int) -> "Eagle3HeadConfig":
-        """A head config sized for ``target`` (a TargetModel), recording the target's identity."""
-        return cls(**llama_fields_for_target(target), draft_vocab_size=int(draft_vocab_size))
-
-
-def expected_shapes(c: Eagle3HeadConfig) -> dict[str, tuple[int, ...]]:
+def expected_shapes(c: HeadConfig) -> dict[str, tuple[int, ...]]:
     return head_shapes(c, mask_rep=False)
 
 
@@ -163,7 +66,7 @@ class Eagle3Head(DraftHeadBase):
     kind = "EAGLE-3"
     error = Eagle3HeadError
 
-    def __init__(self, config: Eagle3HeadConfig):
+    def __init__(self, config: HeadConfig):
         super().__init__()
         c = self.config = config
         self.fc = nn.Linear(3 * c.target_hidden_size, c.hidden_size, bias=False)
@@ -188,11 +91,11 @@ class Eagle3Head(DraftHeadBase):
         With a cache: this call's K/V are written to slots [write_at, write_at + n) (reserved by the
         caller) and the rows attend to slots [0, write_at + n) under ``allowed`` [n, write_at + n].
         """
-        if self._embed is None:
+        if self.embedding is None:
             raise RuntimeError("Eagle3Head has no token embedding: call attach_embedding(target embedding) first")
         mid = self.midlayer
         n = h.shape[0]
-        e = F.embedding(ids.to(self._embed.device), self._embed).to(h.device, h.dtype)
+        e = F.embedding(ids.to(self.embedding.device), self.embedding).to(h.device, h.dtype)
         x = torch.cat([mid.input_layernorm(e), mid.hidden_norm(h)], dim=-1)      # [n, 2H]
         q, k, v = mid.self_attn.qkv(x, positions)                                 # [heads|kv, n, hd]
         if cache is not None:
@@ -276,7 +179,7 @@ def load_eagle3_head(path_or_id: str | os.PathLike, target=None, *, dtype: torch
                                                 flag="--eagle3-model-name-or-path", error=Eagle3HeadError)
     raw = read_config(cfg_path, Eagle3HeadError)
     state = read_state(weights_path, Eagle3HeadError)
-    config = Eagle3HeadConfig.from_dict(raw, str(cfg_path), head_dim=_head_dim_from_weights(state, raw,
+    config = HeadConfig.from_dict(raw, "eagle3", str(cfg_path), head_dim=_head_dim_from_weights(state, raw,
                                                                                            str(weights_path)))
     tensors = match_state_dict(state, expected_shapes(config), config, str(weights_path),
                                what="an EAGLE-3 head checkpoint", error=Eagle3HeadError)
@@ -303,7 +206,7 @@ def new_eagle3_head_for_target(target, draft_ids: torch.Tensor | None = None, se
     init_lm_head_from_target / init_layer_from_target: see :func:`~.layers.init_head_from_target`.
     """
     ids = draft_ids_for(target, draft_ids)
-    head = Eagle3Head(Eagle3HeadConfig.for_target(target, draft_vocab_size=int(ids.numel())))
+    head = Eagle3Head(HeadConfig.for_target(target, "eagle3", draft_vocab_size=int(ids.numel())))
     return init_head_from_target(head, target, ids, seed, lm_head=init_lm_head_from_target,
                                  layer=init_layer_from_target)
 

@@ -192,7 +192,8 @@ class DraftHeadBase(nn.Module):
         return self
 
     @property
-    def _embed(self) -> torch.Tensor | None:
+    def embedding(self) -> torch.Tensor | None:
+        """The target's token embedding this head reads (None until :meth:`attach_embedding`)."""
         return self._embed_ref[0] if self._embed_ref else None
 
     @torch.no_grad()

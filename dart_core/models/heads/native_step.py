@@ -52,7 +52,7 @@ class NativeHeadStep:
         linears = [m.weight for m in head.modules() if isinstance(m, torch.nn.Linear)]
         if any(w.dtype != p.dtype or not w.is_contiguous() for w in linears):
             return "the head's weights are not all contiguous and of one dtype"
-        embed = head._embed
+        embed = head.embedding
         if embed is None:
             return "the head has no token embedding attached"
         if embed.device.type != "cpu" or embed.dtype not in KERNEL_DTYPES or not embed.is_contiguous():
@@ -77,7 +77,7 @@ class NativeHeadStep:
             "hidden_norm": _vector(mid.hidden_norm.weight), "input_norm": _vector(mid.input_layernorm.weight),
             "post_norm": _vector(mid.post_attention_layernorm.weight), "norm": _vector(head.norm.weight),
             "mask_rep": None if mask_rep is None else _vector(mask_rep),
-            "inv_freq": _vector(attn.inv_freq), "embed": kernel_array(head._embed),
+            "inv_freq": _vector(attn.inv_freq), "embed": kernel_array(head.embedding),
             "d2t": head.d2t.detach().to(torch.int64).contiguous().numpy(),
         }
         self.config = c
