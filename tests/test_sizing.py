@@ -133,7 +133,7 @@ def test_a_machine_that_changes_speed_moves_the_whole_verify_curve(speed, observ
 
 
 def test_the_chosen_tree_survives_a_uniform_slowdown_seen_only_in_plain_steps():
-    auto = AutoTree(_fake("dart"), _costs(THIS_CPU, 1.5, 0.2), AcceptanceModel.from_hit_rates(*BUNDLED))
+    auto = AutoTree(stand_in_drafter("dart"), _costs(THIS_CPU, 1.5, 0.2), AcceptanceModel.from_hit_rates(*BUNDLED))
     before = auto.choose()
     assert not before.plain
     for _ in range(100):                                            # plain steps on a 1.6x slower machine
