@@ -3,10 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
-
-if TYPE_CHECKING:
-    from .method import TrainMethod
+from typing import Any, ClassVar
 
 
 class TrainError(ValueError):
@@ -25,7 +22,7 @@ class BaseTrainConfig:
                      weights and its draft vocabulary (fine-tuning, e.g. from the shipped assets/dart/...)
     init_layer_from_target  start a new head's decoder layer from the target's last layer
     """
-    method: ClassVar[type["TrainMethod"]]   # set by each trainer module for its config class
+    method: ClassVar[type]   # the TrainMethod subclass (training/method.py), set by each trainer module
     data: str
     out: str
     target: str | None = None
