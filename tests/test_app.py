@@ -316,7 +316,7 @@ def test_a_missing_eagle3_head_is_explained_and_the_rest_runs(tiny):
 def test_settings_name_the_control_to_change():
     s = RunSettings.from_values(max_new_tokens=8.0, temperature=0.5, budget=10.0)
     assert s.max_new_tokens == 8 and s.budget == 10 and not s.greedy
-    assert s.pruning(PruningConfig()).budget == 10
+    assert s.tree_for("dart", PruningConfig()).budget == 10 and s.tree_overrides("dart")["budget"] == 10
     with pytest.raises(ConfigError, match="DART tree budget"):
         RunSettings.from_values(budget=-1)
     with pytest.raises(ConfigError, match="Top-k must be a whole number"):
@@ -512,8 +512,8 @@ def test_gradio_client_on_the_bundled_defaults(bundled_fp32):
 def test_tree_presets_set_the_controls_and_report_each_measured_speed(vis):
     paper = vis.apply_preset("paper")
     assert paper[vis.controls.tree] == "fixed" and "sliders apply" in paper[vis.tree_note]
-    assert paper[vis.controls.budget].value == vis.factory.dart_pruning.budget == 60
-    e = vis.factory.eagle3_tree_base
+    assert paper[vis.controls.budget].value == vis.factory.base_trees["dart"].budget == 60
+    e = vis.factory.base_trees["eagle3"]
     assert (paper[vis.controls.eagle3_total_token].value, paper[vis.controls.eagle3_depth].value,
             paper[vis.controls.eagle3_top_k].value) == (e.total_token, e.depth, e.top_k) == (60, 7, 10)
     fastest = vis.apply_preset("fastest")

@@ -171,7 +171,7 @@ def test_startup_line_and_warm_up(loaded, caplog):
     assert set(seconds) == {"dart", "eagle3", "vanilla"} and "warm-up: DART" in caplog.text
     # the warmed engines are the ones a request at the page's default settings reuses (same trees, caches): with
     # automatic trees the page sends the pruner's knobs and leaves the size knobs to the chooser
-    p = vis.factory.dart_pruning
+    p = vis.factory.base_trees["dart"]
     page_defaults = RunSettings(beam_width=p.beam_width, level_top_k=p.level_top_k, ngram_weight=p.ngram_weight)
     warmed = vis.factory.build(RunSettings())
     assert all(vis.factory.build(page_defaults)[n] is warmed[n] for n in warmed)

@@ -57,8 +57,8 @@ def engines_for(tiny, settings: RunSettings, factory: EngineFactory) -> dict[str
     """The three engines a page request with ``settings`` runs (RunSettings -> configs -> drafters)."""
     target, dart, eagle, _ = tiny
     return {"dart": SpeculativeEngine(target, DartDrafter(dart, None, target.eos_token_ids,
-                                                          settings.pruning(factory.dart_pruning))),
-            "eagle3": SpeculativeEngine(target, Eagle3Drafter(eagle, settings.eagle3_tree(factory.eagle3_tree_base))),
+                                                          settings.tree_for("dart", factory.base_trees["dart"]))),
+            "eagle3": SpeculativeEngine(target, Eagle3Drafter(eagle, settings.tree_for("eagle3", factory.base_trees["eagle3"]))),
             "vanilla": SpeculativeEngine(target)}
 
 

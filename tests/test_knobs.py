@@ -92,7 +92,7 @@ def test_every_slider_is_its_knob(page):
     assert SETTING_NAMES == ("max_new_tokens",) + tuple(KNOBS) + ("tree",)   # the tree mode control last
     for name, knob in KNOBS.items():
         slider = getattr(vis.controls, name)
-        base = {"dart": vis.factory.dart_pruning, "eagle3": vis.factory.eagle3_tree_base}.get(knob.engine)
+        base = vis.factory.base_trees.get(knob.engine)
         default = knob.default_for(base)
         lo, hi = knob.limit.slider_range
         assert slider.label == (knob.slider_label or knob.label), name

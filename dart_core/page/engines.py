@@ -9,8 +9,9 @@ from them, each leased to one run at a time (no Gradio here).
 missing default only makes that engine unavailable, with the reason the page shows); the factory then builds
 engines from those parts and pools them, so KV caches are reused across requests.
 
-``settings`` is a :class:`dart_core.ui.session.RunSettings` (or anything with ``pruning(base)``,
-``eagle3_tree(base)`` and ``fixed_sizes(name)``): the per-request tree knobs.
+``settings`` is a :class:`dart_core.ui.session.RunSettings` (or anything with ``tree_overrides(kind)``,
+``tree_for(kind, base)`` and ``fixed_sizes(name)``): the per-request tree knobs, which a drafter takes through the
+drafter protocol's ``set_tree``.
 """
 from __future__ import annotations
 
@@ -45,19 +46,20 @@ class EngineFactory:
     ``SpeculativeEngine.stream`` refuses a second open generation on one engine besides).
     """
 
-    def __init__(self, target, *, dart_head=None, ngram=None, dart_pruning: PruningConfig | None = None,
-                 eagle3_head=None, eagle3_tree=None, unavailable: Mapping[str, str] | None = None,
+    def __init__(self, target, *, dart_head=None, ngram=None, eagle3_head=None,
+                 base_trees: Mapping[str, Any] | None = None, unavailable: Mapping[str, str] | None = None,
                  costs=None):
-        """dart_pruning / eagle3_tree: the base tree settings (default: the paper's / published ones), which
-        fixed trees run as given and automatic trees start from. costs: the target's CostModel
-        (dart_core.sizing.costs; default: measured, or read from the cache, when first needed)."""
+        """base_trees: by tree kind ("dart", "eagle3"), the tree config each drafter is built with (default: the
+        paper's PruningConfig, the published Eagle3TreeConfig); fixed trees run it with the request's fields set
+        (``set_tree``), automatic trees start from it. costs: the target's CostModel (dart_core.sizing.costs;
+        default: measured, or read from the cache, when first needed)."""
         from ..drafters.eagle3 import Eagle3TreeConfig
         self.target = target
         self.dart_head = dart_head
         self.ngram = ngram
-        self.dart_pruning = dart_pruning or PruningConfig()
         self.eagle3_head = eagle3_head
-        self.eagle3_tree_base = eagle3_tree or Eagle3TreeConfig()
+        self.base_trees: dict[str, Any] = {"dart": PruningConfig(), "eagle3": Eagle3TreeConfig(),
+                                           **dict(base_trees or {})}
         self.unavailable: dict[str, str] = dict(unavailable or {})
         self._costs = costs
         self._pool: dict[str, tuple[Any, SpeculativeEngine]] = {}   # idle engines, at most one per name
@@ -120,15 +122,16 @@ class EngineFactory:
         target = self.target
         if name == "dart":
             from ..drafters.dart import DartDrafter
-            drafter = DartDrafter(self.dart_head, self.ngram, target.eos_token_ids,
-                                  pruning=settings.pruning(self.dart_pruning))
+            drafter = DartDrafter(self.dart_head, self.ngram, target.eos_token_ids, pruning=self.base_trees["dart"])
         elif name == "eagle3":
             from ..drafters.eagle3 import Eagle3Drafter
-            drafter = Eagle3Drafter(self.eagle3_head, settings.eagle3_tree(self.eagle3_tree_base))
+            drafter = Eagle3Drafter(self.eagle3_head, self.base_trees["eagle3"])
         elif name == BASELINE:
             return SpeculativeEngine(target, name=BASELINE)
         else:
             raise ConfigError(f"unknown engine {name!r}; this app runs {self.names}")
+        settings.tree_for(name, self.base_trees[name])            # a bad field: a ConfigError naming it
+        drafter.set_tree(**settings.tree_overrides(name))
         fixed = settings.fixed_sizes(name)
         if fixed is not None:
             from ..sizing.auto import make_auto
@@ -138,12 +141,9 @@ class EngineFactory:
     def tree_key(self, name: str, settings: "RunSettings") -> Any:
         """What makes two engines of ``name`` interchangeable: their tree settings (and, with automatic trees,
         which size knobs are held)."""
-        if name == "dart":
-            tree = tuple(sorted(settings.pruning(self.dart_pruning).to_dict().items()))
-        elif name == "eagle3":
-            tree = tuple(sorted(asdict(settings.eagle3_tree(self.eagle3_tree_base)).items()))
-        else:
+        if name not in self.base_trees:
             return ()
+        tree = tuple(sorted(asdict(settings.tree_for(name, self.base_trees[name])).items()))
         fixed = settings.fixed_sizes(name)
         return tree if fixed is None else ("auto", tree, tuple(sorted(fixed.items())))
 

@@ -74,8 +74,7 @@ class Layout:
                         "for, and what they cost on this machine.", elem_id="preset-help")
             with gr.Accordion("Settings", open=False):
                 m = self.max_new_tokens    # --max-new-tokens, capped by the serving limits
-                base_p = self.factory.dart_pruning
-                base_e = self.factory.eagle3_tree_base
+                base_p, base_e = self.factory.base_trees["dart"], self.factory.base_trees["eagle3"]
                 with gr.Row():
                     max_new = gr.Slider(1, m, value=min(96, m), step=1, label="Max new tokens")
                     # every slider comes from dart_core.presets.KNOBS: the ranges RunSettings checks

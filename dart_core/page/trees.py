@@ -32,7 +32,7 @@ class TreeControls:
     """Tree mode and presets (see the module docstring)."""
 
     def _tree_note(self, mode: str) -> str:
-        e = self.factory.eagle3_tree_base
+        d, e = self.factory.base_trees["dart"], self.factory.base_trees["eagle3"]
         engines = ["DART's budget" if "dart" in self.available else None,
                    "EAGLE-3's total tokens, depth and top-k" if "eagle3" in self.available else None]
         sizes = " and ".join(x for x in engines if x) or "the tree sizes"
@@ -41,7 +41,7 @@ class TreeControls:
                     "machine's measured verify cost and the head's expected acceptance (see *Cost of a tree* "
                     "below), so **the size sliders are not applied** (greyed out); the other tree settings are.")
         return (f"**Tree size: fixed.** The sliders apply as set (by default the paper's trees: DART budget "
-                f"{self.factory.dart_pruning.budget}, EAGLE-3 {e.total_token} total tokens, depth {e.depth}, "
+                f"{d.budget}, EAGLE-3 {e.total_token} total tokens, depth {e.depth}, "
                 f"top-k {e.top_k}).")
 
     def tree_mode_changed(self, mode: str) -> dict:
@@ -54,7 +54,7 @@ class TreeControls:
 
     def _paper_values(self) -> dict[str, float]:
         """The paper's trees: every tree knob at its base config value (DART budget 60, EAGLE-3 60 / 7 / 10)."""
-        base = {"dart": self.factory.dart_pruning, "eagle3": self.factory.eagle3_tree_base}
+        base = self.factory.base_trees
         return {name: knob.default_for(base[knob.engine]) for name, knob in KNOBS.items() if knob.engine}
 
     def preset_of(self, settings: RunSettings) -> str | None:

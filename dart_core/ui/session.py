@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
 
 from ..config import ConfigError, GenerationConfig
-from ..drafters.pruning import PruningConfig
 from ..engine.decoding import GenerationResult, SpeculativeEngine
 from ..engine.trace import StepTrace
 from ..presets import EAGLE3_FIELDS, KNOBS, PRUNING_FIELDS, SIZE_FIELDS, TREE_MODES, Limit
+
+#: How the page's messages name each drafter's tree.
+TREE_NAMES = {"dart": "DART", "eagle3": "EAGLE-3"}
 from ..sizing.auto import AutoTree
 from .record import BASELINE, EngineRun, RunRecord
 
@@ -114,26 +116,19 @@ class RunSettings:
                                 temperature=float(self.temperature), top_p=float(self.top_p),
                                 top_k=int(self.top_k), seed=self.seed)
 
-    def pruning(self, base: PruningConfig) -> PruningConfig:
-        d = base.to_dict()
-        for theirs, ours in PRUNING_FIELDS.items():
-            if getattr(self, ours) is not None:
-                d[theirs] = getattr(self, ours)
-        try:
-            return PruningConfig(**d)
-        except ValueError as exc:
-            raise ConfigError(f"DART tree settings: {exc}") from None
+    def tree_overrides(self, kind: str) -> dict[str, Any]:
+        """The tree fields this request sets for a drafter of ``kind`` ("dart" / "eagle3"): {config field: value},
+        the knobs left unset (None) out. A drafter takes them through ``set_tree`` (the drafter protocol)."""
+        fields = {"dart": PRUNING_FIELDS, "eagle3": EAGLE3_FIELDS}[kind]
+        return {theirs: getattr(self, ours) for theirs, ours in fields.items() if getattr(self, ours) is not None}
 
-    def eagle3_tree(self, base: Any):
-        from ..drafters.eagle3 import Eagle3TreeConfig
-        d = asdict(base)
-        for theirs, ours in EAGLE3_FIELDS.items():
-            if getattr(self, ours) is not None:
-                d[theirs] = int(getattr(self, ours))
+    def tree_for(self, kind: str, base: Any) -> Any:
+        """``base`` (a PruningConfig or an Eagle3TreeConfig) with this request's tree fields; a bad value is a
+        ConfigError naming the field."""
         try:
-            return Eagle3TreeConfig(**d)
+            return replace(base, **self.tree_overrides(kind))
         except ValueError as exc:
-            raise ConfigError(f"EAGLE-3 tree settings: {exc}") from None
+            raise ConfigError(f"{TREE_NAMES[kind]} tree settings: {exc}") from None
 
     def fixed_sizes(self, engine: str) -> dict[str, int] | None:
         """With automatic trees, the size knobs of ``engine`` that are set (held fixed; the rest are chosen):
