@@ -29,13 +29,13 @@ from ..config import ConfigError, GenerationConfig
 from ..engine.decoding import GenerationResult, SpeculativeEngine
 from ..engine.trace import StepTrace
 from ..presets import EAGLE3_FIELDS, KNOBS, PRUNING_FIELDS, SIZE_FIELDS, TREE_MODES, Limit
-
-#: How the page's messages name each drafter's tree.
-TREE_NAMES = {"dart": "DART", "eagle3": "EAGLE-3"}
 from ..sizing.auto import AutoTree
 from .record import BASELINE, EngineRun, RunRecord
 
 logger = logging.getLogger(__name__)
+
+#: How the page's messages name each drafter's tree.
+TREE_NAMES = {"dart": "DART", "eagle3": "EAGLE-3"}
 
 #: answer tokens per request; the server's own cap (--max-new-tokens) is checked in generation_config
 MAX_NEW_TOKENS = Limit("Max new tokens", 1, None, True)
@@ -120,7 +120,8 @@ class RunSettings:
         """The tree fields this request sets for a drafter of ``kind`` ("dart" / "eagle3"): {config field: value},
         the knobs left unset (None) out. A drafter takes them through ``set_tree`` (the drafter protocol)."""
         fields = {"dart": PRUNING_FIELDS, "eagle3": EAGLE3_FIELDS}[kind]
-        return {theirs: getattr(self, ours) for theirs, ours in fields.items() if getattr(self, ours) is not None}
+        cast = int if kind == "eagle3" else (lambda v: v)      # EAGLE-3's fields are all counts
+        return {theirs: cast(getattr(self, ours)) for theirs, ours in fields.items() if getattr(self, ours) is not None}
 
     def tree_for(self, kind: str, base: Any) -> Any:
         """``base`` (a PruningConfig or an Eagle3TreeConfig) with this request's tree fields; a bad value is a
