@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dart_core.config import dtype_name  # noqa: E402
 from dart_core.hardware import describe_machine  # noqa: E402
+from dart_core.models.huge_pages import huge_page_buffer  # noqa: E402
 from dart_core.models.loader import load_target  # noqa: E402
 from dart_core.engine.tree import DraftTree  # noqa: E402
 from dart_core.models import target as target_module  # noqa: E402
@@ -225,7 +226,9 @@ def measure_bandwidth(model: str | None, dtype: str, device: str, prefix: int, r
     ws = decoder_weight_arrays(target)
     gemv_bytes = sum(w.nbytes for w in ws)
     step_bytes = gemv_bytes + target.fast.lm_head_array.nbytes
-    buf = np.ones(read_mib << 20, dtype=np.uint8)     # touched: every page is mapped before timing
+    # The floor is read from the same kind of pages as the weights (2 MiB where the OS grants them: huge_pages.py).
+    buf, buf_pages = (huge_page_buffer(read_mib << 20) if target.fast.weight_pages.reason is None
+                      else (np.ones(read_mib << 20, dtype=np.uint8), target.fast.weight_pages))
     rng = np.random.default_rng(seed)
     prompt = rng.integers(0, target.vocab_size, size=prefix).tolist()
     root = DraftTree.root_only(int(rng.integers(0, target.vocab_size)))
@@ -266,7 +269,8 @@ def measure_bandwidth(model: str | None, dtype: str, device: str, prefix: int, r
                     "gemv_bytes": gemv_bytes, "gemv_ms": 1000 * statistics.median(gemv[a]), "gemv_gbs": g,
                     "gemv_share_of_read": g / read_gbs,
                     "step_bytes": step_bytes, "one_token_ms": 1000 * st, "step_gbs": step_bytes / st / 1e9,
-                    "step_share_of_read": step_bytes / st / 1e9 / read_gbs, "reps": reps})
+                    "step_share_of_read": step_bytes / st / 1e9 / read_gbs, "reps": reps,
+                    "weight_pages": target.fast.weight_pages.describe(), "read_pages": buf_pages.describe()})
     del session, target, buf
     return out
 
@@ -416,6 +420,8 @@ def bandwidth_main(args, machine: dict) -> int:
             print(f"| {r['dtype']} | {name} | {r['read_gbs']:.1f} | {r['gemv_bytes'] / 1e6:.0f} "
                   f"| {r['gemv_gbs']:.1f} | {r['gemv_share_of_read']:.0%} | {r['one_token_ms']:.2f} "
                   f"| {r['step_bytes'] / 1e6:.0f} | {r['step_gbs']:.1f} | {r['step_share_of_read']:.0%} |", flush=True)
+    if results:
+        print(f"# weights: {results[0]['weight_pages']}; read buffer: {results[0]['read_pages']}")
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": machine, "bandwidth": results}, indent=1) + "\n")
     return 0

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .huge_pages import move_to_huge_pages
 from .kv_cache import CacheFullError, PreallocatedCache
 from .native_linear import KERNEL_DTYPES, kernel_array
 
@@ -88,6 +89,8 @@ class FastForward:
         why = self.supports(model)
         if why is not None:
             raise ValueError(f"the lean CPU forward cannot run this model: {why}")
+        # Every step streams all the weights: on 2 MiB pages first (before the kernel arrays view them).
+        self.weight_pages = move_to_huge_pages(model)
         cfg = model.config
         inner = model.model
         heads = int(cfg.num_attention_heads)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..huge_pages import move_to_huge_pages
 from ..native_linear import KERNEL_DTYPES, kernel_array
 from .cache import HeadCache
 
@@ -65,6 +66,8 @@ class NativeHeadStep:
         why = self.supports(head)
         if why is not None:
             raise ValueError(f"the native draft step cannot run this head: {why}")
+        # Every draft streams the head's weights: on 2 MiB pages first (before the kernel arrays view them).
+        self.weight_pages = move_to_huge_pages(head)
         c, mid = head.config, head.midlayer
         attn = mid.self_attn
         mask_rep = getattr(mid, "mask_rep", None)
