@@ -215,45 +215,162 @@ void silu_mul(float* g, const float* u, int64_t n) {
   for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
 
+#ifdef DART_X86
+// o_b[c] = sum_j p_b[j] * v[j, c] over the columns [c0, c1) for B rows p_b that share their zeros (the query heads of
+// one K/V head at one position: the same mask), j in order, skipping the zeros; 8 * C columns at a time, so that
+// B * C sums are in flight (each is a chain of dependent FMAs). Per column the FMAs are those of weighted_rows_avx2
+// in the same order, so the same bits.
+template <int B, int C>
+__attribute__((target("avx2,fma"))) int64_t weighted_rows_shared_avx2(const float* const* p, const float* v,
+                                                                      int64_t n, int64_t D, int64_t c, int64_t c1,
+                                                                      float* const* o) {
+  for (; c + 8 * C <= c1; c += 8 * C) {
+    __m256 acc[B][C];
+#pragma GCC unroll 4
+    for (int b = 0; b < B; ++b)
+#pragma GCC unroll 4
+      for (int k = 0; k < C; ++k) acc[b][k] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+      if (p[0][j] == 0.f) continue;
+      const float* vj = v + j * D + c;
+#pragma GCC unroll 4
+      for (int b = 0; b < B; ++b) {
+        const __m256 pj = _mm256_set1_ps(p[b][j]);
+#pragma GCC unroll 4
+        for (int k = 0; k < C; ++k) acc[b][k] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * k), acc[b][k]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int b = 0; b < B; ++b)
+#pragma GCC unroll 4
+      for (int k = 0; k < C; ++k) _mm256_storeu_ps(o[b] + c + 8 * k, acc[b][k]);
+  }
+  return c;
+}
+
+template <int B>
+__attribute__((target("avx2,fma"))) void weighted_rows_shared_avx2(const float* const* p, const float* v, int64_t n,
+                                                                   int64_t D, int64_t c0, int64_t c1,
+                                                                   float* const* o) {
+  // About 12 sums in flight where the registers allow (16 ymm: the sums, a broadcast, a loaded value).
+  int64_t c = weighted_rows_shared_avx2<B, B <= 3 ? 4 : 2>(p, v, n, D, c0, c1, o);
+  c = weighted_rows_shared_avx2<B, 1>(p, v, n, D, c, c1, o);   // whole 8-column groups left over
+  if (c < c1)   // head_dim not a multiple of 8: as weighted_rows_avx2's tail
+    for (int b = 0; b < B; ++b) {
+      std::fill(o[b] + c, o[b] + c1, 0.f);
+      for (int64_t j = 0; j < n; ++j)
+        if (p[b][j] != 0.f) axpy_avx2(p[b][j], v + j * D + c, o[b] + c, c1 - c);
+    }
+}
+#endif
+
+// o_b[c0:c1) = sum_j p_b[j] v[j, c0:c1) for B <= 4 rows sharing their zeros (see weighted_rows_shared_avx2).
+void weighted_rows_shared(const float* const* p, int B, const float* v, int64_t n, int64_t D, int64_t c0,
+                          int64_t c1, float* const* o) {
+#ifdef DART_X86
+  if (avx2_helpers()) {
+    switch (B) {
+      case 1: return weighted_rows_shared_avx2<1>(p, v, n, D, c0, c1, o);
+      case 2: return weighted_rows_shared_avx2<2>(p, v, n, D, c0, c1, o);
+      case 3: return weighted_rows_shared_avx2<3>(p, v, n, D, c0, c1, o);
+      default: return weighted_rows_shared_avx2<4>(p, v, n, D, c0, c1, o);
+    }
+  }
+#endif
+  for (int b = 0; b < B; ++b) weighted_rows(p[b], v, n, D, o[b]);   // whole rows: columns split on AVX2 only
+}
+
 // out [q, heads * D] = softmax(q k^T * scale, masked) v, query head h reading K/V head h / group.
-// Per head, its q query rows meet the cached keys as one small GEMM (keys are rows of
-// [capacity, D], the layout small_gemm reads), then a masked softmax per row and a weighted
-// sum of value rows. Heads are split across threads.
+//
+// In two passes over the K/V heads, each cut across the threads so that every key and every value row is read from
+// memory once per layer (per query head, the cache would be read `group` times, and from both cores):
+//  1. scores: items (K/V head, range of keys). All rows of the head's group (every query head at every position)
+//     meet the range's keys in one small GEMM; scaled, masked; each item keeps its rows' maxima.
+//  2. outputs: items (K/V head, range of value columns). Per row: the maximum over the ranges, the softmax
+//     numerators (softmax_numerators, over the whole row: an item needs them all), then the weighted sum of the
+//     value rows over the item's columns, for the group's query heads at once (one mask per position).
+// Every float is computed as by one query head at a time (a score by the kernel's fixed K order, a maximum exactly,
+// the numerators and each output column's sum in key order), so a tree row still equals the plain step's row.
 void attention(const DecoderShape& s, const float* qs, const LayerCache& cache, int64_t capacity, float* out,
                int64_t q, int64_t start, const uint8_t* allowed, int threads) {
-  const int64_t H = s.heads, D = s.head_dim, group = s.heads / s.kv_heads, end = start + q;
+  const int64_t H = s.heads, KV = s.kv_heads, D = s.head_dim, G = s.heads / s.kv_heads, end = start + q;
+  const int64_t R = q * G;   // rows per K/V head: r = i * G + g is query position i, query head kvh * G + g
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  // Heads are claimed one at a time by the GEMM's thread pool (one pool: no OpenMP team spinning beside it).
-  parallel_for_items(H > 1 ? threads : 1, H, [&](int64_t h) {
-    const int64_t kvh = h / group;
-    const float* keys = cache.keys + kvh * capacity * D;
-    const float* values = cache.values + kvh * capacity * D;
-    thread_local std::vector<float> qh, score, p;   // reused across calls: no allocation per head
-    qh.resize(static_cast<size_t>(q * D));
-    score.resize(static_cast<size_t>(q * end));
-    p.resize(static_cast<size_t>(end));
-    for (int64_t i = 0; i < q; ++i) std::copy_n(qs + (i * H + h) * D, D, qh.data() + i * D);
-    small_gemm_f32(qh.data(), keys, score.data(), q, end, D, 1);
-    for (int64_t i = 0; i < q; ++i) {
-      const uint8_t* row = allowed ? allowed + i * end : nullptr;
-      const int64_t last = allowed ? end : start + i + 1;   // causal: up to the position itself
-      float* sr = score.data() + i * end;
-      float mx = kNegInf;
-      for (int64_t j = 0; j < last; ++j) {
-        sr[j] = (row && !row[j]) ? kNegInf : sr[j] * scale;
-        mx = std::max(mx, sr[j]);
+  // Key ranges of at least 64 keys; value columns in two halves where each half is whole 16-column lines.
+  const int64_t key_parts = threads > 1 ? std::max<int64_t>(1, std::min<int64_t>(threads, end / 64)) : 1;
+  const int64_t col_parts = (threads > 1 && avx2_helpers() && D % 32 == 0) ? 2 : 1;
+  // The scores of a batch of K/V heads at a time: at most about 16 MiB of them (long prompt chunks).
+  const int64_t batch = std::max<int64_t>(1, std::min<int64_t>(KV, (int64_t{4} << 20) / std::max<int64_t>(1, R * end)));
+  thread_local std::vector<float> scores, maxima;   // the calling thread's; the pool's threads write disjoint parts
+  scores.resize(static_cast<size_t>(batch * R * end));
+  maxima.resize(static_cast<size_t>(batch * R * key_parts));
+  auto last_of = [&](int64_t i) { return allowed ? end : start + i + 1; };   // causal: up to the position itself
+  for (int64_t first = 0; first < KV; first += batch) {
+    const int64_t heads_now = std::min(batch, KV - first);
+    float* const sc = scores.data();        // [K/V head - first][row][key]
+    float* const mx_parts = maxima.data();  // [K/V head - first][row][key range]
+
+    parallel_for_items(threads, heads_now * key_parts, [&](int64_t item) {
+      const int64_t kvh = first + item / key_parts, part = item % key_parts;
+      const int64_t j0 = end * part / key_parts, j1 = end * (part + 1) / key_parts;
+      thread_local std::vector<float> qg, tmp;
+      qg.resize(static_cast<size_t>(R * D));
+      tmp.resize(static_cast<size_t>(R * (j1 - j0)));
+      for (int64_t i = 0; i < q; ++i)
+        for (int64_t g = 0; g < G; ++g) std::copy_n(qs + (i * H + kvh * G + g) * D, D, qg.data() + (i * G + g) * D);
+      small_gemm_f32(qg.data(), cache.keys + (kvh * capacity + j0) * D, tmp.data(), R, j1 - j0, D, 1);
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t i = r / G, hi = std::min(j1, last_of(i));
+        const uint8_t* row = allowed ? allowed + i * end : nullptr;
+        float* sr = sc + ((kvh - first) * R + r) * end;
+        const float* t = tmp.data() + r * (j1 - j0);
+        float mx = kNegInf;
+        for (int64_t j = j0; j < hi; ++j) {
+          sr[j] = (row && !row[j]) ? kNegInf : t[j - j0] * scale;
+          mx = std::max(mx, sr[j]);
+        }
+        mx_parts[((kvh - first) * R + r) * key_parts + part] = mx;
       }
-      float* o = out + (i * H + h) * D;
-      if (mx == kNegInf) {  // no visible key (never in a valid tree): output 0
-        std::fill(o, o + D, 0.f);
-        continue;
+    });
+
+    parallel_for_items(threads, heads_now * col_parts, [&](int64_t item) {
+      const int64_t kvh = first + item / col_parts, part = item % col_parts;
+      const int64_t c0 = D * part / col_parts, c1 = D * (part + 1) / col_parts;
+      const float* values = cache.values + kvh * capacity * D;
+      thread_local std::vector<float> p;
+      p.resize(static_cast<size_t>(G * end));
+      for (int64_t i = 0; i < q; ++i) {
+        const int64_t last = last_of(i);
+        for (int64_t g0 = 0; g0 < G; g0 += 4) {   // up to 4 query heads at once
+          const int B = static_cast<int>(std::min<int64_t>(4, G - g0));
+          const float* pb[4];
+          float* ob[4];
+          float inv[4];
+          int live = 0;
+          for (int b = 0; b < B; ++b) {
+            const int64_t r = i * G + g0 + b;
+            float mx = kNegInf;
+            for (int64_t k = 0; k < key_parts; ++k) mx = std::max(mx, mx_parts[((kvh - first) * R + r) * key_parts + k]);
+            float* o = out + (i * H + kvh * G + g0 + b) * D;
+            if (mx == kNegInf) {  // no visible key (never in a valid tree): output 0
+              std::fill(o + c0, o + c1, 0.f);
+              continue;
+            }
+            float* pr = p.data() + (g0 + b) * end;
+            inv[live] = 1.0f / softmax_numerators(sc + ((kvh - first) * R + r) * end, mx, pr, last);
+            pb[live] = pr;
+            ob[live] = o;
+            ++live;
+          }
+          if (live == 0) continue;
+          weighted_rows_shared(pb, live, values, last, D, c0, c1, ob);
+          for (int b = 0; b < live; ++b)
+            for (int64_t d = c0; d < c1; ++d) ob[b][d] *= inv[b];
+        }
       }
-      const float inv = 1.0f / softmax_numerators(sr, mx, p.data(), last);
-      weighted_rows(p.data(), values, last, D, o);
-      for (int64_t d = 0; d < D; ++d) o[d] *= inv;
-    }
-  });
+    });
+  }
 }
 
 }  // namespace
