@@ -82,9 +82,23 @@ def describe_machine(device: str | torch.device | None = None, dtype: str | torc
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": _version("transformers"),
+        "transparent_huge_pages": transparent_huge_pages(),   # where the weights can go on 2 MiB pages
     }
     info.update(gemm_paths())
     return info
+
+
+THP_MODE_FILE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def transparent_huge_pages() -> str | None:
+    """The kernel's transparent huge page mode ('always', 'madvise', 'never'); None where there is none."""
+    try:
+        text = THP_MODE_FILE.read_text()
+    except OSError:
+        return None
+    chosen = [w[1:-1] for w in text.split() if w.startswith("[")]
+    return chosen[0] if chosen else None
 
 
 def gemm_paths() -> dict:

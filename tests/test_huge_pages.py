@@ -8,8 +8,10 @@ import torch
 from torch import nn
 
 from dart_core.engine.tree import DraftTree
+from dart_core import hardware
 from dart_core.models import huge_pages
-from dart_core.models.huge_pages import HUGE_PAGE, huge_page_buffer, move_to_huge_pages, thp_mode
+from dart_core.hardware import transparent_huge_pages as thp_mode
+from dart_core.models.huge_pages import HUGE_PAGE, huge_page_buffer, move_to_huge_pages
 from dart_core.models.loader import load_target
 from tiny_models import make_tiny_model_dir
 
@@ -63,14 +65,14 @@ def test_nothing_moves_when_switched_off_or_unsupported(monkeypatch, tmp_path):
     monkeypatch.delenv("DART_HUGE_PAGES")
     mode = tmp_path / "enabled"
     mode.write_text("always madvise [never]\n")
-    monkeypatch.setattr(huge_pages, "_THP_MODE", mode)
+    monkeypatch.setattr(hardware, "THP_MODE_FILE", mode)
     assert thp_mode() == "never"
     assert "off (never)" in move_to_huge_pages(net).reason
     assert net.a.weight.data_ptr() == ptr
-    monkeypatch.setattr(huge_pages, "_THP_MODE", tmp_path / "missing")
+    monkeypatch.setattr(hardware, "THP_MODE_FILE", tmp_path / "missing")
     assert thp_mode() is None and "no transparent huge pages" in move_to_huge_pages(net).reason
     mode.write_text("always [madvise] never\n")
-    monkeypatch.setattr(huge_pages, "_THP_MODE", mode)
+    monkeypatch.setattr(hardware, "THP_MODE_FILE", mode)
     assert thp_mode() == "madvise"
     assert move_to_huge_pages(nn.Linear(4, 4)).reason == "no large CPU parameters"
 

@@ -226,7 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": machine,
         "target": {"name": target.name, "template": target.template_name, "dtype": str(target.dtype).replace(
             "torch.", ""), "device": str(target.device), "num_layers": target.num_layers,
-            "hidden_size": target.hidden_size, "vocab_size": target.vocab_size, "weight_bytes": target.weight_bytes},
+            "hidden_size": target.hidden_size, "vocab_size": target.vocab_size, "weight_bytes": target.weight_bytes,
+            "weight_pages": target.fast.weight_pages.describe() if target.fast is not None else None},
         "methods": summarize(records, runners, target.weight_bytes, bandwidth["read"], config.greedy),
         "answers": {name: [asdict(r) for r in recs] for name, recs in records.items()},
         "busy_warning": busy,

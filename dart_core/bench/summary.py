@@ -170,7 +170,8 @@ def render_markdown(report: dict) -> str:
         + f", {m['torch_threads']} torch threads, load average at start "
         + (", ".join(f"{x:.2f}" for x in load) if load else "n/a")
         + f", memory bandwidth measured {_f(bw.get('read'), '{:.1f}')} GB/s (read), "
-          f"{_f(bw.get('copy'), '{:.1f}')} GB/s (copy); weights {t['weight_bytes'] / 1e6:.1f} MB.",
+          f"{_f(bw.get('copy'), '{:.1f}')} GB/s (copy); weights {t['weight_bytes'] / 1e6:.1f} MB"
+        + (f" ({t['weight_pages']})" if t.get("weight_pages") else "") + ".",
         "",
     ]
     head = ["method", "tok/s", "speedup", "tau"] + [f"{st} ms/step" for st in STAGES] + \

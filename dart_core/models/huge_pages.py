@@ -13,7 +13,6 @@ are (the before arm of a measurement).
 """
 from __future__ import annotations
 
-import logging
 import mmap
 import os
 from dataclasses import dataclass
@@ -23,12 +22,11 @@ import numpy as np
 import torch
 from torch import nn
 
-logger = logging.getLogger(__name__)
+from ..hardware import transparent_huge_pages
 
 HUGE_PAGE = 2 << 20
 #: Parameters smaller than this stay where they are (norm vectors, biases: read from cache anyway).
 MIN_BYTES = 64 << 10
-_THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
 @dataclass(frozen=True)
@@ -48,22 +46,12 @@ class Placement:
         return f"{self.huge / 1e6:.0f} of {self.nbytes / 1e6:.0f} MB on 2 MiB pages"
 
 
-def thp_mode() -> str | None:
-    """The kernel's transparent huge page mode ('always', 'madvise', 'never'), None where there is none."""
-    try:
-        text = _THP_MODE.read_text()
-    except OSError:
-        return None
-    chosen = [w[1:-1] for w in text.split() if w.startswith("[")]
-    return chosen[0] if chosen else None
-
-
 def _unavailable() -> str | None:
     if os.environ.get("DART_HUGE_PAGES", "1") == "0":
         return "DART_HUGE_PAGES=0"
     if not hasattr(mmap, "MADV_HUGEPAGE"):
         return "this OS has no MADV_HUGEPAGE"
-    mode = thp_mode()
+    mode = transparent_huge_pages()
     if mode is None:
         return "no transparent huge pages in this kernel"
     if mode == "never":
