@@ -467,3 +467,49 @@ def test_decoder_refuses_sizes_whose_products_overflow(sizes, what):
     # heads x head_dim of 4 x 2^62 wrapped to 0 in int64 before a later check caught it.
     with pytest.raises(ValueError, match=what + r" .*overflows 64 bits"):
         _native.Decoder(*sizes, 1e-6, False)
+
+
+@pytest.mark.parametrize("kept", [[0], [0, 1, 2], [0, 2], [0, 3, 4, 7], [0, 1, 5], [0, 7], list(range(8))])
+def test_keep_rows_equals_the_torch_commit(kept):
+    """DecoderCache.keep_rows (the native commit) leaves every buffer as PreallocatedCache's torch commit does, for
+    paths in place, partly in place and moved, up to the last slot of the cache."""
+    from dart_core.models.kv_cache import PreallocatedCache
+    rng = np.random.default_rng(len(kept))
+    prefix, layers, kv_heads, head_dim, capacity = 5, 3, 2, 8, 13      # prefix + 8 tree slots fill the cache
+    caches = [PreallocatedCache(layers, capacity, kv_heads, head_dim, torch.float32, "cpu") for _ in range(2)]
+    fill = rng.standard_normal((layers, 2, kv_heads, capacity, head_dim)).astype(np.float32)
+    for cache in caches:
+        for layer, (k, v) in zip(cache.layers, fill):
+            layer.key_buffer[0] = torch.from_numpy(k)
+            layer.value_buffer[0] = torch.from_numpy(v)
+        cache.set_length(capacity)
+    native = caches[1]
+    native.native = _native.DecoderCache([layer.key_buffer[0].numpy() for layer in native.layers],
+                                         [layer.value_buffer[0].numpy() for layer in native.layers])
+    for cache in caches:
+        cache.commit(prefix, kept)
+        assert cache.length == prefix + len(kept)
+    for a, b in zip(*(c.layers for c in caches)):
+        assert torch.equal(a.key_buffer[:, :, :prefix + len(kept)], b.key_buffer[:, :, :prefix + len(kept)])
+        assert torch.equal(a.value_buffer[:, :, :prefix + len(kept)], b.value_buffer[:, :, :prefix + len(kept)])
+
+
+def test_keep_rows_edges_and_errors():
+    f = lambda *shape: np.arange(np.prod(shape), dtype=np.float32).reshape(shape)   # noqa: E731
+    keys, values = f(1, 6, 4), f(1, 6, 4)
+    cache = _native.DecoderCache([keys], [values])
+    before = keys.copy()
+    cache.keep_rows(2, [], 0)                       # nothing to move
+    cache.keep_rows(2, [0, 1], 0)                   # already in place
+    assert np.array_equal(keys, before)
+    cache.keep_rows(0, [5], 1)                      # the last slot moves to slot 1
+    assert np.array_equal(keys[0, 1], before[0, 5]) and np.array_equal(values[0, 1], before[0, 5])
+    with pytest.raises(ValueError, match="strictly increasing"):
+        cache.keep_rows(0, [3, 3], 0)
+    with pytest.raises(ValueError, match="before its destination"):
+        cache.keep_rows(0, [0, 1], 1)
+    with pytest.raises(ValueError, match="outside the cache"):
+        cache.keep_rows(2, [4], 0)
+    with pytest.raises(ValueError, match=">= 0"):
+        cache.keep_rows(-1, [0], 0)
+    assert np.array_equal(keys[0, 2:], before[0, 2:])   # refused calls moved nothing

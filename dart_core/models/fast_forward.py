@@ -213,9 +213,7 @@ class FastForward:
 
     def _native_cache(self, cache: PreallocatedCache):
         """The cache's buffers bound for the native decoder, once per cache."""
-        handle = getattr(cache, "_native_decoder_cache", None)
-        if handle is None:
-            handle = _native.DecoderCache([layer.key_buffer[0].numpy() for layer in cache.layers],
-                                          [layer.value_buffer[0].numpy() for layer in cache.layers])
-            cache._native_decoder_cache = handle
-        return handle
+        if cache.native is None:
+            cache.native = _native.DecoderCache([layer.key_buffer[0].numpy() for layer in cache.layers],
+                                                [layer.value_buffer[0].numpy() for layer in cache.layers])
+        return cache.native

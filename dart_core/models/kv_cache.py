@@ -81,6 +81,9 @@ class PreallocatedCache(Cache):
         super().__init__(layers=[PreallocatedLayer(capacity, kv_heads, head_dim, dtype, device)
                                  for _ in range(num_layers)])
         self.capacity = capacity
+        # The buffers bound for the native decoder (``_native.DecoderCache``), set by the lean CPU forward on its
+        # first use of this cache; commit() then moves slots in one native call.
+        self.native = None
 
     @property
     def length(self) -> int:
@@ -115,7 +118,9 @@ class PreallocatedCache(Cache):
         in_place = 0
         while in_place < n and offsets[in_place] == in_place:
             in_place += 1
-        if in_place < n:
+        if in_place < n and self.native is not None:   # 2 x layers x K/V heads row copies, one call
+            self.native.keep_rows(prefix_length, offsets[in_place:], in_place)
+        elif in_place < n:
             src = torch.tensor(offsets[in_place:], dtype=torch.long, device=self.layers[0].device) + prefix_length
             dst = slice(prefix_length + in_place, prefix_length + n)
             for layer in self.layers:

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -212,6 +213,30 @@ struct PyDecoderCache {
     capacity = keys[0].shape(1);
     head_dim = keys[0].shape(2);
   }
+
+  // After a verify: slot prefix + offsets[k] moves to slot prefix + first + k, in every layer and K/V head (the
+  // accepted path made contiguous). offsets are strictly increasing and offsets[k] >= first + k, so copying in
+  // order never overwrites a slot still to be read.
+  void keep_rows(int64_t prefix, const std::vector<int64_t>& offsets, int64_t first) {
+    require(prefix >= 0 && first >= 0, "keep_rows: prefix and first must be >= 0");
+    const int64_t n = static_cast<int64_t>(offsets.size());
+    for (int64_t k = 0; k < n; ++k) {
+      require(k == 0 || offsets[k] > offsets[k - 1], "keep_rows: offsets must be strictly increasing");
+      require(offsets[k] >= first + k, "keep_rows: offset " + std::to_string(offsets[k]) + " lies before its "
+                                       "destination " + std::to_string(first + k));
+      require(prefix + offsets[k] < capacity, "keep_rows: slot " + std::to_string(prefix + offsets[k]) +
+                                                  " is outside the cache of " + std::to_string(capacity));
+    }
+    const size_t row = static_cast<size_t>(head_dim) * sizeof(float);
+    for (const dart::LayerCache& layer : layers)
+      for (float* buffer : {layer.keys, layer.values})
+        for (int64_t h = 0; h < kv_heads; ++h) {
+          float* slots = buffer + h * capacity * head_dim;
+          for (int64_t k = 0; k < n; ++k)
+            if (offsets[k] != first + k)
+              std::memcpy(slots + (prefix + first + k) * head_dim, slots + (prefix + offsets[k]) * head_dim, row);
+        }
+  }
 };
 
 // The model's layer weights, borrowed from torch tensors (numpy views kept alive here).
@@ -386,14 +411,17 @@ py::dict prune_result_dict(dart::PruneResult&& r) {
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "DART native core: memory-mapped N-gram store, table builder, .trie importer and tree pruner";
-  m.def("abi_version", []() { return 5; }, "Version of the native ABI, bumped when a binding changes.");
+  m.def("abi_version", []() { return 6; }, "Version of the native ABI, bumped when a binding changes.");
   m.def("small_gemm", &small_gemm_checked, py::arg("x"), py::arg("w"), py::arg("y"), py::arg("threads") = 1,
         "y = x @ w.T for float32 x [M, K] and w [N, K] (float32, or uint16 holding bfloat16), written into "
         "float32 y [M, N]. Reads w once for all M rows; see native/src/small_gemm.hpp.");
   py::class_<PyDecoderCache>(m, "DecoderCache", "A session's K/V buffers bound for the native decoder.")
       .def(py::init<const std::vector<py::array>&, const std::vector<py::array>&>(), py::arg("keys"),
            py::arg("values"))
-      .def_readonly("capacity", &PyDecoderCache::capacity);
+      .def_readonly("capacity", &PyDecoderCache::capacity)
+      .def("keep_rows", &PyDecoderCache::keep_rows, py::arg("prefix"), py::arg("offsets"), py::arg("first"),
+           "Move slot prefix + offsets[k] to slot prefix + first + k in every buffer (a verify's accepted path "
+           "made contiguous); offsets strictly increasing, offsets[k] >= first + k.");
   py::class_<PyDecoder>(m, "Decoder", "Llama/Qwen2/Qwen3 decoder layers on a CPU, a few dozen positions per call (native/src/decoder.hpp).")
       .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, float, bool>(), py::arg("hidden"),
            py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("intermediate"), py::arg("eps"),
