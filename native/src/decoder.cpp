@@ -19,7 +19,7 @@
 namespace dart {
 namespace {
 
-// The AVX2 helpers below (exp, softmax, SiLU, axpy) run on the avx2 and avx512 GEMM paths; forcing
+// The AVX2 helpers below (exp, softmax, SiLU, weighted sums) run on the avx2 and avx512 GEMM paths; forcing
 // the portable path (DART_GEMM_PATH=portable, tests) runs the plain loops, as on a non-x86 CPU.
 inline bool avx2_helpers() { return small_gemm_path() != GemmPath::Portable; }
 
@@ -153,49 +153,6 @@ __attribute__((target("avx2,fma"))) void axpy_avx2(float a, const float* x, floa
   for (; i < n; ++i) y[i] += a * x[i];
 }
 #endif
-void axpy(float a, const float* x, float* y, int64_t n) {
-#ifdef DART_X86
-  if (avx2_helpers()) return axpy_avx2(a, x, y, n);
-#endif
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
-
-#ifdef DART_X86
-// o[0:D] = sum_j p[j] * v[j, 0:D] for the j with p[j] != 0, 64 columns at a time in registers.
-__attribute__((target("avx2,fma"))) void weighted_rows_avx2(const float* p, const float* v, int64_t n, int64_t D,
-                                                            float* o) {
-  int64_t d0 = 0;
-  for (; d0 + 64 <= D; d0 += 64) {
-    __m256 acc[8];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < n; ++j) {
-      if (p[j] == 0.f) continue;
-      const __m256 pj = _mm256_set1_ps(p[j]);
-      const float* vj = v + j * D + d0;
-#pragma GCC unroll 8
-      for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * i), acc[i]);
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(o + d0 + 8 * i, acc[i]);
-  }
-  if (d0 < D) {   // head_dim not a multiple of 64
-    std::fill(o + d0, o + D, 0.f);
-    for (int64_t j = 0; j < n; ++j)
-      if (p[j] != 0.f) axpy_avx2(p[j], v + j * D + d0, o + d0, D - d0);
-  }
-}
-#endif
-
-void weighted_rows(const float* p, const float* v, int64_t n, int64_t D, float* o) {
-#ifdef DART_X86
-  if (avx2_helpers()) return weighted_rows_avx2(p, v, n, D, o);
-#endif
-  std::fill(o, o + D, 0.f);
-  for (int64_t j = 0; j < n; ++j)
-    if (p[j] != 0.f) axpy(p[j], v + j * D, o, D);
-}
-
 float softmax_numerators(const float* s, float mx, float* p, int64_t n) {
 #ifdef DART_X86
   if (avx2_helpers()) return softmax_numerators_avx2(s, mx, p, n);
@@ -218,8 +175,8 @@ void silu_mul(float* g, const float* u, int64_t n) {
 #ifdef DART_X86
 // o_b[c] = sum_j p_b[j] * v[j, c] over the columns [c0, c1) for B rows p_b that share their zeros (the query heads of
 // one K/V head at one position: the same mask), j in order, skipping the zeros; 8 * C columns at a time, so that
-// B * C sums are in flight (each is a chain of dependent FMAs). Per column the FMAs are those of weighted_rows_avx2
-// in the same order, so the same bits.
+// B * C sums are in flight (each is a chain of dependent FMAs). Each column is summed from zero, one FMA per key in
+// key order, whatever B, C and the column range: a row gets the same bits alone or with others.
 template <int B, int C>
 __attribute__((target("avx2,fma"))) int64_t weighted_rows_shared_avx2(const float* const* p, const float* v,
                                                                       int64_t n, int64_t D, int64_t c, int64_t c1,
@@ -255,7 +212,7 @@ __attribute__((target("avx2,fma"))) void weighted_rows_shared_avx2(const float* 
   // About 12 sums in flight where the registers allow (16 ymm: the sums, a broadcast, a loaded value).
   int64_t c = weighted_rows_shared_avx2<B, B <= 3 ? 4 : 2>(p, v, n, D, c0, c1, o);
   c = weighted_rows_shared_avx2<B, 1>(p, v, n, D, c, c1, o);   // whole 8-column groups left over
-  if (c < c1)   // head_dim not a multiple of 8: as weighted_rows_avx2's tail
+  if (c < c1)   // head_dim not a multiple of 8: the last columns through axpy_avx2
     for (int b = 0; b < B; ++b) {
       std::fill(o[b] + c, o[b] + c1, 0.f);
       for (int64_t j = 0; j < n; ++j)
@@ -277,7 +234,12 @@ void weighted_rows_shared(const float* const* p, int B, const float* v, int64_t 
     }
   }
 #endif
-  for (int b = 0; b < B; ++b) weighted_rows(p[b], v, n, D, o[b]);   // whole rows: columns split on AVX2 only
+  for (int b = 0; b < B; ++b) {
+    std::fill(o[b] + c0, o[b] + c1, 0.f);
+    for (int64_t j = 0; j < n; ++j)
+      if (p[b][j] != 0.f)
+        for (int64_t c = c0; c < c1; ++c) o[b][c] += p[b][j] * v[j * D + c];
+  }
 }
 
 // out [q, heads * D] = softmax(q k^T * scale, masked) v, query head h reading K/V head h / group.
@@ -305,11 +267,11 @@ void attention(const DecoderShape& s, const float* qs, const LayerCache& cache, 
   thread_local std::vector<float> scores, maxima;   // the calling thread's; the pool's threads write disjoint parts
   scores.resize(static_cast<size_t>(batch * R * end));
   maxima.resize(static_cast<size_t>(batch * R * key_parts));
+  float* const sc = scores.data();        // [K/V head - first][row][key]
+  float* const mx_parts = maxima.data();  // [K/V head - first][row][key range]
   auto last_of = [&](int64_t i) { return allowed ? end : start + i + 1; };   // causal: up to the position itself
   for (int64_t first = 0; first < KV; first += batch) {
     const int64_t heads_now = std::min(batch, KV - first);
-    float* const sc = scores.data();        // [K/V head - first][row][key]
-    float* const mx_parts = maxima.data();  // [K/V head - first][row][key range]
 
     parallel_for_items(threads, heads_now * key_parts, [&](int64_t item) {
       const int64_t kvh = first + item / key_parts, part = item % key_parts;
