@@ -227,8 +227,7 @@ def measure_bandwidth(model: str | None, dtype: str, device: str, prefix: int, r
     gemv_bytes = sum(w.nbytes for w in ws)
     step_bytes = gemv_bytes + target.fast.lm_head_array.nbytes
     # The floor is read from the same kind of pages as the weights (2 MiB where the OS grants them: huge_pages.py).
-    buf, buf_pages = (huge_page_buffer(read_mib << 20) if target.fast.weight_pages.reason is None
-                      else (np.ones(read_mib << 20, dtype=np.uint8), target.fast.weight_pages))
+    buf, buf_pages = huge_page_buffer(read_mib << 20)
     rng = np.random.default_rng(seed)
     prompt = rng.integers(0, target.vocab_size, size=prefix).tolist()
     root = DraftTree.root_only(int(rng.integers(0, target.vocab_size)))

@@ -66,18 +66,17 @@ def move_to_huge_pages(module: nn.Module) -> Placement:
     buffer; torch holds the array). Returns where the bytes ended up; moves nothing where the OS cannot do it."""
     reason = _unavailable()
     params = [p for p in module.parameters()
-              if p.device.type == "cpu" and p.is_contiguous() and p.numel() * p.element_size() >= MIN_BYTES]
+              if p.device.type == "cpu" and p.is_contiguous() and p.nbytes >= MIN_BYTES]
     if reason is None and not params:
         reason = "no large CPU parameters"
     if reason is not None:
         return Placement(reason=reason)
     # Each matrix starts on a cache line (64 B), so a kernel's row blocks never straddle two matrices' lines.
-    sizes = [(p.numel() * p.element_size() + 63) // 64 * 64 for p in params]
+    sizes = [(p.nbytes + 63) // 64 * 64 for p in params]
     arena = _mapping(sum(sizes))
     offset = 0
     for p, size in zip(params, sizes):
-        nbytes = p.numel() * p.element_size()
-        view = torch.from_numpy(arena[offset:offset + nbytes]).view(p.dtype).view(p.shape)
+        view = torch.from_numpy(arena[offset:offset + p.nbytes]).view(p.dtype).view(p.shape)
         with torch.no_grad():
             view.copy_(p.detach())   # the first touch: the kernel faults the pages in at 2 MiB
         p.data = view
