@@ -235,7 +235,9 @@ def measure_bandwidth(model: str | None, dtype: str, device: str, prefix: int, r
     session.prefill(prompt)
     path_before = _native.small_gemm_path()
     read: list[float] = []
-    arms = [(p, False) for p in paths] + ([(p, True) for p in paths if p != "avx512bf16"] if before else [])
+    # The paths that existed before the thread pool (the bf16 dot-product paths came after it).
+    arms = [(p, False) for p in paths] + ([(p, True) for p in paths if p not in ("amx", "avx512bf16")] if before
+                                          else [])
     gemv: dict[tuple, list[float]] = {a: [] for a in arms}
     step: dict[tuple, list[float]] = {a: [] for a in arms}
     try:

@@ -1,9 +1,10 @@
-"""The AVX512-BF16 small-GEMM path (bf16 activations x bf16 weights by VDPBF16PS, float32 sums).
+"""The bf16 dot-product small-GEMM paths: AVX512-BF16 (VDPBF16PS) and AMX (TDPBF16PS tiles), both bf16 activations x
+bf16 weights with float32 sums.
 
-Its numerics differ from the float32-activation paths (the activations are rounded to bf16), so it is checked
+Their numerics differ from the float32-activation paths (the activations are rounded to bf16), so each is checked
 against a float64 product of the same bf16-rounded operands, for row independence (a tree row equals the row alone,
-bit for bit) and end to end: a speculative engine's greedy output equals vanilla's when both run this path. A CPU
-without AVX512-BF16 skips the file (the other paths are tested in test_native_kernels.py).
+bit for bit) and end to end: a speculative engine's greedy output equals vanilla's when both run the path. A path
+this CPU (or its OS) lacks is skipped (the other paths are tested in test_native_kernels.py).
 """
 import numpy as np
 import pytest
@@ -11,15 +12,15 @@ import torch
 
 from dart_core import _native
 
-pytestmark = pytest.mark.skipif("avx512bf16" not in _native.small_gemm_paths(),
-                                reason="this CPU (or its OS) has no AVX512-BF16")
+BF16_DOT_PATHS = [p for p in ("amx", "avx512bf16") if p in _native.small_gemm_paths()]
+pytestmark = pytest.mark.skipif(not BF16_DOT_PATHS, reason="this CPU (or its OS) has neither AMX nor AVX512-BF16")
 
 
-@pytest.fixture
-def bf16_path():
+@pytest.fixture(params=BF16_DOT_PATHS or ["none"])
+def bf16_path(request):
     before = _native.small_gemm_path()
-    _native.small_gemm_set_path("avx512bf16")
-    yield
+    _native.small_gemm_set_path(request.param)
+    yield request.param
     _native.small_gemm_set_path(before)
 
 
@@ -48,6 +49,44 @@ def test_the_bf16_path_matches_a_float64_product_of_the_rounded_operands(bf16_pa
     want = reference(x, w)
     # Exact products, float32 sums of at most K terms: float32 rounding only.
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6 * max(K, 1) ** 0.5)
+
+
+def test_the_bf16_path_at_tile_and_chunk_boundaries(bf16_path):
+    """Sizes around the AMX tiles (16 weight rows, 32 k, 16 activation rows) and the threads' chunks of rows: every
+    output against the float64 product, nothing written outside y."""
+    for M, K, N in [(15, 32, 16), (16, 31, 15), (17, 33, 17), (32, 64, 31), (33, 65, 33), (1, 1536, 576),
+                    (3, 576, 1536), (16, 576, 192), (61, 577, 1041), (1, 32, 4096), (2, 63, 4111)]:
+        g = torch.Generator().manual_seed(M * 10000 + K * 100 + N)
+        x = torch.randn(M, K, generator=g).numpy()
+        w = bf16_bits(torch.randn(N, K, generator=g))
+        for threads in (1, 2):
+            buf = np.full((M + 4, N), -7.0, np.float32)
+            y = buf[2:2 + M]
+            _native.small_gemm(x, w, y, threads)
+            assert (buf[:2] == -7.0).all() and (buf[2 + M:] == -7.0).all(), (M, K, N, threads)
+            np.testing.assert_allclose(y, reference(x, w), rtol=1e-5, atol=1e-6 * K ** 0.5,
+                                       err_msg=f"{bf16_path} M={M} K={K} N={N} threads={threads}")
+
+
+def test_the_bf16_dot_paths_sum_in_their_own_orders():
+    """AMX and AVX512-BF16 round the same activations but add the products in different orders: both are within
+    float32 rounding of the float64 product, and they are different paths (a process runs one)."""
+    if len(BF16_DOT_PATHS) < 2:
+        pytest.skip("this CPU runs one bf16 dot-product path")
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(7, 1536, generator=g).numpy(), bf16_bits(torch.randn(96, 1536, generator=g))
+    before = _native.small_gemm_path()
+    out = {}
+    try:
+        for path in BF16_DOT_PATHS:
+            _native.small_gemm_set_path(path)
+            out[path] = np.empty((7, 96), np.float32)
+            _native.small_gemm(x, w, out[path], 2)
+    finally:
+        _native.small_gemm_set_path(before)
+    for y in out.values():
+        np.testing.assert_allclose(y, reference(x, w), rtol=1e-5, atol=1e-6 * 1536 ** 0.5)
+    assert not np.array_equal(out["amx"], out["avx512bf16"])
 
 
 def test_the_bf16_path_rounds_the_activations(bf16_path):
@@ -80,28 +119,26 @@ def test_on_the_bf16_path_a_row_does_not_depend_on_the_call(bf16_path, K):
         assert np.array_equal(one[:, 0], alone[:, j]), f"weight row {j} alone differs"
 
 
-def test_float32_weights_on_the_bf16_path_run_the_float32_avx512_kernel():
+def test_float32_weights_on_the_bf16_path_run_the_float32_avx512_kernel(bf16_path):
     g = torch.Generator().manual_seed(3)
     x, w = torch.randn(9, 203, generator=g).numpy(), torch.randn(67, 203, generator=g).numpy()
-    before = _native.small_gemm_path()
     out = {}
-    try:
-        for path in ("avx512bf16", "avx512"):
-            _native.small_gemm_set_path(path)
-            out[path] = np.empty((9, 67), np.float32)
-            _native.small_gemm(x, w, out[path], 2)
-    finally:
-        _native.small_gemm_set_path(before)
-    assert np.array_equal(out["avx512bf16"], out["avx512"])
+    for path in (bf16_path, "avx512"):
+        _native.small_gemm_set_path(path)
+        out[path] = np.empty((9, 67), np.float32)
+        _native.small_gemm(x, w, out[path], 2)
+    assert np.array_equal(out[bf16_path], out["avx512"])
 
 
-def test_the_bf16_path_is_chosen_by_name():
-    """DART_GEMM_PATH=avx512bf16 selects it; auto runs the default (avx512: see small_gemm.cpp)."""
+def test_the_bf16_paths_are_chosen_by_name():
+    """DART_GEMM_PATH names either; auto runs AMX where it runs (it pays: see small_gemm.cpp), else avx512 (the
+    AVX512-BF16 path runs only when named)."""
     import os
     import subprocess
     import sys
     code = "from dart_core import _native; print(_native.small_gemm_path())"
-    for env, want in (("avx512bf16", "avx512bf16"), ("auto", _native.small_gemm_paths()[1])):
+    default = "amx" if "amx" in BF16_DOT_PATHS else "avx512"
+    for env, want in [(p, p) for p in BF16_DOT_PATHS] + [("auto", default)]:
         out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "DART_GEMM_PATH": env},
                              capture_output=True, text=True, check=True)
         assert out.stdout.strip() == want
@@ -125,7 +162,7 @@ def test_greedy_outputs_on_the_bf16_path_identical_to_vanilla(bundled_bf16, bf16
 
     t = bundled_bf16
     assert t.fast is not None, t.fast_unavailable_reason
-    assert describe_machine()["gemm_path"] == "avx512bf16"
+    assert describe_machine()["gemm_path"] == bf16_path
     template = get_template(t.template_name)
     prompts = [encode_chat(t.tokenizer, template, [{"role": "user", "content": text}])
                for text in ("Write a Python function that reverses a string.", "What is 17 times 23?")]
@@ -134,7 +171,7 @@ def test_greedy_outputs_on_the_bf16_path_identical_to_vanilla(bundled_bf16, bf16
     _native.small_gemm_set_path("avx512")
     session = t.new_session(len(prompts[0]) + 1)
     f32_logits = session.prefill(prompts[0]).logits
-    _native.small_gemm_set_path("avx512bf16")
+    _native.small_gemm_set_path(bf16_path)
     assert not torch.equal(bf16_logits, f32_logits), "the bf16 path gave the float32 path's bits: not in use?"
 
     head, store = load_head_and_ngram(t, None, None, None)
@@ -147,5 +184,5 @@ def test_greedy_outputs_on_the_bf16_path_identical_to_vanilla(bundled_bf16, bf16
         ref = vanilla.generate(ids, cfg).tokens
         for name, engine in engines.items():
             out = engine.generate(ids, cfg)
-            assert out.tokens == ref, f"{name} diverged from vanilla on the avx512bf16 path"
-    assert _native.small_gemm_path() == "avx512bf16"
+            assert out.tokens == ref, f"{name} diverged from vanilla on the {bf16_path} path"
+    assert _native.small_gemm_path() == bf16_path

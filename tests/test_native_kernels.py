@@ -12,6 +12,16 @@ def bf16_bits(w: torch.Tensor) -> np.ndarray:
     return w.bfloat16().view(torch.uint16).numpy()
 
 
+# The paths that round the activations to bf16 when the weights are bf16.
+BF16_DOT_PATHS = ("amx", "avx512bf16")
+
+
+def kernel_x(x: torch.Tensor, gemm_path: str, weights: str) -> torch.Tensor:
+    """The activations as the path multiplies them: rounded to bf16 on the AMX and AVX512-BF16 paths with bf16
+    weights (float32 weights run the float32 AVX-512 kernel there), as they are elsewhere."""
+    return x.bfloat16().float() if gemm_path in BF16_DOT_PATHS and weights == "bfloat16" else x
+
+
 @pytest.mark.parametrize("weights", ["float32", "bfloat16"])
 @pytest.mark.parametrize("M,N,K", [(1, 37, 64), (2, 64, 576), (5, 100, 13), (7, 9, 200), (16, 300, 96),
                                    (65, 40, 24)])
@@ -26,7 +36,7 @@ def test_small_gemm_matches_a_float64_product(weights, M, N, K, threads):
         w_array, w_exact = w.numpy(), w.double()
     y = np.full((M, N), np.nan, dtype=np.float32)
     _native.small_gemm(x.numpy(), w_array, y, threads)
-    want = x.double() @ w_exact.T
+    want = kernel_x(x, _native.small_gemm_path(), weights).double() @ w_exact.T   # the default path's activations
     torch.testing.assert_close(torch.from_numpy(y).double(), want, atol=1e-5 * K ** 0.5, rtol=1e-5)
 
 
@@ -46,17 +56,12 @@ def test_a_row_does_not_depend_on_the_other_rows(weights):
 
 
 # ---------------------------------------------------------------------------- kernel paths
-# The kernel picks AVX512-BF16, AVX-512, AVX2 or a portable loop at run time; every path this CPU runs is tested.
+# The kernel picks AMX, AVX512-BF16, AVX-512, AVX2 or a portable loop at run time; every path this CPU runs is tested.
 PATHS = _native.small_gemm_paths()
-ALL_PATHS = ["avx512bf16", "avx512", "avx2", "portable"]
-# "auto" runs the best path except AVX512-BF16, which runs only when named (native/src/small_gemm.cpp).
+ALL_PATHS = ["amx", "avx512bf16", "avx512", "avx2", "portable"]
+# "auto" runs the best path except AVX512-BF16, which runs only when named (native/src/small_gemm.cpp); where AMX
+# runs, it is the best path and the default.
 DEFAULT_PATH = PATHS[1] if PATHS[0] == "avx512bf16" else PATHS[0]
-
-
-def kernel_x(x: torch.Tensor, gemm_path: str, weights: str) -> torch.Tensor:
-    """The activations as the path multiplies them: rounded to bf16 on the AVX512-BF16 path with bf16 weights
-    (float32 weights run the float32 AVX-512 kernel there), as they are elsewhere."""
-    return x.bfloat16().float() if gemm_path == "avx512bf16" and weights == "bfloat16" else x
 
 
 @pytest.fixture(params=PATHS)
@@ -149,14 +154,15 @@ def test_forcing_a_path():
         assert _native.small_gemm_path() == DEFAULT_PATH
         with pytest.raises(ValueError, match="not one of"):
             _native.small_gemm_set_path("sse2")
-        for missing in {"avx512bf16", "avx512", "avx2"} - set(PATHS):
+        for missing in {"amx", "avx512bf16", "avx512", "avx2"} - set(PATHS):
             with pytest.raises(ValueError, match="cannot run"):
                 _native.small_gemm_set_path(missing)
     finally:
         _native.small_gemm_set_path(before)
 
 
-@pytest.mark.parametrize("env,want", [("portable", "portable"), ("auto", None), ("avx512", None), ("bogus", None)])
+@pytest.mark.parametrize("env,want", [("portable", "portable"), ("auto", None),
+                                      ("avx512", "avx512" if "avx512" in PATHS else None), ("bogus", None)])
 def test_the_path_environment_variable(env, want):
     import os
     import subprocess
@@ -271,7 +277,7 @@ def test_small_gemm_edge_sizes_stay_inside_the_output(weights, M, N, K, threads)
     assert y.flags.c_contiguous
     _native.small_gemm(x.numpy(), w_array, y, threads)
     assert_guards_intact(buf, M)
-    want = (x.double() @ w_exact.T).numpy()
+    want = (kernel_x(x, _native.small_gemm_path(), weights).double() @ w_exact.T).numpy()
     np.testing.assert_allclose(y, want, atol=1e-5 * max(K, 1) ** 0.5, rtol=1e-5)
 
 
@@ -369,7 +375,7 @@ def test_native_decoder_edge_sizes_match_a_float64_reference(gemm_path, q_len, b
         allowed[:, :start] = True
         allowed[np.arange(q_len), start + np.arange(q_len)] = True
     dec.run(h, cos, sin, allowed, start, _native.DecoderCache(keys, values), 0, n_layers, 2)
-    bf16_dot = bf16 and gemm_path == "avx512bf16"
+    bf16_dot = bf16 and gemm_path in BF16_DOT_PATHS
     want = reference_layers(h0, layers, ref_keys, ref_values, start, cos.astype(np.float64),
                             sin.astype(np.float64), allowed, heads, kv_heads, eps,
                             round_x=(lambda a: bf16_round(a.astype(np.float32)).astype(np.float64)) if bf16_dot

@@ -448,7 +448,7 @@ PYBIND11_MODULE(_native, m) {
         "the current path), `reps` times; the seconds of each sweep.");
   m.def("small_gemm_has_avx2", &dart::small_gemm_has_avx2, "True when this CPU runs the AVX2+FMA small-GEMM kernel.");
   m.def("small_gemm_path", []() { return std::string(dart::small_gemm_path_name(dart::small_gemm_path())); },
-        "The small-GEMM kernel calls run now: 'avx512bf16', 'avx512', 'avx2' or 'portable' (the default, unless "
+        "The small-GEMM kernel calls run now: 'amx', 'avx512bf16', 'avx512', 'avx2' or 'portable' (the default, unless "
         "DART_GEMM_PATH or small_gemm_set_path chose another).");
   m.def("small_gemm_paths", []() {
     std::vector<std::string> out;
@@ -457,13 +457,13 @@ PYBIND11_MODULE(_native, m) {
     return out;
   }, "The small-GEMM paths this CPU runs, best first.");
   m.def("small_gemm_set_path", [](const std::string& name) {
-    for (auto p : {dart::GemmPath::Avx512Bf16, dart::GemmPath::Avx512, dart::GemmPath::Avx2, dart::GemmPath::Portable})
+    for (auto p : {dart::GemmPath::Amx, dart::GemmPath::Avx512Bf16, dart::GemmPath::Avx512, dart::GemmPath::Avx2, dart::GemmPath::Portable})
       if (name == dart::small_gemm_path_name(p)) return dart::small_gemm_set_path(p);
     if (name == "auto") return dart::small_gemm_set_path(dart::small_gemm_default_path());
-    throw py::value_error("small_gemm_set_path: '" + name + "' is not one of avx512bf16, avx512, avx2, portable, auto");
+    throw py::value_error("small_gemm_set_path: '" + name + "' is not one of amx, avx512bf16, avx512, avx2, portable, auto");
   }, py::arg("path"),
-        "Force the small-GEMM path of later calls (the decoder's included): 'avx512bf16', 'avx512', 'avx2', "
-        "'portable' or 'auto' (the default: the best, except that avx512bf16 runs only when named). ValueError when this CPU cannot run it. For tests and benchmarks; not thread-safe against "
+        "Force the small-GEMM path of later calls (the decoder's included): 'amx', 'avx512bf16', 'avx512', 'avx2', "
+        "'portable' or 'auto' (the default: the best, except that amx and avx512bf16 run only when named). ValueError when this CPU cannot run it. For tests and benchmarks; not thread-safe against "
         "calls in flight.");
   m.def("has_openmp", []() {
 #if defined(_OPENMP)

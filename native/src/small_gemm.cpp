@@ -1,4 +1,4 @@
-// See small_gemm.hpp. Three kernels, chosen per call by small_gemm_path():
+// See small_gemm.hpp. The kernels, chosen per call by small_gemm_path():
 //  * AVX-512: a block of 4 weight rows is widened to float32 16 lanes at a time (bf16: one
 //    zero-extend + shift per 16 elements) and multiplied into groups of 6 activation rows
 //    (24 zmm accumulators + 4 weight vectors + 1 activation vector of the 32 registers); the
@@ -9,6 +9,9 @@
 //  * portable: plain loops in the AVX2 kernel's summation order.
 //  * AVX512-BF16 (bf16 weights): the activations rounded to bf16 once per call, VDPBF16PS against the weights as
 //    loaded (no widening), 8 weight rows for M <= 2, 4 x 6 blocks above; float32 weights run the AVX-512 kernel.
+//  * AMX (bf16 weights): the activations rounded as on AVX512-BF16 and laid out as tiles, TDPBF16PS against tiles of
+//    16 weight rows loaded where they lie; up to 16 activation rows cost one tile product, so a tree's rows come
+//    almost free. float32 weights run the AVX-512 kernel.
 // The calls split the weight rows into chunks that a persistent thread pool claims in order (parallel_items).
 // Each weight element is loaded from memory once per call. The lane-wise partial sums are
 // reduced in one fixed order at the end of every dot product, which makes the result
@@ -31,8 +34,13 @@
 #include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
 #include <immintrin.h>
 #define DART_X86 1
+#endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 #ifdef _OPENMP
@@ -545,7 +553,121 @@ DART_AVX512BF16 void rows_avx512bf16(const uint16_t* xb, int64_t ldb, const uint
   for (; n < n1; ++n)
     for (int64_t m = 0; m < M; ++m) block_bf16dp<1, 1>(xb, ldb, w, y, N, K, n, m);
 }
+
+// ---- AMX-BF16: tiles of 16 weight rows x 32 k (TDPBF16PS), bf16 weights only --------------------------------
+// The activations are rounded to bf16 as on the AVX512-BF16 path (pack_bf16_rows), then laid out as the tile
+// product's B operand (pack_amx_b); the weights are the A operand, loaded as they lie in memory (16 rows of 64 bytes
+// at the matrix's stride), so no weight is repacked or copied, except the K % 32 tail of a row block and a last block
+// of fewer than 16 rows, which are copied into zero-padded tiles. One output is summed over the 32-wide k blocks in
+// order, one TDPBF16PS each, into its own float32 element of a C tile: its value depends on its weight row and its
+// activation row only, never on M, the blocking or the other rows in the tile. All eight tiles are 16 rows x 64 bytes
+// (one configuration, loaded at the start of every range a thread runs: other code on the thread, oneDNN say, may
+// have changed it).
+#define DART_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
+
+struct alignas(64) AmxTileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+  AmxTileConfig() {
+    for (int t = 0; t < 8; ++t) { colsb[t] = 64; rows[t] = 16; }
+  }
+};
+
+// xb [M, ldb] bf16 rows (ldb a multiple of 32, zeros past K) -> B tiles: for column block cb (activation rows
+// 16cb..16cb+15) and k block kb, 16 rows p of 16 dwords, dword c holding x[16cb + c][32kb + 2p .. 32kb + 2p + 1];
+// zeros for rows past M.
+void pack_amx_b(const uint16_t* xb, int64_t ldb, int64_t M, uint32_t* out) {
+  const int64_t KB = ldb / 32, CB = (M + 15) / 16;
+  std::memset(out, 0, static_cast<size_t>(CB * KB * 256) * sizeof(uint32_t));
+  for (int64_t m = 0; m < M; ++m) {
+    const int64_t cb = m / 16, c = m % 16;
+    const uint16_t* row = xb + m * ldb;
+    for (int64_t q = 0; q < ldb / 2; ++q) {   // q: the k pair, block q / 16, tile row q % 16
+      uint32_t pair;
+      std::memcpy(&pair, row + 2 * q, sizeof pair);
+      out[((cb * KB + q / 16) * 16 + q % 16) * 16 + c] = pair;
+    }
+  }
+}
+
+// 16 weight rows (w: the first, ldw elements apart) against every column block of B: kfull k blocks read from w
+// where it lies, then, when K % 32 != 0, one more from tail (16 rows of 32, zero-padded). Tiles: C 0, A 4, B 6.
+// One block of 16 rows at a time, no software prefetch: measured on a 2-vCPU Xeon with AMX (one row through the
+// bundled model's decoder weights, bf16, 2 threads), 85-88% of the read bandwidth, against 75-84% for blocks of 64
+// rows (4 C tiles) with or without prefetching the next block, and trees of 3-17 rows no slower (tree_cost.py).
+DART_AMX void amx_block(const uint32_t* xv, int64_t KB, int64_t CB, int64_t M, const uint16_t* w, int64_t ldw,
+                        int64_t kfull, const uint16_t* tail, int64_t valid_rows, float* y, int64_t N, int64_t n) {
+  alignas(64) float c[16][16];
+  const int64_t stride = ldw * 2;
+  for (int64_t cb = 0; cb < CB; ++cb) {
+    const uint32_t* b = xv + cb * KB * 256;
+    _tile_zero(0);
+    for (int64_t kb = 0; kb < kfull; ++kb) {
+      _tile_loadd(6, b + kb * 256, 64);
+      _tile_loadd(4, w + kb * 32, stride);
+      _tile_dpbf16ps(0, 4, 6);
+    }
+    if (tail) {
+      _tile_loadd(6, b + kfull * 256, 64);
+      _tile_loadd(4, tail, 64);
+      _tile_dpbf16ps(0, 4, 6);
+    }
+    _tile_stored(0, c[0], 64);
+    const int64_t cols = std::min<int64_t>(16, M - cb * 16);
+    for (int64_t j = 0; j < cols; ++j) {
+      float* yr = y + (cb * 16 + j) * N + n;
+      for (int64_t r = 0; r < valid_rows; ++r) yr[r] = c[r][j];
+    }
+  }
+}
+
+DART_AMX void rows_amx(const uint32_t* xv, int64_t ldb, const uint16_t* w, float* y, int64_t M, int64_t N, int64_t K,
+                       int64_t n0, int64_t n1) {
+  static const AmxTileConfig config;
+  _tile_loadconfig(&config);
+  const int64_t KB = ldb / 32, CB = (M + 15) / 16, kfull = K / 32;
+  const bool has_tail = kfull < KB;
+  alignas(64) uint16_t tail[16 * 32];
+  int64_t n = n0;
+  for (; n + 16 <= n1; n += 16) {
+    if (has_tail) {
+      std::memset(tail, 0, sizeof tail);
+      for (int64_t r = 0; r < 16; ++r)
+        std::memcpy(tail + r * 32, w + (n + r) * K + kfull * 32, static_cast<size_t>(K - kfull * 32) * 2);
+    }
+    amx_block(xv, KB, CB, M, w + n * K, K, kfull, has_tail ? tail : nullptr, 16, y, N, n);
+  }
+  if (n < n1) {   // fewer than 16 rows left: copied into a zero-padded block of 16 rows of ldb columns
+    thread_local std::vector<uint16_t> pad_buf;
+    pad_buf.assign(static_cast<size_t>(16 * ldb + 32), 0);
+    const uintptr_t at = reinterpret_cast<uintptr_t>(pad_buf.data());
+    uint16_t* pad = pad_buf.data() + ((64 - at % 64) % 64) / sizeof(uint16_t);
+    for (int64_t r = 0; r < n1 - n; ++r) std::memcpy(pad + r * ldb, w + (n + r) * K, static_cast<size_t>(K) * 2);
+    amx_block(xv, KB, CB, M, pad, ldb, KB, nullptr, n1 - n, y, N, n);
+  }
+}
+
+// Whether this CPU has AMX-BF16 and the OS lets this process use the tile registers (Linux asks for them per
+// process: arch_prctl(ARCH_REQ_XCOMP_PERM), kernel 5.16 and later).
+bool amx_available() {
+  static const bool ok = [] {
+#if defined(__linux__)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const bool tile = d & (1u << 24), bf16 = d & (1u << 22);
+    if (!tile || !bf16) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+    return false;
 #endif
+  }();
+  return ok;
+}
+#endif
+
 
 
 // ---- the thread pool of parallel_items -------------------------------------------------------------------------
@@ -683,19 +805,31 @@ void run(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, 
   int64_t ldx = K;
   constexpr bool bf16_weights = std::is_same<W, uint16_t>::value;
   // The AVX512-BF16 path runs float32 weights through the float32 AVX-512 kernel (the same results).
+  // So does the AMX path.
+  const bool amx = bf16_weights && path == GemmPath::Amx;
   const bool dp_bf16 = bf16_weights && path == GemmPath::Avx512Bf16;
-  const bool f32_512 = path == GemmPath::Avx512 || (path == GemmPath::Avx512Bf16 && !bf16_weights);
+  const bool f32_512 = path == GemmPath::Avx512 ||
+                       ((path == GemmPath::Avx512Bf16 || path == GemmPath::Amx) && !bf16_weights);
   const uint16_t* xb = nullptr;
   int64_t ldb = 0;
 #ifdef DART_X86
   thread_local std::vector<uint16_t> packed_bf16;
-  if (dp_bf16) {   // the activations rounded to bf16 once per call, rows 64-byte aligned
+  thread_local std::vector<uint32_t> packed_amx;
+  const uint32_t* xv = nullptr;
+  if (dp_bf16 || amx) {   // the activations rounded to bf16 once per call, rows 64-byte aligned
     ldb = (K + 31) / 32 * 32;
     packed_bf16.resize(static_cast<size_t>(M * ldb + 32));
     const uintptr_t at = reinterpret_cast<uintptr_t>(packed_bf16.data());
     uint16_t* base = packed_bf16.data() + ((64 - at % 64) % 64) / sizeof(uint16_t);
     pack_bf16_rows(x, M, K, ldb, base);
     xb = base;
+  }
+  if (amx) {   // and laid out as B tiles
+    packed_amx.resize(static_cast<size_t>((M + 15) / 16 * ldb * 16 + 16));
+    const uintptr_t at = reinterpret_cast<uintptr_t>(packed_amx.data());
+    uint32_t* base = packed_amx.data() + ((64 - at % 64) % 64) / sizeof(uint32_t);
+    pack_amx_b(xb, ldb, M, base);
+    xv = base;
   }
   thread_local std::vector<float> packed;
   if (f32_512 && M >= 2 && (reinterpret_cast<uintptr_t>(x) % 64 != 0 || K % 16 != 0)) {
@@ -710,6 +844,7 @@ void run(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, 
   auto rows = [&](int64_t n0, int64_t n1) {
 #ifdef DART_X86
     if constexpr (bf16_weights) {
+      if (amx) return rows_amx(xv, ldb, w, y, M, N, K, n0, n1);
       if (dp_bf16) return rows_avx512bf16(xb, ldb, w, y, M, N, K, n0, n1);
     }
     if (f32_512) return rows_avx512(xa, ldx, w, y, M, N, K, n0, n1);
@@ -723,6 +858,8 @@ void run(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, 
   (void)xb;
   (void)ldb;
   (void)dp_bf16;
+  (void)amx;
+  (void)xv;
   (void)f32_512;
   if (threads <= 1 || N < 64) return rows(0, N);
 #ifdef _OPENMP
@@ -740,8 +877,10 @@ void run(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, 
   // read was slower (Emerald Rapids VM, 2 threads); smaller chunks balance better on a busy machine.
   constexpr int64_t kChunkBytes = 48 << 10;
   const int64_t row_bytes = std::max<int64_t>(1, K * static_cast<int64_t>(sizeof(W)));
-  int64_t chunk = std::max<int64_t>(8, (kChunkBytes / row_bytes + 7) / 8 * 8);
-  chunk = std::min(chunk, std::max<int64_t>(8, (N / (2 * threads) + 7) / 8 * 8));
+  // Multiples of 8 rows; of 16 on the AMX path (its tiles' rows).
+  const int64_t unit = amx ? 16 : 8;
+  int64_t chunk = std::max<int64_t>(unit, (kChunkBytes / row_bytes + unit - 1) / unit * unit);
+  chunk = std::min(chunk, std::max<int64_t>(unit, (N / (2 * threads) + unit - 1) / unit * unit));
   while ((N + chunk - 1) / chunk > 4096) chunk *= 2;
   const int64_t chunks = (N + chunk - 1) / chunk;
   parallel_for_items(threads, chunks, [&](int64_t i) { rows(i * chunk, std::min(N, (i + 1) * chunk)); });
@@ -760,6 +899,8 @@ std::atomic<int> forced_path{-1};
 // one per process (a tree row must equal the plain step's row), so the float32-activation path stays the default;
 // DART_GEMM_PATH=avx512bf16 chooses it.
 constexpr bool kBf16DotIsDefault = false;
+// Whether "auto" runs the AMX path on a CPU that has it (measured: see below).
+constexpr bool kAmxIsDefault = true;
 
 GemmPath clamp_to_cpu(GemmPath want) {
   return static_cast<GemmPath>(std::min(static_cast<int>(want), static_cast<int>(small_gemm_best_path())));
@@ -770,9 +911,9 @@ GemmPath env_path() {
     const char* v = std::getenv("DART_GEMM_PATH");
     const std::string name = v ? v : "";
     if (name.empty() || name == "auto") return small_gemm_default_path();
-    for (GemmPath q : {GemmPath::Avx512Bf16, GemmPath::Avx512, GemmPath::Avx2, GemmPath::Portable})
+    for (GemmPath q : {GemmPath::Amx, GemmPath::Avx512Bf16, GemmPath::Avx512, GemmPath::Avx2, GemmPath::Portable})
       if (name == small_gemm_path_name(q)) return clamp_to_cpu(q);
-    std::fprintf(stderr, "DART_GEMM_PATH=%s is not one of avx512bf16, avx512, avx2, portable, auto: ignored\n", v);
+    std::fprintf(stderr, "DART_GEMM_PATH=%s is not one of amx, avx512bf16, avx512, avx2, portable, auto: ignored\n", v);
     return small_gemm_default_path();
   }();
   return p;
@@ -814,7 +955,8 @@ GemmPath small_gemm_best_path() {
     // __builtin_cpu_supports also checks that the OS saves the zmm / ymm state (XGETBV).
     if (small_gemm_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl"))
-      return __builtin_cpu_supports("avx512bf16") ? GemmPath::Avx512Bf16 : GemmPath::Avx512;
+      if (!__builtin_cpu_supports("avx512bf16")) return GemmPath::Avx512;
+      return amx_available() ? GemmPath::Amx : GemmPath::Avx512Bf16;
     return small_gemm_has_avx2() ? GemmPath::Avx2 : GemmPath::Portable;
   }();
   return best;
@@ -825,6 +967,7 @@ GemmPath small_gemm_best_path() {
 
 GemmPath small_gemm_default_path() {
   const GemmPath best = small_gemm_best_path();
+  if (best == GemmPath::Amx) return kAmxIsDefault ? best : kBf16DotIsDefault ? GemmPath::Avx512Bf16 : GemmPath::Avx512;
   return (best == GemmPath::Avx512Bf16 && !kBf16DotIsDefault) ? GemmPath::Avx512 : best;
 }
 
@@ -842,6 +985,7 @@ void small_gemm_set_path(GemmPath path) {
 
 const char* small_gemm_path_name(GemmPath path) {
   switch (path) {
+    case GemmPath::Amx: return "amx";
     case GemmPath::Avx512Bf16: return "avx512bf16";
     case GemmPath::Avx512: return "avx512";
     case GemmPath::Avx2: return "avx2";

@@ -35,16 +35,19 @@ bool small_gemm_has_avx2();
 //            16 lanes of 32-element steps, the K % 32 tail masked), so its results differ from the float32-activation
 //            paths by the activations' rounding; float32 weights run the Avx512 kernel (the same bits). Rows are
 //            independent as on every path.
-// No AMX path: the machines this was written on have no AMX to test it on.
-enum class GemmPath : int { Portable = 0, Avx2 = 1, Avx512 = 2, Avx512Bf16 = 3 };
+//   Amx      AMX-BF16 (Sapphire Rapids and later, where the OS grants the tile registers): the activations rounded
+//            to bf16 as on Avx512Bf16, multiplied by TDPBF16PS, 16 weight rows x 32 k per tile against up to 16
+//            activation rows, one float32 sum per output over the 32-wide k blocks in order; float32 weights run the
+//            Avx512 kernel. Rows are independent; the sums differ from Avx512Bf16's (another order).
+enum class GemmPath : int { Portable = 0, Avx2 = 1, Avx512 = 2, Avx512Bf16 = 3, Amx = 4 };
 
 // The best path this CPU supports (the paths are ordered: each runs where the ones below it do).
 GemmPath small_gemm_best_path();
-// The path "auto" (and no DART_GEMM_PATH) runs: the best one, except AVX512-BF16, which is chosen only by name
-// (measured: see small_gemm.cpp, kBf16DotIsDefault).
+// The path "auto" (and no DART_GEMM_PATH) runs: the best one (AMX where it runs), except AVX512-BF16, which is chosen
+// only by name (measured: see small_gemm.cpp, kAmxIsDefault and kBf16DotIsDefault).
 GemmPath small_gemm_default_path();
 // The path calls run now: the default one, unless DART_GEMM_PATH (read once, at the first call:
-// "avx512bf16" | "avx512" | "avx2" | "portable" | "auto") or small_gemm_set_path chose another. A request for a
+// "amx" | "avx512bf16" | "avx512" | "avx2" | "portable" | "auto") or small_gemm_set_path chose another. A request for a
 // path the CPU lacks runs the best path below it; an unknown name is ignored (a warning on stderr).
 GemmPath small_gemm_path();
 // Forces a path for all later calls (tests, benchmarks); throws std::invalid_argument when this
