@@ -903,7 +903,11 @@ std::atomic<int> forced_path{-1};
 // one per process (a tree row must equal the plain step's row), so the float32-activation path stays the default;
 // DART_GEMM_PATH=avx512bf16 chooses it.
 constexpr bool kBf16DotIsDefault = false;
-// Whether "auto" runs the AMX path on a CPU that has it (measured: see below).
+// Whether "auto" runs the AMX path on a CPU that has it. Yes: measured on a 2-vCPU Intel Xeon with AMX (family 6,
+// KVM), the bundled SmolLM2-135M in bf16, 2 threads, prefix 300 (tree_cost.py --paths amx,avx512bf16,avx512, one
+// process, interleaved): one token 11.6 ms against 12.6 on avx512 and 11.5 on avx512bf16; trees of 3 / 9 / 17 nodes
+// 13.7 / 17.0 / 22.8 ms against 14.5 / 20.3 / 29.8 (avx512) and 14.5 / 21.3 / 32.6 (avx512bf16). A tree row's
+// projections cost almost nothing more than the plain step's on this path.
 constexpr bool kAmxIsDefault = true;
 
 GemmPath clamp_to_cpu(GemmPath want) {
