@@ -578,17 +578,33 @@ struct alignas(64) AmxTileConfig {
 // xb [M, ldb] bf16 rows (ldb a multiple of 32, zeros past K) -> B tiles: for column block cb (activation rows
 // 16cb..16cb+15) and k block kb, 16 rows p of 16 dwords, dword c holding x[16cb + c][32kb + 2p .. 32kb + 2p + 1];
 // zeros for rows past M.
-void pack_amx_b(const uint16_t* xb, int64_t ldb, int64_t M, uint32_t* out) {
-  const int64_t KB = ldb / 32, CB = (M + 15) / 16;
-  std::memset(out, 0, static_cast<size_t>(CB * KB * 256) * sizeof(uint32_t));
-  for (int64_t m = 0; m < M; ++m) {
-    const int64_t cb = m / 16, c = m % 16;
-    const uint16_t* row = xb + m * ldb;
-    for (int64_t q = 0; q < ldb / 2; ++q) {   // q: the k pair, block q / 16, tile row q % 16
-      uint32_t pair;
-      std::memcpy(&pair, row + 2 * q, sizeof pair);
-      out[((cb * KB + q / 16) * 16 + q % 16) * 16 + c] = pair;
+DART_AMX void pack_amx_b(const uint16_t* xb, int64_t ldb, int64_t M, uint32_t* out) {
+  const int64_t KB = ldb / 32, CB = (M + 15) / 16, row_dwords = ldb / 2;
+  // One gather per tile row: dword p of the 16 activation rows' k block, rows past M masked to zero (no memset).
+  // Against one scalar store per dword into a zeroed buffer, a call per decoder matrix of the bundled model (210,
+  // interleaved, 2 threads): 8 rows 8.77 -> 8.19 ms, 16 rows 10.15 -> 9.17 ms, one row the same.
+  const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32(static_cast<int>(row_dwords)));
+  const uint32_t* src = reinterpret_cast<const uint32_t*>(xb);
+  for (int64_t cb = 0; cb < CB; ++cb) {
+    const int64_t live = std::min<int64_t>(16, M - cb * 16);
+    const __mmask16 mask = static_cast<__mmask16>((1u << live) - 1u);
+    const uint32_t* base = src + cb * 16 * row_dwords;
+    if (live == 1) {   // one activation row (a plain step): its k block loaded once, dword p moved to lane 0
+      for (int64_t kb = 0; kb < KB; ++kb) {
+        const __m512i row = _mm512_loadu_si512(base + kb * 16);
+        for (int64_t p = 0; p < 16; ++p)
+          _mm512_store_si512(out + ((cb * KB + kb) * 16 + p) * 16,
+                             _mm512_maskz_permutexvar_epi32(1, _mm512_set1_epi32(static_cast<int>(p)), row));
+      }
+      continue;
     }
+    for (int64_t kb = 0; kb < KB; ++kb)
+      for (int64_t p = 0; p < 16; ++p) {
+        const __m512i idx = _mm512_add_epi32(rows, _mm512_set1_epi32(static_cast<int>(kb * 16 + p)));
+        const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask, idx, base, 4);
+        _mm512_store_si512(out + ((cb * KB + kb) * 16 + p) * 16, v);
+      }
   }
 }
 
