@@ -145,6 +145,23 @@ def test_the_portable_loop_repeats_the_avx2_kernel_bit_for_bit(weights):
     assert np.array_equal(out["avx2"], out["portable"])
 
 
+@pytest.mark.parametrize("avx2", [False, True])
+@pytest.mark.parametrize("avx512", [False, True])
+@pytest.mark.parametrize("avx512bf16", [False, True])
+@pytest.mark.parametrize("amx", [False, True])
+def test_the_best_path_for_each_set_of_cpu_features(avx2, avx512, avx512bf16, amx):
+    """Each path needs the features of the paths below it: an AVX2-only CPU (Zen 3) must never be handed a path of
+    the AVX-512 family, whatever else it reports (the AMX kernel also runs AVX512-BF16 code)."""
+    want = ("portable" if not avx2 else "avx2" if not avx512 else "avx512" if not avx512bf16
+            else "amx" if amx else "avx512bf16")
+    assert _native._small_gemm_best_path_for(avx2, avx512, avx512bf16, amx) == want
+
+
+def test_this_cpus_best_path_is_the_first_listed():
+    assert PATHS[0] == _native._small_gemm_best_path_for("avx2" in PATHS, "avx512" in PATHS, "avx512bf16" in PATHS,
+                                                         "amx" in PATHS)
+
+
 def test_forcing_a_path():
     before = _native.small_gemm_path()
     try:

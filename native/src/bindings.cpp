@@ -456,6 +456,10 @@ PYBIND11_MODULE(_native, m) {
       out.emplace_back(dart::small_gemm_path_name(static_cast<dart::GemmPath>(p)));
     return out;
   }, "The small-GEMM paths this CPU runs, best first.");
+  m.def("_small_gemm_best_path_for", [](bool avx2, bool avx512, bool avx512bf16, bool amx) {
+    return std::string(dart::small_gemm_path_name(dart::small_gemm_best_path_for(avx2, avx512, avx512bf16, amx)));
+  }, py::arg("avx2"), py::arg("avx512"), py::arg("avx512bf16"), py::arg("amx"),
+        "Tests: the best small-GEMM path for a CPU with these features (what small_gemm_paths()[0] is on this one).");
   m.def("small_gemm_set_path", [](const std::string& name) {
     for (auto p : {dart::GemmPath::Amx, dart::GemmPath::Avx512Bf16, dart::GemmPath::Avx512, dart::GemmPath::Avx2, dart::GemmPath::Portable})
       if (name == dart::small_gemm_path_name(p)) return dart::small_gemm_set_path(p);

@@ -973,15 +973,22 @@ bool small_gemm_has_avx2() {
 #endif
 }
 
+GemmPath small_gemm_best_path_for(bool avx2, bool avx512, bool avx512bf16, bool amx) {
+  if (!avx2) return GemmPath::Portable;
+  if (!avx512) return GemmPath::Avx2;
+  if (!avx512bf16) return GemmPath::Avx512;
+  return amx ? GemmPath::Amx : GemmPath::Avx512Bf16;
+}
+
 GemmPath small_gemm_best_path() {
 #ifdef DART_X86
   static const GemmPath best = [] {
     // __builtin_cpu_supports also checks that the OS saves the zmm / ymm state (XGETBV).
-    if (small_gemm_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl"))
-      if (!__builtin_cpu_supports("avx512bf16")) return GemmPath::Avx512;
-      return amx_available() ? GemmPath::Amx : GemmPath::Avx512Bf16;
-    return small_gemm_has_avx2() ? GemmPath::Avx2 : GemmPath::Portable;
+    const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512vl");
+    const bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16");
+    // The tiles are asked of the OS only where the AMX kernel could run (it needs AVX512-BF16 too).
+    return small_gemm_best_path_for(small_gemm_has_avx2(), avx512, bf16, bf16 && amx_available());
   }();
   return best;
 #else

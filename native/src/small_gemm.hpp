@@ -43,6 +43,9 @@ enum class GemmPath : int { Portable = 0, Avx2 = 1, Avx512 = 2, Avx512Bf16 = 3, 
 
 // The best path this CPU supports (the paths are ordered: each runs where the ones below it do).
 GemmPath small_gemm_best_path();
+// The best path for a CPU with these features (AVX2+FMA; AVX-512F/BW/VL; AVX512-BF16; AMX-BF16 with the tiles granted):
+// what small_gemm_best_path computes from this CPU's, as a pure function for tests.
+GemmPath small_gemm_best_path_for(bool avx2, bool avx512, bool avx512bf16, bool amx);
 // The path "auto" (and no DART_GEMM_PATH) runs: the best one (AMX where it runs), except AVX512-BF16, which is chosen
 // only by name (measured: see small_gemm.cpp, kAmxIsDefault and kBf16DotIsDefault).
 GemmPath small_gemm_default_path();
