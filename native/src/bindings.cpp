@@ -467,7 +467,7 @@ PYBIND11_MODULE(_native, m) {
     throw py::value_error("small_gemm_set_path: '" + name + "' is not one of amx, avx512bf16, avx512, avx2, portable, auto");
   }, py::arg("path"),
         "Force the small-GEMM path of later calls (the decoder's included): 'amx', 'avx512bf16', 'avx512', 'avx2', "
-        "'portable' or 'auto' (the default: the best, except that amx and avx512bf16 run only when named). ValueError when this CPU cannot run it. For tests and benchmarks; not thread-safe against "
+        "'portable' or 'auto' (the default: the best, amx included, except that avx512bf16 runs only when named). ValueError when this CPU cannot run it. For tests and benchmarks; not thread-safe against "
         "calls in flight.");
   m.def("has_openmp", []() {
 #if defined(_OPENMP)

@@ -575,6 +575,12 @@ struct alignas(64) AmxTileConfig {
   }
 };
 
+// 0, step, 2 step, ..., 15 step: the 32-bit lane offsets of a gather down a column of 16 rows `step` elements apart.
+DART_AMX inline __m512i lane_offsets(int64_t step) {
+  return _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                            _mm512_set1_epi32(static_cast<int>(step)));
+}
+
 // xb [M, ldb] bf16 rows (ldb a multiple of 32, zeros past K) -> B tiles: for column block cb (activation rows
 // 16cb..16cb+15) and k block kb, 16 rows p of 16 dwords, dword c holding x[16cb + c][32kb + 2p .. 32kb + 2p + 1];
 // zeros for rows past M.
@@ -583,8 +589,7 @@ DART_AMX void pack_amx_b(const uint16_t* xb, int64_t ldb, int64_t M, uint32_t* o
   // One gather per tile row: dword p of the 16 activation rows' k block, rows past M masked to zero (no memset).
   // Against one scalar store per dword into a zeroed buffer, a call per decoder matrix of the bundled model (210,
   // interleaved, 2 threads): 8 rows 8.77 -> 8.19 ms, 16 rows 10.15 -> 9.17 ms, one row the same.
-  const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                          _mm512_set1_epi32(static_cast<int>(row_dwords)));
+  const __m512i rows = lane_offsets(row_dwords);
   const uint32_t* src = reinterpret_cast<const uint32_t*>(xb);
   for (int64_t cb = 0; cb < CB; ++cb) {
     const int64_t live = std::min<int64_t>(16, M - cb * 16);
@@ -617,6 +622,8 @@ DART_AMX void amx_block(const uint32_t* xv, int64_t KB, int64_t CB, int64_t M, c
                         int64_t kfull, const uint16_t* tail, int64_t valid_rows, float* y, int64_t N, int64_t n) {
   alignas(64) float c[16][16];
   const int64_t stride = ldw * 2;
+  const __m512i column = lane_offsets(16);   // column j of c: c[0][j], c[1][j], ...
+  const __mmask16 rows_mask = static_cast<__mmask16>((1u << valid_rows) - 1u);
   for (int64_t cb = 0; cb < CB; ++cb) {
     const uint32_t* b = xv + cb * KB * 256;
     _tile_zero(0);
@@ -632,9 +639,6 @@ DART_AMX void amx_block(const uint32_t* xv, int64_t KB, int64_t CB, int64_t M, c
     }
     _tile_stored(0, c[0], 64);
     const int64_t cols = std::min<int64_t>(16, M - cb * 16);
-    const __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                              _mm512_set1_epi32(16));
-    const __mmask16 rows_mask = static_cast<__mmask16>((1u << valid_rows) - 1u);
     for (int64_t j = 0; j < cols; ++j) {   // column j of C: output row 16cb + j, weight rows n..n+15
       const __m512 v = _mm512_i32gather_ps(_mm512_add_epi32(column, _mm512_set1_epi32(static_cast<int>(j))), c[0], 4);
       _mm512_mask_storeu_ps(y + (cb * 16 + j) * N + n, rows_mask, v);
