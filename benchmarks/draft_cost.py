@@ -24,9 +24,10 @@ import sys
 import time
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import dart_core  # noqa: E402,F401  (before torch: its OpenMP threads must sleep when idle, dart_core/openmp.py)
+import torch  # noqa: E402
 
 from dart_core.loading import bundled_head_dir, open_ngram  # noqa: E402
 from dart_core.engine.protocol import AcceptedStep  # noqa: E402

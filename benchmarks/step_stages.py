@@ -22,9 +22,10 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import dart_core  # noqa: E402,F401  (before torch: its OpenMP threads must sleep when idle, dart_core/openmp.py)
+import torch  # noqa: E402
 
 from dart_core.config import GenerationConfig, dtype_name  # noqa: E402
 from dart_core.drafters.dart import DartDrafter  # noqa: E402

@@ -41,9 +41,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import dart_core  # noqa: E402,F401  (before torch: its OpenMP threads must sleep when idle, dart_core/openmp.py)
+import torch  # noqa: E402
 
 from dart_core.config import dtype_name  # noqa: E402
 from dart_core.hardware import describe_machine  # noqa: E402

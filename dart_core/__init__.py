@@ -4,6 +4,11 @@
 """
 __version__ = "0.1.0"
 
+# Before anything imports torch: its OpenMP threads must sleep when idle, not spin on the native kernels' cores.
+from .openmp import quiet_openmp  # noqa: E402
+
+quiet_openmp()
+
 from .models.templates import TEMPLATE_REGISTRY  # noqa: E402  (light: no torch)
 
 

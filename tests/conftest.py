@@ -11,6 +11,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+# Before any test imports torch, as a user's process does (dart_core/openmp.py): torch's idle OpenMP threads sleep.
+import dart_core  # noqa: E402,F401
+
 # Tests never read or write the user's cost models (``~/.cache/dart-demo/costs``): a test that fakes or slows a
 # target would leave its timings there, and the next real start would size its trees from them. This process and
 # every app or benchmark it starts use a folder of their own, removed at exit.

@@ -24,13 +24,18 @@ benchmarks it as it is).
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..openmp import warn_if_spinning
 from .huge_pages import move_to_huge_pages
 from .kv_cache import CacheFullError, PreallocatedCache
 from .native_linear import KERNEL_DTYPES, kernel_array
+
+logger = logging.getLogger(__name__)
 
 try:
     from .. import _native
@@ -89,6 +94,7 @@ class FastForward:
         why = self.supports(model)
         if why is not None:
             raise ValueError(f"the lean CPU forward cannot run this model: {why}")
+        warn_if_spinning(logger)
         # Every step streams all the weights: on 2 MiB pages first (before the kernel arrays view them).
         self.weight_pages = move_to_huge_pages(model)
         cfg = model.config
