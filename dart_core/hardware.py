@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from .config import dtype_name
+from .openmp import wait_policy
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ def describe_machine(device: str | torch.device | None = None, dtype: str | torc
         "cpu_bf16": cpu_supports_bf16(),
         "memory_gib": _memory_total_gib(),
         "torch_threads": torch.get_num_threads(),
+        "openmp_wait": wait_policy(),       # whether torch's idle OpenMP threads spin beside the native kernels
         "device": str(dev),
         "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
         "dtype": dtype_name(dtype) if dtype is not None else None,

@@ -54,6 +54,15 @@ def openmp_advice(environ=os.environ, applied: bool | None = None) -> str | None
             "slower). Import dart_core before torch, or set OMP_WAIT_POLICY=PASSIVE in the environment.")
 
 
+def wait_policy(environ=os.environ) -> str:
+    """How idle OpenMP threads wait in this process, for reports: the setting that decides it, or "spin (OpenMP's
+    default)" when nothing does (torch imported before dart_core)."""
+    for name in USER_SETTINGS:
+        if environ.get(name):
+            return f"{name}={environ[name]}"
+    return "spin (OpenMP's default)"
+
+
 def warn_if_spinning(log) -> None:
     """Log :func:`openmp_advice` once per process (the native CPU forward calls this when it is built)."""
     advice = openmp_advice()
@@ -62,4 +71,4 @@ def warn_if_spinning(log) -> None:
         log.warning(advice)
 
 
-__all__ = ["USER_SETTINGS", "WAIT_POLICY", "openmp_advice", "quiet_openmp", "user_chose", "warn_if_spinning"]
+__all__ = ["USER_SETTINGS", "WAIT_POLICY", "openmp_advice", "quiet_openmp", "user_chose", "wait_policy", "warn_if_spinning"]

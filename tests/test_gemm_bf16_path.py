@@ -131,13 +131,15 @@ def test_float32_weights_on_the_bf16_path_run_the_float32_avx512_kernel(bf16_pat
 
 
 def test_the_bf16_paths_are_chosen_by_name():
-    """DART_GEMM_PATH names either; auto runs AMX where it runs (it pays: see small_gemm.cpp), else avx512 (the
-    AVX512-BF16 path runs only when named)."""
+    """DART_GEMM_PATH names either; auto runs AMX where it runs (it pays: see small_gemm.cpp), else AVX512-BF16 on
+    an AMD CPU and avx512 on others."""
     import os
     import subprocess
     import sys
+
+    from test_native_kernels import cpu_is_amd
     code = "from dart_core import _native; print(_native.small_gemm_path())"
-    default = "amx" if "amx" in BF16_DOT_PATHS else "avx512"
+    default = "amx" if "amx" in BF16_DOT_PATHS else "avx512bf16" if cpu_is_amd() else "avx512"
     for env, want in [(p, p) for p in BF16_DOT_PATHS] + [("auto", default)]:
         out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "DART_GEMM_PATH": env},
                              capture_output=True, text=True, check=True)

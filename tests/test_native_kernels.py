@@ -59,9 +59,19 @@ def test_a_row_does_not_depend_on_the_other_rows(weights):
 # The kernel picks AMX, AVX512-BF16, AVX-512, AVX2 or a portable loop at run time; every path this CPU runs is tested.
 PATHS = _native.small_gemm_paths()
 ALL_PATHS = ["amx", "avx512bf16", "avx512", "avx2", "portable"]
-# "auto" runs the best path except AVX512-BF16, which runs only when named (native/src/small_gemm.cpp); where AMX
-# runs, it is the best path and the default.
-DEFAULT_PATH = PATHS[1] if PATHS[0] == "avx512bf16" else PATHS[0]
+
+
+def cpu_is_amd() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("vendor_id") and "AuthenticAMD" in line for line in f)
+    except OSError:
+        return False
+
+
+# "auto" runs the best path, except that AVX512-BF16 is the default on AMD CPUs only (native/src/small_gemm.cpp);
+# where AMX runs, it is the best path and the default.
+DEFAULT_PATH = PATHS[1] if PATHS[0] == "avx512bf16" and not cpu_is_amd() else PATHS[0]
 
 
 @pytest.fixture(params=PATHS)
@@ -155,6 +165,17 @@ def test_the_best_path_for_each_set_of_cpu_features(avx2, avx512, avx512bf16, am
     want = ("portable" if not avx2 else "avx2" if not avx512 else "avx512" if not avx512bf16
             else "amx" if amx else "avx512bf16")
     assert _native._small_gemm_best_path_for(avx2, avx512, avx512bf16, amx) == want
+
+
+@pytest.mark.parametrize("amd", [False, True])
+@pytest.mark.parametrize("best", ALL_PATHS)
+def test_the_default_path_for_each_best_path_and_vendor(best, amd):
+    """AVX512-BF16's dot products pay on AMD (measured on Zen 5) and not on Intel without AMX (Emerald Rapids): only
+    that choice depends on the vendor; every other best path is the default."""
+    want = "avx512" if best == "avx512bf16" and not amd else best
+    assert _native._small_gemm_default_path_for(best, amd) == want
+    with pytest.raises(ValueError, match="not one of"):
+        _native._small_gemm_default_path_for("sse2", amd)
 
 
 def test_this_cpus_best_path_is_the_first_listed():

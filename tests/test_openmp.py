@@ -88,3 +88,11 @@ def test_idle_openmp_threads_sleep_after_import_dart_core():
     # ACTIVE spins through the whole 200 ms sleep; PASSIVE sleeps at once (scheduler noise only)
     assert spinning > 100.0, spinning
     assert quiet < 20.0, quiet
+
+
+def test_reports_name_the_wait_policy():
+    assert openmp.wait_policy({"OMP_WAIT_POLICY": "PASSIVE"}) == "OMP_WAIT_POLICY=PASSIVE"
+    assert openmp.wait_policy({"GOMP_SPINCOUNT": "0"}) == "GOMP_SPINCOUNT=0"
+    assert openmp.wait_policy({}) == "spin (OpenMP's default)"
+    from dart_core.hardware import describe_machine
+    assert describe_machine()["openmp_wait"] == openmp.wait_policy()

@@ -167,7 +167,9 @@ def render_markdown(report: dict) -> str:
         + (f", seed {s['seed']}" if s["temperature"] > 0 else " (greedy)") + ".  ",
         f"Machine: {m['cpu_model']}" + (f", GPU {m['gpu']}" if m.get("gpu") else "")
         + (f", CPU kernels' path {m['gemm_path']}" if m.get("gemm_path") else "")
-        + f", {m['torch_threads']} torch threads, load average at start "
+        + f", {m['torch_threads']} torch threads"
+        + (f" (idle OpenMP threads: {m['openmp_wait']})" if m.get("openmp_wait") else "")
+        + ", load average at start "
         + (", ".join(f"{x:.2f}" for x in load) if load else "n/a")
         + f", memory bandwidth measured {_f(bw.get('read'), '{:.1f}')} GB/s (read), "
           f"{_f(bw.get('copy'), '{:.1f}')} GB/s (copy); weights {t['weight_bytes'] / 1e6:.1f} MB"

@@ -460,6 +460,12 @@ PYBIND11_MODULE(_native, m) {
     return std::string(dart::small_gemm_path_name(dart::small_gemm_best_path_for(avx2, avx512, avx512bf16, amx)));
   }, py::arg("avx2"), py::arg("avx512"), py::arg("avx512bf16"), py::arg("amx"),
         "Tests: the best small-GEMM path for a CPU with these features (what small_gemm_paths()[0] is on this one).");
+  m.def("_small_gemm_default_path_for", [](const std::string& best, bool amd) {
+    for (auto p : {dart::GemmPath::Amx, dart::GemmPath::Avx512Bf16, dart::GemmPath::Avx512, dart::GemmPath::Avx2, dart::GemmPath::Portable})
+      if (best == dart::small_gemm_path_name(p)) return std::string(dart::small_gemm_path_name(dart::small_gemm_default_path_for(p, amd)));
+    throw py::value_error("_small_gemm_default_path_for: '" + best + "' is not one of amx, avx512bf16, avx512, avx2, portable");
+  }, py::arg("best"), py::arg("amd"),
+        "Tests: the path 'auto' runs on a CPU whose best path is `best` (AMD or not).");
   m.def("small_gemm_set_path", [](const std::string& name) {
     for (auto p : {dart::GemmPath::Amx, dart::GemmPath::Avx512Bf16, dart::GemmPath::Avx512, dart::GemmPath::Avx2, dart::GemmPath::Portable})
       if (name == dart::small_gemm_path_name(p)) return dart::small_gemm_set_path(p);
@@ -467,7 +473,7 @@ PYBIND11_MODULE(_native, m) {
     throw py::value_error("small_gemm_set_path: '" + name + "' is not one of amx, avx512bf16, avx512, avx2, portable, auto");
   }, py::arg("path"),
         "Force the small-GEMM path of later calls (the decoder's included): 'amx', 'avx512bf16', 'avx512', 'avx2', "
-        "'portable' or 'auto' (the default: the best, amx included, except that avx512bf16 runs only when named). ValueError when this CPU cannot run it. For tests and benchmarks; not thread-safe against "
+        "'portable' or 'auto' (the default: the best, amx included, except that avx512bf16 is the default on AMD CPUs only). ValueError when this CPU cannot run it. For tests and benchmarks; not thread-safe against "
         "calls in flight.");
   m.def("has_openmp", []() {
 #if defined(_OPENMP)

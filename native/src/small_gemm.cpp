@@ -913,22 +913,6 @@ void run(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, 
 // The forced path (-1: none, use DART_GEMM_PATH or the best).
 std::atomic<int> forced_path{-1};
 
-// Whether "auto" (and no DART_GEMM_PATH) runs the AVX512-BF16 path on a CPU that has it. Not by default: measured
-// on an Intel Emerald Rapids VM (model 207, 2 vCPUs, no AMX), bf16 weights, interleaved in one process
-// (benchmarks/bench_native.py --gemm --paths avx512bf16,avx512,avx2; tree_cost.py --paths ...), VDPBF16PS runs the
-// tree rows' blocks (M >= 4) at 0.6-0.85x the float32 AVX-512 kernel's multiply-adds/s (it issues on one port, two
-// FMAs on two), while one row from memory ran 1.05-1.1x; the whole verify of the bundled SmolLM2-135M (tree_cost.py,
-// prefix 300, 2 threads): 1 node 0.96x the avx512 path's time, 3 nodes 0.93x, 5-17 nodes 1.00-1.02x, 61 nodes 1.06x.
-// Trees are what a speculative step verifies, and the path is
-// one per process (a tree row must equal the plain step's row), so the float32-activation path stays the default;
-// DART_GEMM_PATH=avx512bf16 chooses it.
-constexpr bool kBf16DotIsDefault = false;
-// Whether "auto" runs the AMX path on a CPU that has it. Yes: measured on a 2-vCPU Intel Xeon with AMX (family 6,
-// KVM), the bundled SmolLM2-135M in bf16, 2 threads, prefix 300 (tree_cost.py --paths amx,avx512bf16,avx512, one
-// process, interleaved): one token 11.6 ms against 12.6 on avx512 and 11.5 on avx512bf16; trees of 3 / 9 / 17 nodes
-// 13.7 / 17.0 / 22.8 ms against 14.5 / 20.3 / 29.8 (avx512) and 14.5 / 21.3 / 32.6 (avx512bf16). A tree row's
-// projections cost almost nothing more than the plain step's on this path.
-constexpr bool kAmxIsDefault = true;
 
 GemmPath clamp_to_cpu(GemmPath want) {
   return static_cast<GemmPath>(std::min(static_cast<int>(want), static_cast<int>(small_gemm_best_path())));
@@ -1000,10 +984,29 @@ GemmPath small_gemm_best_path() {
 #endif
 }
 
+// "auto" runs AMX where it runs: measured on a 2-vCPU Intel Xeon with AMX (family 6, KVM), the bundled SmolLM2-135M
+// in bf16, 2 threads, prefix 300 (tree_cost.py --paths amx,avx512bf16,avx512, one process, interleaved): one token
+// 11.6 ms against 12.6 on avx512 and 11.5 on avx512bf16; trees of 3 / 9 / 17 nodes 13.7 / 17.0 / 22.8 ms against
+// 14.5 / 20.3 / 29.8 (avx512) and 14.5 / 21.3 / 32.6 (avx512bf16).
+// Without AMX, AVX512-BF16 is the default on AMD CPUs only. On a 2-vCPU AMD EPYC (Zen 5, family 26), same model and
+// measurement, interleaved: trees of 3 / 5 / 9 / 17 nodes took 0.92 / 0.98 / 0.91 / 0.84x the avx512 path's time
+// and one token 1.02x (a second run: 0.94 / 0.91 / 0.91 / 0.82x and 0.94x); bench_native.py --gemm --cold ran 5-64
+// rows at 1.1-1.6x avx512's multiply-adds/s, 4 rows at 0.8-1.0x; the eval sets (python -m dart_core.bench, two runs
+// a path) gave DART 141 tok/s against 136. On an Intel Emerald Rapids VM (model 207, no AMX) VDPBF16PS ran tree
+// blocks (M >= 4) at 0.6-0.85x the float32 kernel's multiply-adds/s (one port there, FMAs on two) and whole verifies
+// 0.93-1.06x avx512's time, so Intel CPUs without AMX keep the float32-activation path. Zen 4 (also AMD with
+// AVX512-BF16) was not measured. The path is one per process: vanilla and every drafter run the same one.
+GemmPath small_gemm_default_path_for(GemmPath best, bool amd) {
+  return (best == GemmPath::Avx512Bf16 && !amd) ? GemmPath::Avx512 : best;
+}
+
 GemmPath small_gemm_default_path() {
-  const GemmPath best = small_gemm_best_path();
-  if (best == GemmPath::Amx) return kAmxIsDefault ? best : kBf16DotIsDefault ? GemmPath::Avx512Bf16 : GemmPath::Avx512;
-  return (best == GemmPath::Avx512Bf16 && !kBf16DotIsDefault) ? GemmPath::Avx512 : best;
+#ifdef DART_X86
+  static const bool amd = __builtin_cpu_is("amd");
+#else
+  const bool amd = false;
+#endif
+  return small_gemm_default_path_for(small_gemm_best_path(), amd);
 }
 
 GemmPath small_gemm_path() {

@@ -46,9 +46,11 @@ GemmPath small_gemm_best_path();
 // The best path for a CPU with these features (AVX2+FMA; AVX-512F/BW/VL; AVX512-BF16; AMX-BF16 with the tiles granted):
 // what small_gemm_best_path computes from this CPU's, as a pure function for tests.
 GemmPath small_gemm_best_path_for(bool avx2, bool avx512, bool avx512bf16, bool amx);
-// The path "auto" (and no DART_GEMM_PATH) runs: the best one (AMX where it runs), except AVX512-BF16, which is chosen
-// only by name (measured: see small_gemm.cpp, kAmxIsDefault and kBf16DotIsDefault).
+// The path "auto" (and no DART_GEMM_PATH) runs: the best one (AMX where it runs), except that AVX512-BF16 runs by
+// default on AMD CPUs only (elsewhere Avx512; measured: see small_gemm.cpp).
 GemmPath small_gemm_default_path();
+// The default path for a CPU whose best path is `best`, by vendor: a pure function for tests.
+GemmPath small_gemm_default_path_for(GemmPath best, bool amd);
 // The path calls run now: the default one, unless DART_GEMM_PATH (read once, at the first call:
 // "amx" | "avx512bf16" | "avx512" | "avx2" | "portable" | "auto") or small_gemm_set_path chose another. A request for a
 // path the CPU lacks runs the best path below it; an unknown name is ignored (a warning on stderr).
