@@ -556,3 +556,18 @@ def test_tests_use_their_own_cost_cache():
     user = Path(os.path.expanduser("~")) / ".cache" / "dart-demo"
     assert user not in cost_cache_dir().parents
     assert Path(os.environ["DART_DEMO_CACHE"]).is_dir()
+
+
+def test_the_draft_cost_refits_only_when_read():
+    """Every step adds a sample; the fit runs when the chooser reads the coefficients (every few steps), and a read
+    sees every sample added before it."""
+    cost = DraftCost()
+    cost.add((1, 4, 0), 0.003)
+    cost.add((1, 8, 0), 0.005)
+    assert cost._stale
+    first = cost.coef.copy()
+    assert not cost._stale and first @ DraftCost.features((1, 8, 0)) == pytest.approx(0.005, rel=1e-6)
+    cost.coef = np.array([0.0, 0.001, 0.0, 0.0])           # set by hand (tests, a start-up seed): kept until a sample
+    assert cost.coef[1] == 0.001
+    cost.add((1, 12, 0), 0.007)
+    assert cost.coef @ DraftCost.features((1, 12, 0)) == pytest.approx(0.007, rel=1e-6)

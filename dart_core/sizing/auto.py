@@ -206,11 +206,10 @@ class AutoTree:
                 if r:                                   # the first proposal warms this setting up
                     f, rows, k = choice.work            # each later one reads one new position (the root)
                     self.costs.draft_cost(self.name).add((f, rows + (1 if aux is not None else 0), k),
-                                                         p.draft_forward_s + p.tree_build_s, refit=False)
+                                                         p.draft_forward_s + p.tree_build_s)
                 bonus = (ctx[-1] + 1) % vocab           # as if the target rejected every draft
                 self.inner.observe(AcceptedStep([ctx[-1]], bonus, None if aux is None else aux[:1]))
                 ctx = ctx + [bonus]
-        self.costs.draft_cost(self.name).refit()
         return time.perf_counter() - t0
 
     def report(self) -> dict:

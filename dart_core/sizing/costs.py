@@ -120,19 +120,33 @@ class VerifyCurve:
 class DraftCost:
     """One drafter's step cost (head forwards + tree build) from its work: a + b*forwards + c*rows + e*cands."""
     samples: deque = field(default_factory=lambda: deque(maxlen=256))
-    coef: np.ndarray = field(default_factory=lambda: np.zeros(4))
+    _coef: np.ndarray = field(default_factory=lambda: np.zeros(4), repr=False)
+    _stale: bool = field(default=False, repr=False)
 
     @staticmethod
     def features(work: Sequence[float]) -> np.ndarray:
         forwards, rows, candidates = work
         return np.array([1.0, float(forwards), float(rows), float(candidates)])
 
-    def add(self, work: Sequence[float], seconds: float, refit: bool = True) -> None:
-        self.samples.append((self.features(work), float(seconds)))
-        if refit:
+    @property
+    def coef(self) -> np.ndarray:
+        """The fitted coefficients, refitted here when samples came in since the last read: every step adds one,
+        but the chooser reads them only every few steps, and a fit over the window cost about 0.3 ms a step."""
+        if self._stale:
             self.refit()
+        return self._coef
+
+    @coef.setter
+    def coef(self, value) -> None:
+        self._coef = np.asarray(value, dtype=np.float64)
+        self._stale = False
+
+    def add(self, work: Sequence[float], seconds: float) -> None:
+        self.samples.append((self.features(work), float(seconds)))
+        self._stale = True
 
     def refit(self) -> None:
+        self._stale = False
         if not self.samples:
             return
         X = np.stack([x for x, _ in self.samples])
@@ -140,7 +154,7 @@ class DraftCost:
         # recent steps weigh more: the machine's speed drifts, and a fit that still averaged the old speed over
         # its whole window priced drafts at a speed the verify curve had already left
         w = np.sqrt(DRAFT_FORGET ** np.arange(len(y) - 1, -1, -1))
-        self.coef = _nonneg_lstsq(X * w[:, None], y * w)
+        self._coef = _nonneg_lstsq(X * w[:, None], y * w)
 
 
 def _nonneg_lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
