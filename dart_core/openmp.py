@@ -1,10 +1,10 @@
 """Keep torch's OpenMP threads off the cores while the native kernels run.
 
 On a CPU the decoder, the LM head and the draft heads run in native code on their own thread pool, but a few small
-torch operations still run between them (embedding rows, a concatenation of the aux features, indexing the
-accepted rows). When one of those is large enough for torch to run it in parallel, its OpenMP worker threads then
-wait for the next parallel region by spinning: GNU OpenMP (the runtime the Linux torch wheels load) spins 300,000
-times before it sleeps, several milliseconds on the CPUs measured here, on the very cores the native pool needs.
+torch operations still run between them (concatenating the aux features, indexing rows of them). When torch runs one
+of those in parallel, its OpenMP worker threads then wait for the next parallel region by spinning: GNU OpenMP (the
+runtime the Linux torch wheels load) spins 300,000 times before it sleeps, about 11 ms of a core on the CPU measured
+here (tests/test_openmp.py), on the very cores the native pool needs.
 Measured on a 2-vCPU AMD EPYC (Zen 5, AVX-512), the bundled SmolLM2-135M in bf16, 2 threads, DART at budget 4 on
 GSM8K questions: a 5-node verify took 14.3 ms in place against 8.6 ms for a plain step (1.67x); with idle OpenMP
 threads put to sleep at once it took 9.3 ms against 8.4 (1.10x). Plain decoding hardly changed (it runs fewer torch
@@ -50,7 +50,7 @@ def openmp_advice(environ=os.environ, applied: bool | None = None) -> str | None
     if (_state["applied"] if applied is None else applied) or user_chose(environ):
         return None
     return ("torch was imported before dart_core, so torch's OpenMP threads spin for milliseconds after each "
-            "parallel torch operation, on the cores the native kernels use (a DART verify measured up to 1.5x "
+            "parallel torch operation, on the cores the native kernels use (a DART verify measured up to 1.6x "
             "slower). Import dart_core before torch, or set OMP_WAIT_POLICY=PASSIVE in the environment.")
 
 
@@ -71,4 +71,5 @@ def warn_if_spinning(log) -> None:
         log.warning(advice)
 
 
-__all__ = ["USER_SETTINGS", "WAIT_POLICY", "openmp_advice", "quiet_openmp", "user_chose", "wait_policy", "warn_if_spinning"]
+__all__ = ["USER_SETTINGS", "WAIT_POLICY", "openmp_advice", "quiet_openmp", "user_chose", "wait_policy",
+           "warn_if_spinning"]
