@@ -177,6 +177,23 @@ def test_switching_the_forward_path_needs_new_sessions(tmp_path):
     assert target.fast is not None and "native" in target.forward_backend
 
 
+def test_the_forward_description_names_the_kernel_path_and_its_rounding(tmp_path):
+    """Logs and the page's start-up line say which kernel path ran and whether it rounds the activations to bf16
+    (amx, avx512bf16 with bf16 weights) or keeps them float32."""
+    from dart_core import _native
+    target = load_target(str(make_tiny_model_dir(tmp_path, "llama")), dtype="bfloat16", device="cpu")
+    before = _native.small_gemm_path()
+    try:
+        for path in _native.small_gemm_paths():
+            _native.small_gemm_set_path(path)
+            text = target.forward_backend
+            assert f"kernel path {path}" in text
+            rounded = path in ("amx", "avx512bf16")
+            assert ("rounded to bf16" in text) == rounded and ("float32 activations" in text) == (not rounded)
+    finally:
+        _native.small_gemm_set_path(before)
+
+
 def test_fast_forward_refuses_what_it_cannot_run(tmp_path):
     from dart_core.models.fast_forward import FastForward
 

@@ -158,7 +158,12 @@ class TargetModel:
         """Short description for logs and benchmark records."""
         if self.fast is None:
             return f"hf ({dtype_name(self.dtype)})"
-        return f"native small-GEMM ({dtype_name(self.dtype)} weights, float32 activations)"
+        from ..hardware import gemm_paths
+        path = gemm_paths()["gemm_path"]
+        # the bf16 dot-product paths round the activations to bf16 inside bf16-weight products (float32 sums)
+        rounded = self.dtype == torch.bfloat16 and path in ("avx512bf16", "amx")
+        acts = "activations rounded to bf16 in the products" if rounded else "float32 activations"
+        return f"native small-GEMM ({dtype_name(self.dtype)} weights, {acts}; kernel path {path})"
 
     @property
     def device(self) -> torch.device:
