@@ -1,4 +1,4 @@
-"""Keep torch's OpenMP threads off the cores while the native kernels run.
+"""Keep torch's idle OpenMP threads off the cores while the native kernels run.
 
 On a CPU the decoder, the LM head and the draft heads run in native code on their own thread pool, but a few small
 torch operations still run between them (concatenating the aux features, indexing rows of them). When torch runs one
@@ -10,6 +10,13 @@ GSM8K questions: a 5-node verify took 14.3 ms in place against 8.6 ms for a plai
 threads put to sleep at once it took 9.3 ms against 8.4 (1.10x). Plain decoding hardly changed (it runs fewer torch
 operations a step).
 
+Not sleeping at once, though: a bounded spin of 10,000 turns (about 0.4 ms) decoded as fast as OMP_WAIT_POLICY=PASSIVE
+(5-node verify 1.15-1.23x a plain step against 1.16-1.19x, two runs each) while training a DART head on the CPU, where
+torch's parallel operations follow each other closely, kept its speed: 2.81 s a step against 2.70-2.75 with the
+default spin and 3.30-3.41 with PASSIVE (`python -m dart_core.train dart --target bundled --max-steps 30`, same
+machine). So GNU OpenMP gets GOMP_SPINCOUNT=10000; the Intel and LLVM runtimes (macOS wheels), which spin 200 ms by
+default and have no spin count, get KMP_BLOCKTIME=0 (sleep at once; not measured here).
+
 The OpenMP runtime reads its settings once, when torch loads it, so this must happen before ``import torch``:
 ``import dart_core`` does it (see :func:`quiet_openmp`), and :func:`openmp_advice` says what to do when torch was
 imported first.
@@ -19,8 +26,9 @@ from __future__ import annotations
 import os
 import sys
 
-#: The standard OpenMP setting dart_core asks for: idle threads sleep instead of spinning.
-WAIT_POLICY = "PASSIVE"
+#: What dart_core sets when nothing chose: a short spin for GNU OpenMP (the Linux torch wheels), sleep at once for the
+#: Intel / LLVM runtimes (each runtime ignores the other's variable).
+SETTINGS = {"GOMP_SPINCOUNT": "10000", "KMP_BLOCKTIME": "0"}
 #: Settings by which a user (or a launcher) already chose how OpenMP threads wait: any of them is left alone.
 USER_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 
@@ -33,11 +41,11 @@ def user_chose(environ=os.environ) -> bool:
 
 
 def quiet_openmp(environ=os.environ, modules=sys.modules) -> bool:
-    """Set ``OMP_WAIT_POLICY=PASSIVE`` for the OpenMP runtime torch will load, unless the user chose a wait policy
-    or torch is already imported (its runtime has read its settings). Returns whether it set it."""
+    """Set :data:`SETTINGS` for the OpenMP runtime torch will load, unless the user chose how its threads wait or
+    torch is already imported (its runtime has read its settings). Returns whether it set them."""
     if user_chose(environ) or "torch" in modules:
         return False
-    environ["OMP_WAIT_POLICY"] = WAIT_POLICY
+    environ.update(SETTINGS)
     if environ is os.environ:
         _state["applied"] = True
     return True
@@ -51,16 +59,15 @@ def openmp_advice(environ=os.environ, applied: bool | None = None) -> str | None
         return None
     return ("torch was imported before dart_core, so torch's OpenMP threads spin for milliseconds after each "
             "parallel torch operation, on the cores the native kernels use (a DART verify measured up to 1.6x "
-            "slower). Import dart_core before torch, or set OMP_WAIT_POLICY=PASSIVE in the environment.")
+            "slower). Import dart_core before torch, or set GOMP_SPINCOUNT=10000 (or OMP_WAIT_POLICY=PASSIVE) in the "
+            "environment.")
 
 
 def wait_policy(environ=os.environ) -> str:
-    """How idle OpenMP threads wait in this process, for reports: the setting that decides it, or "spin (OpenMP's
+    """How idle OpenMP threads wait in this process, for reports: the settings that decide it, or "spin (OpenMP's
     default)" when nothing does (torch imported before dart_core)."""
-    for name in USER_SETTINGS:
-        if environ.get(name):
-            return f"{name}={environ[name]}"
-    return "spin (OpenMP's default)"
+    chosen = [f"{name}={environ[name]}" for name in USER_SETTINGS if environ.get(name)]
+    return ", ".join(chosen) if chosen else "spin (OpenMP's default)"
 
 
 def warn_if_spinning(log) -> None:
@@ -71,5 +78,5 @@ def warn_if_spinning(log) -> None:
         log.warning(advice)
 
 
-__all__ = ["USER_SETTINGS", "WAIT_POLICY", "openmp_advice", "quiet_openmp", "user_chose", "wait_policy",
+__all__ = ["SETTINGS", "USER_SETTINGS", "openmp_advice", "quiet_openmp", "user_chose", "wait_policy",
            "warn_if_spinning"]

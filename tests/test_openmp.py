@@ -1,4 +1,4 @@
-"""dart_core puts torch's idle OpenMP threads to sleep (dart_core/openmp.py): set before torch loads, the user's own
+"""dart_core puts torch's idle OpenMP threads to sleep after a short spin (dart_core/openmp.py): set before torch loads, the user's own
 choice kept, advice when it is too late."""
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def run(code: str, env: dict) -> str:
 def test_quiet_openmp_sets_the_policy_before_torch_only():
     env: dict = {}
     assert openmp.quiet_openmp(env, modules={}) is True
-    assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert env == {"GOMP_SPINCOUNT": "10000", "KMP_BLOCKTIME": "0"}
     late: dict = {}
     assert openmp.quiet_openmp(late, modules={"torch": object()}) is False     # the runtime has read its settings
     assert late == {}
@@ -42,15 +42,15 @@ def test_the_users_choice_is_kept(name, value):
 
 def test_advice_when_torch_came_first():
     advice = openmp.openmp_advice({}, applied=False)
-    assert "Import dart_core before torch" in advice and "OMP_WAIT_POLICY=PASSIVE" in advice
+    assert "Import dart_core before torch" in advice and "GOMP_SPINCOUNT=10000" in advice
     assert openmp.openmp_advice({}, applied=True) is None
 
 
 def test_import_dart_core_sets_it_for_the_process():
-    assert run("import dart_core, os; print(os.environ.get('OMP_WAIT_POLICY'))", clean_env()) == "PASSIVE"
-    assert run("import dart_core, os; print(os.environ.get('OMP_WAIT_POLICY'))",
-               {**clean_env(), "OMP_WAIT_POLICY": "ACTIVE"}) == "ACTIVE"
-    assert run("import torch, dart_core, os; print(os.environ.get('OMP_WAIT_POLICY'))", clean_env()) == "None"
+    show = "import os; print(os.environ.get('GOMP_SPINCOUNT'), os.environ.get('OMP_WAIT_POLICY'))"
+    assert run("import dart_core; " + show, clean_env()) == "10000 None"
+    assert run("import dart_core; " + show, {**clean_env(), "OMP_WAIT_POLICY": "ACTIVE"}) == "None ACTIVE"
+    assert run("import torch, dart_core; " + show, clean_env()) == "None None"
 
 
 def test_the_lean_forward_warns_once_when_torch_came_first(caplog, monkeypatch):
@@ -85,7 +85,7 @@ print(round((time.process_time() - t) * 1e3, 1))
 def test_idle_openmp_threads_sleep_after_import_dart_core():
     quiet = float(run(SPIN_PROBE.format(first="import dart_core"), clean_env()))
     spinning = float(run(SPIN_PROBE.format(first=""), {**clean_env(), "OMP_WAIT_POLICY": "ACTIVE"}))
-    # ACTIVE spins through the whole 200 ms sleep; PASSIVE sleeps at once (scheduler noise only)
+    # ACTIVE spins through the whole 200 ms sleep; dart_core's setting spins about 0.4 ms, then sleeps
     assert spinning > 100.0, spinning
     assert quiet < 20.0, quiet
 
@@ -93,6 +93,7 @@ def test_idle_openmp_threads_sleep_after_import_dart_core():
 def test_reports_name_the_wait_policy():
     assert openmp.wait_policy({"OMP_WAIT_POLICY": "PASSIVE"}) == "OMP_WAIT_POLICY=PASSIVE"
     assert openmp.wait_policy({"GOMP_SPINCOUNT": "0"}) == "GOMP_SPINCOUNT=0"
+    assert openmp.wait_policy(dict(openmp.SETTINGS)) == "GOMP_SPINCOUNT=10000, KMP_BLOCKTIME=0"
     assert openmp.wait_policy({}) == "spin (OpenMP's default)"
     from dart_core.hardware import describe_machine
     assert describe_machine()["openmp_wait"] == openmp.wait_policy()
