@@ -461,14 +461,15 @@ PYBIND11_MODULE(_native, m) {
   }, py::arg("avx2"), py::arg("avx512"), py::arg("avx512bf16"), py::arg("amx"),
         "Tests: the best small-GEMM path for a CPU with these features (what small_gemm_paths()[0] is on this one).");
   m.def("_small_gemm_default_path_for", [](const std::string& best, bool amd) {
-    for (auto p : {dart::GemmPath::Amx, dart::GemmPath::Avx512Bf16, dart::GemmPath::Avx512, dart::GemmPath::Avx2, dart::GemmPath::Portable})
-      if (best == dart::small_gemm_path_name(p)) return std::string(dart::small_gemm_path_name(dart::small_gemm_default_path_for(p, amd)));
+    dart::GemmPath p;
+    if (dart::small_gemm_path_from_name(best, &p))
+      return std::string(dart::small_gemm_path_name(dart::small_gemm_default_path_for(p, amd)));
     throw py::value_error("_small_gemm_default_path_for: '" + best + "' is not one of amx, avx512bf16, avx512, avx2, portable");
   }, py::arg("best"), py::arg("amd"),
         "Tests: the path 'auto' runs on a CPU whose best path is `best` (AMD or not).");
   m.def("small_gemm_set_path", [](const std::string& name) {
-    for (auto p : {dart::GemmPath::Amx, dart::GemmPath::Avx512Bf16, dart::GemmPath::Avx512, dart::GemmPath::Avx2, dart::GemmPath::Portable})
-      if (name == dart::small_gemm_path_name(p)) return dart::small_gemm_set_path(p);
+    dart::GemmPath p;
+    if (dart::small_gemm_path_from_name(name, &p)) return dart::small_gemm_set_path(p);
     if (name == "auto") return dart::small_gemm_set_path(dart::small_gemm_default_path());
     throw py::value_error("small_gemm_set_path: '" + name + "' is not one of amx, avx512bf16, avx512, avx2, portable, auto");
   }, py::arg("path"),

@@ -923,8 +923,8 @@ GemmPath env_path() {
     const char* v = std::getenv("DART_GEMM_PATH");
     const std::string name = v ? v : "";
     if (name.empty() || name == "auto") return small_gemm_default_path();
-    for (GemmPath q : {GemmPath::Amx, GemmPath::Avx512Bf16, GemmPath::Avx512, GemmPath::Avx2, GemmPath::Portable})
-      if (name == small_gemm_path_name(q)) return clamp_to_cpu(q);
+    GemmPath q;
+    if (small_gemm_path_from_name(name, &q)) return clamp_to_cpu(q);
     std::fprintf(stderr, "DART_GEMM_PATH=%s is not one of amx, avx512bf16, avx512, avx2, portable, auto: ignored\n", v);
     return small_gemm_default_path();
   }();
@@ -1029,6 +1029,15 @@ const char* small_gemm_path_name(GemmPath path) {
     case GemmPath::Avx2: return "avx2";
     default: return "portable";
   }
+}
+
+bool small_gemm_path_from_name(const std::string& name, GemmPath* out) {
+  for (GemmPath p : {GemmPath::Amx, GemmPath::Avx512Bf16, GemmPath::Avx512, GemmPath::Avx2, GemmPath::Portable})
+    if (name == small_gemm_path_name(p)) {
+      *out = p;
+      return true;
+    }
+  return false;
 }
 
 void small_gemm_f32(const float* x, const float* w, float* y, int64_t M, int64_t N, int64_t K, int threads) {

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace dart {
 
@@ -59,6 +60,8 @@ GemmPath small_gemm_path();
 // CPU cannot run it. Not meant to be changed while another thread is inside a call.
 void small_gemm_set_path(GemmPath path);
 const char* small_gemm_path_name(GemmPath path);
+// The path of that name ('amx', 'avx512bf16', 'avx512', 'avx2', 'portable') into *out; false for any other name.
+bool small_gemm_path_from_name(const std::string& name, GemmPath* out);
 
 // y = x @ w^T for row-major x [M, K], w [N, K] and y [M, N]; threads > 0. M = 0 or N = 0
 // writes nothing; K = 0 gives zeros.
