@@ -26,7 +26,7 @@ from pathlib import Path
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import dart_core  # noqa: E402,F401  (before torch: its OpenMP threads must sleep when idle, dart_core/openmp.py)
+import dart_core  # noqa: E402,F401  (before torch: its idle OpenMP threads spin only briefly, dart_core/openmp.py)
 import torch  # noqa: E402
 
 from dart_core.loading import bundled_head_dir, open_ngram  # noqa: E402

@@ -11,7 +11,8 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-# Before any test imports torch, as a user's process does (dart_core/openmp.py): torch's idle OpenMP threads sleep.
+# Before any test imports torch, as a user's process does (dart_core/openmp.py): torch's idle OpenMP threads spin
+# only briefly.
 import dart_core  # noqa: E402,F401
 
 # Tests never read or write the user's cost models (``~/.cache/dart-demo/costs``): a test that fakes or slows a
