@@ -25,7 +25,8 @@ large float32 GEMM reaches in the same run (``--gemm-rows`` x K @ K x N at the t
 says how close the prompt runs to this machine's GEMM speed.
 
 ``--bandwidth`` measures how close the plain step runs to the memory floor, per small-GEMM path (``--paths``,
-default every vector path this CPU runs), interleaved rep by rep in one process: (a) a plain read of a 512 MiB
+default every vector path this CPU runs) and with the one-row kernel's software prefetch on and off (the row the
+load-time measurement chose is marked; dart_core/models/gemv_prefetch.py), interleaved rep by rep in one process: (a) a plain read of a 512 MiB
 buffer by the native streaming loop (``_native.stream_read``, the same threads), (b) one row (M = 1) through every
 decoder weight matrix of the target in turn (``_native.gemv_sweep``, timed natively: bytes / time), (c) the whole
 one-token step (the decoder weights and the LM head's bytes / the step's time, prefix ``--prefix``). Each as GB/s
@@ -49,6 +50,7 @@ import torch  # noqa: E402
 from dart_core.config import dtype_name  # noqa: E402
 from dart_core.hardware import describe_machine  # noqa: E402
 from dart_core.models.huge_pages import huge_page_buffer  # noqa: E402
+from dart_core.models import gemv_prefetch  # noqa: E402
 from dart_core.models.loader import load_target  # noqa: E402
 from dart_core.engine.tree import DraftTree  # noqa: E402
 from dart_core.models import target as target_module  # noqa: E402
@@ -203,18 +205,6 @@ def measure_lm_head(model: str | None, dtype: str, device: str, rows: list[int],
     return {r: 1000 * statistics.median(times[r]) for r in rows}
 
 
-def decoder_weight_arrays(target) -> list[np.ndarray]:
-    """The arrays the native kernel reads for every decoder layer (q, k, v, o, gate, up, down), in the decoder's
-    order."""
-    from dart_core.models.native_linear import kernel_array
-    out = []
-    for layer in target.model.model.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
-            out.append(kernel_array(m.weight))
-    return out
-
-
 def measure_bandwidth(model: str | None, dtype: str, device: str, prefix: int, reps: int, warmup: int, seed: int,
                       paths: list[str], threads: int, read_mib: int = 512, before: bool = False) -> list[dict]:
     """Per small-GEMM path: the plain read bandwidth, the one-row GEMV sweep over the decoder weights and the
@@ -224,7 +214,7 @@ def measure_bandwidth(model: str | None, dtype: str, device: str, prefix: int, r
     target.set_fast_forward(True)
     if target.fast is None:
         raise SystemExit(f"--bandwidth needs the native path: {target.fast_unavailable_reason}")
-    ws = decoder_weight_arrays(target)
+    ws = target.fast.decoder_matrices   # q, k, v, o, gate, up, down of every layer, in the decoder's order
     gemv_bytes = sum(w.nbytes for w in ws)
     step_bytes = gemv_bytes + target.fast.lm_head_array.nbytes
     # The floor is read from the same kind of pages as the weights (2 MiB where the OS grants them: huge_pages.py).
@@ -235,18 +225,24 @@ def measure_bandwidth(model: str | None, dtype: str, device: str, prefix: int, r
     session = target.new_session(prefix + 2)
     session.prefill(prompt)
     path_before = _native.small_gemm_path()
+    chosen = {}   # per path: the GEMV prefetch the load-time measurement picks
+    for p in paths:
+        _native.small_gemm_set_path(p)
+        chosen[p] = gemv_prefetch.choose(ws, threads).on
     read: list[float] = []
-    # The paths that existed before the thread pool (the bf16 dot-product paths came after it).
-    arms = [(p, False) for p in paths] + ([(p, True) for p in paths if p not in ("amx", "avx512bf16")] if before
-                                          else [])
+    # (path, before the thread pool, GEMV prefetch); the paths that existed before the pool (the bf16 dot-product
+    # paths came after it) prefetched.
+    arms = [(p, False, on) for p in paths for on in (True, False)]
+    arms += [(p, True, True) for p in paths if p not in ("amx", "avx512bf16")] if before else []
     gemv: dict[tuple, list[float]] = {a: [] for a in arms}
     step: dict[tuple, list[float]] = {a: [] for a in arms}
     try:
         for rep in range(warmup + reps):
             for a in arms:      # interleaved: load drifts hit every arm alike
-                p, legacy = a
+                p, legacy, prefetch = a
                 _native.small_gemm_set_path(p)
                 _native._small_gemm_set_legacy(legacy)
+                _native.small_gemm_set_gemv_prefetch(p, prefetch)
                 t0 = time.perf_counter()
                 _native.stream_read(buf, threads)
                 dt_read = time.perf_counter() - t0
@@ -257,15 +253,18 @@ def measure_bandwidth(model: str | None, dtype: str, device: str, prefix: int, r
                     gemv[a].append(dt_gemv)
                     step[a].append(dt_step)
     finally:
+        for p in paths:
+            _native.small_gemm_set_gemv_prefetch(p, chosen[p])
         _native.small_gemm_set_path(path_before)
         _native._small_gemm_set_legacy(False)
     read_gbs = buf.nbytes / statistics.median(read) / 1e9
     out = []
     for a in arms:
-        p, legacy = a
+        p, legacy, prefetch = a
         g = gemv_bytes / statistics.median(gemv[a]) / 1e9
         st = statistics.median(step[a])
-        out.append({"dtype": dtype_name(target.dtype), "gemm_path": p, "before": legacy, "threads": threads,
+        out.append({"dtype": dtype_name(target.dtype), "gemm_path": p, "before": legacy, "gemv_prefetch": prefetch,
+                    "gemv_prefetch_chosen": not legacy and prefetch == chosen[p], "threads": threads,
                     "prefix": prefix,
                     "read_gbs": read_gbs, "read_bytes": buf.nbytes,
                     "gemv_bytes": gemv_bytes, "gemv_ms": 1000 * statistics.median(gemv[a]), "gemv_gbs": g,
@@ -410,16 +409,17 @@ def bandwidth_main(args, machine: dict) -> int:
     threads = torch.get_num_threads()
     print(f"# the plain step against the memory floor: {machine['cpu_model']}, {threads} threads, load average "
           f"{machine['load_average']}, prefix {args.prefix}, {args.reps} reps interleaved (medians)")
-    print("| dtype | GEMM path | read GB/s | 1-row GEMV MB | GEMV GB/s | GEMV / read | 1-token ms | step MB "
-          "| step GB/s | step / read |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| dtype | GEMM path | GEMV prefetch | read GB/s | 1-row GEMV MB | GEMV GB/s | GEMV / read | 1-token ms "
+          "| step MB | step GB/s | step / read |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     results = []
     for dtype in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
         for r in measure_bandwidth(args.base_model_name_or_path, dtype, args.device, args.prefix, args.reps,
                                    args.warmup, args.seed, paths, threads, args.read_mib, args.before):
             results.append(r)
             name = r["gemm_path"] + (" (before)" if r["before"] else "")
-            print(f"| {r['dtype']} | {name} | {r['read_gbs']:.1f} | {r['gemv_bytes'] / 1e6:.0f} "
+            prefetch = ("on" if r["gemv_prefetch"] else "off") + (" (chosen)" if r["gemv_prefetch_chosen"] else "")
+            print(f"| {r['dtype']} | {name} | {prefetch} | {r['read_gbs']:.1f} | {r['gemv_bytes'] / 1e6:.0f} "
                   f"| {r['gemv_gbs']:.1f} | {r['gemv_share_of_read']:.0%} | {r['one_token_ms']:.2f} "
                   f"| {r['step_bytes'] / 1e6:.0f} | {r['step_gbs']:.1f} | {r['step_share_of_read']:.0%} |", flush=True)
     if results:

@@ -103,6 +103,21 @@ def transparent_huge_pages() -> str | None:
     return chosen[0] if chosen else None
 
 
+def last_level_cache_bytes() -> int | None:
+    """Bytes of the largest CPU cache Linux lists for CPU 0 (the L3 on most servers); None where it lists none."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = f.read_text().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes) if sizes else None
+
+
 def gemm_paths() -> dict:
     """The native small-GEMM path calls run now (``gemm_path``: what the decoder and the LM head ran) and the
     paths this CPU runs, best first; None where the extension is missing."""

@@ -387,9 +387,11 @@ def test_tree_cost_times_each_lm_head_setting(tiny_dir, tmp_path, capsys):
 
 
 def test_tree_cost_bandwidth_reports_every_path(tiny_dir, tmp_path, capsys):
-    """benchmarks/tree_cost.py --bandwidth: per small-GEMM path the read bandwidth, the one-row GEMV over the
-    decoder weights and the one-token step, in GB/s and as shares of the read; the forced path is restored."""
+    """benchmarks/tree_cost.py --bandwidth: per small-GEMM path, with the one-row kernel's prefetch on and off (the
+    load-time choice marked), the read bandwidth, the one-row GEMV over the decoder weights and the one-token step,
+    in GB/s and as shares of the read; the forced path and each path's chosen prefetch are restored."""
     from dart_core import _native
+    from dart_core.models import gemv_prefetch
 
     tree_cost = _bench_script("tree_cost")
     out = tmp_path / "bw.json"
@@ -401,13 +403,19 @@ def test_tree_cost_bandwidth_reports_every_path(tiny_dir, tmp_path, capsys):
     assert _native.small_gemm_path() == before
     res = json.loads(out.read_text())
     now = [r for r in res["bandwidth"] if not r["before"]]
-    assert [r["gemm_path"] for r in now] == paths
+    assert [(r["gemm_path"], r["gemv_prefetch"]) for r in now] == [(p, on) for p in paths for on in (True, False)]
+    for p in paths:   # one arm per path is the choice, and the kernel keeps it afterwards
+        picked = [r["gemv_prefetch"] for r in now if r["gemm_path"] == p and r["gemv_prefetch_chosen"]]
+        assert picked == [gemv_prefetch.chosen(p).on] == [_native.small_gemm_gemv_prefetch(p)]
     assert [r["gemm_path"] for r in res["bandwidth"] if r["before"]] == [p for p in paths if p not in ("amx", "avx512bf16")]
+    assert all(r["gemv_prefetch"] and not r["gemv_prefetch_chosen"] for r in res["bandwidth"] if r["before"])
     assert res["machine"]["gemm_path"] == before and res["machine"]["gemm_paths"] == paths
     for r in res["bandwidth"]:
         assert r["read_gbs"] > 0 and r["gemv_gbs"] > 0 and r["step_gbs"] > 0 and r["step_bytes"] > r["gemv_bytes"]
         assert r["gemv_share_of_read"] == pytest.approx(r["gemv_gbs"] / r["read_gbs"])
-    assert f"| float32 | {paths[0]} |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"| float32 | {paths[0]} | on" in printed and f"| float32 | {paths[0]} | off" in printed
+    assert "(chosen)" in printed
     with pytest.raises(SystemExit, match="does not run"):
         tree_cost.main(["--base-model-name-or-path", str(tiny_dir), "--bandwidth", "--paths", "sse9"])
     # The tree table times the paths side by side too, and names each.

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..openmp import warn_if_spinning
+from . import gemv_prefetch
 from .huge_pages import move_to_huge_pages
 from .kv_cache import CacheFullError, PreallocatedCache
 from .native_linear import KERNEL_DTYPES, kernel_array
@@ -55,6 +56,10 @@ def _float_vector(t: torch.Tensor | None) -> np.ndarray | None:
 
 def _norm_eps(module) -> float:
     return float(getattr(module, "variance_epsilon", None) or getattr(module, "eps"))
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -113,13 +118,15 @@ class FastForward:
         self.lm_head_array = kernel_array(model.lm_head.weight)
         self.decoder = _native.Decoder(int(cfg.hidden_size), heads, kv_heads, head_dim, int(cfg.intermediate_size),
                                        self.eps, next(model.parameters()).dtype == torch.bfloat16)
+        matrices = []   # in the order a step reads them
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
+            projections = {name: kernel_array(module.weight) for name, module in (
+                ("q", attn.q_proj), ("k", attn.k_proj), ("v", attn.v_proj), ("o", attn.o_proj),
+                ("gate", mlp.gate_proj), ("up", mlp.up_proj), ("down", mlp.down_proj))}
+            matrices.extend(projections.values())
             self.decoder.add_layer({
-                "q": kernel_array(attn.q_proj.weight), "k": kernel_array(attn.k_proj.weight),
-                "v": kernel_array(attn.v_proj.weight), "o": kernel_array(attn.o_proj.weight),
-                "gate": kernel_array(mlp.gate_proj.weight), "up": kernel_array(mlp.up_proj.weight),
-                "down": kernel_array(mlp.down_proj.weight),
+                **projections,
                 "q_bias": _float_vector(attn.q_proj.bias), "k_bias": _float_vector(attn.k_proj.bias),
                 "v_bias": _float_vector(attn.v_proj.bias),
                 "in_norm": _float_vector(layer.input_layernorm.weight),
@@ -127,6 +134,9 @@ class FastForward:
                 "q_norm": _float_vector(attn.q_norm.weight) if hasattr(attn, "q_norm") else None,
                 "k_norm": _float_vector(attn.k_norm.weight) if hasattr(attn, "k_norm") else None,
             })
+        self.decoder_matrices = matrices   # views of the weights (benchmarks sweep them)
+        # The plain step's kernel: with or without software prefetch, whichever streams these weights faster here.
+        self.gemv_prefetch = gemv_prefetch.choose(matrices, torch.get_num_threads())
 
     @torch.inference_mode()
     def forward(self, cache: PreallocatedCache, input_ids: torch.Tensor, position_ids: torch.Tensor,
@@ -161,7 +171,9 @@ class FastForward:
                 outs.append(out)
             if ax is not None:
                 aux.append(ax)
-        return torch.cat(outs), (torch.cat(aux) if aux else None)
+        # One chunk (every decoding step) returns its tensors as they are: torch.cat of a [1, V] row runs on torch's
+        # OpenMP threads, which wake on the cores the native pool's worker still spins on (0.48 ms a step measured).
+        return _joined(outs), (_joined(aux) if aux else None)
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [r, V] float32 of final-normed hidden rows [r, H] (``forward(rows="hidden")``). A row's logits

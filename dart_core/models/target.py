@@ -163,7 +163,10 @@ class TargetModel:
         # the bf16 dot-product paths round the activations to bf16 inside bf16-weight products (float32 sums)
         rounded = self.dtype == torch.bfloat16 and path in ("avx512bf16", "amx")
         acts = "activations rounded to bf16 in the products" if rounded else "float32 activations"
-        return f"native small-GEMM ({dtype_name(self.dtype)} weights, {acts}; kernel path {path})"
+        from .gemv_prefetch import chosen
+        prefetch = chosen(path)
+        prefetch = f"; {prefetch.describe()}" if prefetch is not None else ""
+        return f"native small-GEMM ({dtype_name(self.dtype)} weights, {acts}; kernel path {path}{prefetch})"
 
     @property
     def device(self) -> torch.device:

@@ -476,6 +476,23 @@ PYBIND11_MODULE(_native, m) {
         "Force the small-GEMM path of later calls (the decoder's included): 'amx', 'avx512bf16', 'avx512', 'avx2', "
         "'portable' or 'auto' (the default: the best, amx included, except that avx512bf16 is the default on AMD CPUs only). ValueError when this CPU cannot run it. For tests and benchmarks; not thread-safe against "
         "calls in flight.");
+  m.def("small_gemm_set_gemv_prefetch", [](const std::string& name, bool on) {
+    dart::GemmPath p;
+    if (!dart::small_gemm_path_from_name(name, &p))
+      throw py::value_error("small_gemm_set_gemv_prefetch: '" + name + "' is not one of amx, avx512bf16, avx512, avx2, "
+                            "portable");
+    dart::small_gemm_set_gemv_prefetch(p, on);
+  }, py::arg("path"), py::arg("on"),
+        "Whether the one-row kernel (M = 1: a plain decoding step) of that path prefetches the next block of weight "
+        "rows in software (default True). Only the speed depends on it, never a result; "
+        "dart_core.models.gemv_prefetch measures which is faster on this machine.");
+  m.def("small_gemm_gemv_prefetch", [](const std::string& name) {
+    dart::GemmPath p;
+    if (!dart::small_gemm_path_from_name(name, &p))
+      throw py::value_error("small_gemm_gemv_prefetch: '" + name + "' is not one of amx, avx512bf16, avx512, avx2, "
+                            "portable");
+    return dart::small_gemm_gemv_prefetch(p);
+  }, py::arg("path"), "Whether the one-row kernel of that path prefetches the next weight block in software.");
   m.def("has_openmp", []() {
 #if defined(_OPENMP)
     return true;

@@ -59,6 +59,10 @@ namespace {
 // equal contiguous ranges) and one row with 256-bit blocks on every CPU, for before/after arms in one process.
 std::atomic<bool> legacy_mode{false};
 
+// Per path (indexed by GemmPath): whether the one-row kernel (the plain decoding step's GEMV) prefetches the next
+// block of weight rows in software (small_gemm_set_gemv_prefetch). Only the speed depends on it, never a result.
+std::atomic<bool> gemv_prefetch_on[5] = {true, true, true, true, true};
+
 inline float bf16_to_f32(uint16_t v) {
   uint32_t bits = static_cast<uint32_t>(v) << 16;
   float f;
@@ -148,12 +152,12 @@ __attribute__((target("avx2,fma"))) void block(const float* x, const W* w, float
 
 template <typename W>
 __attribute__((target("avx2,fma"))) void rows_avx2(const float* x, const W* w, float* y, int64_t M, int64_t N,
-                                                   int64_t K, int64_t n0, int64_t n1) {
+                                                   int64_t K, int64_t n0, int64_t n1, bool gemv_prefetch) {
   int64_t n = n0;
   if (M == 1) {  // plain decoding step: stream 8 rows at a time
     const int64_t block_lines = static_cast<int64_t>(8 * K * sizeof(W) + 63) / 64;
     for (; n + 8 <= n1; n += 8) {
-      const bool next = n + 16 <= n1;
+      const bool next = gemv_prefetch && n + 16 <= n1;
       block<8, 1>(x, w, y, N, K, n, 0, next ? reinterpret_cast<const char*>(w + (n + 8) * K) : nullptr,
                   next ? block_lines : 0);
     }
@@ -393,7 +397,7 @@ DART_AVX512 void row_block512(const float* x, int64_t ldx, const W* w, float* y,
 
 template <typename W>
 DART_AVX512 void rows_avx512(const float* x, int64_t ldx, const W* w, float* y, int64_t M, int64_t N, int64_t K,
-                             int64_t n0, int64_t n1) {
+                             int64_t n0, int64_t n1, bool gemv_prefetch) {
   int64_t n = n0;
   if (M <= 3) {
     // A plain decoding step (M = 1) and the smallest trees stream the weights from memory with little
@@ -411,7 +415,8 @@ DART_AVX512 void rows_avx512(const float* x, int64_t ldx, const W* w, float* y, 
     static const bool intel = __builtin_cpu_is("intel");
     const int64_t block_lines = static_cast<int64_t>(4 * K * sizeof(W) + 63) / 64;
     for (; n + 4 <= n1; n += 4) {
-      const char* next = n + 12 <= n1 ? reinterpret_cast<const char*>(w + (n + 8) * K) : nullptr;
+      const char* next = (M > 1 || gemv_prefetch) && n + 12 <= n1 ? reinterpret_cast<const char*>(w + (n + 8) * K)
+                                                                     : nullptr;
       const int64_t lines = next ? block_lines : 0;
       if (intel && !legacy_mode.load(std::memory_order_relaxed)) {
         if (M == 1) block512<4, 1>(x, ldx, w, y, N, K, n, 0, next, lines);
@@ -522,12 +527,13 @@ DART_AVX512BF16 void block_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_
 // All M packed activation rows against weight rows [n0, n1): M <= 2 streams 8 weight rows at a time, M >= 3 runs
 // 4 weight rows against groups of 6 activation rows (the block stays in L1 while the groups pass).
 DART_AVX512BF16 void rows_avx512bf16(const uint16_t* xb, int64_t ldb, const uint16_t* w, float* y, int64_t M,
-                                     int64_t N, int64_t K, int64_t n0, int64_t n1) {
+                                     int64_t N, int64_t K, int64_t n0, int64_t n1, bool gemv_prefetch) {
   int64_t n = n0;
   if (M <= 2) {
     const int64_t block_lines = (8 * K * 2 + 63) / 64;
     for (; n + 8 <= n1; n += 8) {
-      const char* next = n + 16 <= n1 ? reinterpret_cast<const char*>(w + (n + 8) * K) : nullptr;
+      const char* next = (M > 1 || gemv_prefetch) && n + 16 <= n1 ? reinterpret_cast<const char*>(w + (n + 8) * K)
+                                                                     : nullptr;
       if (M == 1) block_bf16dp<8, 1>(xb, ldb, w, y, N, K, n, 0, next, next ? block_lines : 0);
       else block_bf16dp<8, 2>(xb, ldb, w, y, N, K, n, 0, next, next ? block_lines : 0);
     }
@@ -865,14 +871,15 @@ void run(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, 
     xa = base;
   }
 #endif
+  const bool gemv_prefetch = gemv_prefetch_on[static_cast<int>(path)].load(std::memory_order_relaxed);
   auto rows = [&](int64_t n0, int64_t n1) {
 #ifdef DART_X86
     if constexpr (bf16_weights) {
       if (amx) return rows_amx(xv, ldb, w, y, M, N, K, n0, n1);
-      if (dp_bf16) return rows_avx512bf16(xb, ldb, w, y, M, N, K, n0, n1);
+      if (dp_bf16) return rows_avx512bf16(xb, ldb, w, y, M, N, K, n0, n1, gemv_prefetch);
     }
-    if (f32_512) return rows_avx512(xa, ldx, w, y, M, N, K, n0, n1);
-    if (path == GemmPath::Avx2) return rows_avx2(x, w, y, M, N, K, n0, n1);
+    if (f32_512) return rows_avx512(xa, ldx, w, y, M, N, K, n0, n1, gemv_prefetch);
+    if (path == GemmPath::Avx2) return rows_avx2(x, w, y, M, N, K, n0, n1, gemv_prefetch);
 #endif
     rows_portable(x, w, y, M, N, K, n0, n1);
   };
@@ -885,6 +892,7 @@ void run(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, 
   (void)amx;
   (void)xv;
   (void)f32_512;
+  (void)gemv_prefetch;
   if (threads <= 1 || N < 64) return rows(0, N);
 #ifdef _OPENMP
   if (legacy_mode.load(std::memory_order_relaxed)) {   // as before the pool: equal ranges, a region per call
@@ -934,6 +942,13 @@ GemmPath env_path() {
 }  // namespace
 
 void small_gemm_set_legacy(bool on) { legacy_mode.store(on, std::memory_order_relaxed); }
+
+void small_gemm_set_gemv_prefetch(GemmPath path, bool on) {
+  gemv_prefetch_on[static_cast<int>(path)].store(on, std::memory_order_relaxed);
+}
+bool small_gemm_gemv_prefetch(GemmPath path) {
+  return gemv_prefetch_on[static_cast<int>(path)].load(std::memory_order_relaxed);
+}
 
 void parallel_items(int threads, int64_t total, void (*fn)(void*, int64_t), void* ctx) {
   thread_local bool inside = false;   // a nested call (from an item) runs on its own thread

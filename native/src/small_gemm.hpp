@@ -83,6 +83,14 @@ void parallel_for_items(int threads, int64_t total, F&& f) {
 // region per call, equal contiguous ranges; one row with 256-bit blocks on every CPU). Same results either way.
 void small_gemm_set_legacy(bool on);
 
+// Whether the one-row kernel of `path` (M = 1: the plain decoding step's GEMV) prefetches the next block of weight
+// rows in software (default true). Only the speed depends on it, never a result. Which is faster differs by CPU and
+// path: on a Zen 5 EPYC the avx512bf16 kernel streamed 88-93% of the read bandwidth without and 81-83% with it, while
+// the avx512 and avx2 kernels lost 12-20 points without it; dart_core/models/gemv_prefetch.py measures both where
+// the model runs. Not meant to be changed while another thread is inside a call.
+void small_gemm_set_gemv_prefetch(GemmPath path, bool on);
+bool small_gemm_gemv_prefetch(GemmPath path);
+
 // Benchmarks (benchmarks/tree_cost.py --bandwidth). Reads `bytes` bytes at p once with `threads` threads, each a
 // contiguous range, 64 bytes per load; returns a checksum (so the reads are not optimised away).
 uint64_t stream_read(const void* p, int64_t bytes, int threads);
