@@ -425,13 +425,21 @@ def test_native_decoder_edge_sizes_match_a_float64_reference(gemm_path, q_len, b
         np.testing.assert_allclose(got, ref, atol=2e-4, rtol=2e-4)
 
 
+SMALL_TREE = [-1, 0, 1, 0, 3, 1, 2, 4, 4]
+# 64 nodes (a step's most): a chain of 10, and a chain of 54 leaving it at node 3. After a 20-token prefix most of
+# the long chain's visible keys are the tree's own slots, and not contiguous ones (the short chain's nodes 4-9 lie
+# between).
+DEEP_TREE = list(range(-1, 9)) + [3] + list(range(10, 63))
+
+
 @pytest.mark.parametrize("bf16", [False, True])
-def test_native_decoder_tree_rows_equal_plain_steps_bit_for_bit(gemm_path, bf16):
+@pytest.mark.parametrize("start, parents", [(37, SMALL_TREE), (150, SMALL_TREE), (20, DEEP_TREE)],
+                         ids=["small-tree", "longer-prefix", "deep-tree"])
+def test_native_decoder_tree_rows_equal_plain_steps_bit_for_bit(gemm_path, bf16, start, parents):
     """Verifying a tree and decoding its paths one token at a time give the same bits on every path:
     the projections (row-independent GEMM) and the attention (the softmax sum ignores masked keys and
-    does not depend on which cache slot an ancestor sits in)."""
-    hidden, heads, kv_heads, D, inter, eps, start, n_layers = 40, 4, 2, 16, 72, 1e-6, 37, 2
-    parents = [-1, 0, 1, 0, 3, 1, 2, 4, 4]
+    does not depend on which cache slot an ancestor sits in). One thread or two: the same bits."""
+    hidden, heads, kv_heads, D, inter, eps, n_layers = 40, 4, 2, 16, 72, 1e-6, 2
     depth = [0] * len(parents)
     for i, par in enumerate(parents[1:], 1):
         depth[i] = depth[par] + 1
@@ -467,8 +475,13 @@ def test_native_decoder_tree_rows_equal_plain_steps_bit_for_bit(gemm_path, bf16)
     h_tree = nodes.copy()
     dec.run(h_tree, *rope_tables(start + np.array(depth)), allowed, start,
             _native.DecoderCache(tree_keys, tree_values), 0, n_layers, 2)
+    h_one = nodes.copy()
+    dec.run(h_one, *rope_tables(start + np.array(depth)), allowed, start,
+            _native.DecoderCache([k.copy() for k in keys], [v.copy() for v in values]), 0, n_layers, 1)
+    assert np.array_equal(h_one, h_tree), f"{gemm_path}: one thread and two gave different bits"
 
-    for leaf in (2, 7, 8, 6, 5):
+    leaves = [i for i in range(len(parents)) if i not in parents]
+    for leaf in leaves:
         path = [leaf]
         while parents[path[-1]] >= 0:
             path.append(parents[path[-1]])
