@@ -374,10 +374,18 @@ def reference_layers(h, layers, keys, values, start, cos, sin, allowed, heads, k
 @pytest.mark.parametrize("q_len", [0, 1, 2, 64, 65])
 @pytest.mark.parametrize("bf16", [False, True])
 @pytest.mark.parametrize("tree_mask", [False, True])
-def test_native_decoder_edge_sizes_match_a_float64_reference(gemm_path, q_len, bf16, tree_mask):
+@pytest.mark.parametrize("heads, kv_heads, D, start", [(4, 2, 6, 3), (6, 2, 64, 90), (4, 1, 128, 70), (2, 2, 80, 66)],
+                         ids=["head_dim-6", "head_dim-64", "head_dim-128", "head_dim-80"])
+def test_native_decoder_edge_sizes_match_a_float64_reference(gemm_path, q_len, bf16, tree_mask, heads, kv_heads, D,
+                                                             start):
     # Odd hidden and intermediate sizes, a head_dim that is no multiple of 8, grouped K/V heads,
-    # Qwen-style biases and q/k norms: every tail loop runs.
-    hidden, heads, kv_heads, D, inter, eps, start, n_layers = 13, 4, 2, 6, 21, 1e-6, 3, 2
+    # Qwen-style biases and q/k norms: every tail loop runs. The longer prefixes split attention's keys in two
+    # ranges (split_rank), and the head_dims of 64, 128 and 80 run every column blocking of the weighted sums.
+    hidden, inter, eps, n_layers = 13, 21, 1e-6, 2
+    if bf16 and gemm_path in BF16_DOT_PATHS and D != 6:
+        pytest.skip("on the bf16 dot paths an activation near a bf16 rounding boundary rounds one way from float32 and "
+                    "the other from the float64 reference; over these longer rows that moves outputs past the "
+                    "tolerance (the shapes are checked on the float32-activation paths and with float32 weights)")
     capacity = start + q_len + GUARD
     rng = np.random.default_rng(q_len * 4 + 2 * bf16 + tree_mask)
     f32 = lambda *shape, s=0.3: (rng.standard_normal(shape) * s).astype(np.float32)   # noqa: E731
