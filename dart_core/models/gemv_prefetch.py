@@ -37,7 +37,8 @@ except ImportError:  # the lean forward (the only caller) is off without the ext
 ENV = "DART_GEMV_PREFETCH"
 SETTINGS = ("auto", "on", "off")
 MIN_SAMPLE_BYTES = 256 << 20   # at least this much of the model is swept (all of it if smaller), and 4x the LLC
-REPS = 15                 # interleaved pairs of sweeps (after one warm-up pair): ~0.2 s for the bundled model
+REPS = 21                 # interleaved pairs of sweeps: ~0.3 s for the bundled model
+WARMUP = 2                # pairs first, not counted (the pool's threads, the page tables, the load's aftermath)
 MIN_GAIN = 0.01           # "off" must be this much faster (median of the pairs' ratios): else the default (on)
 
 
@@ -100,11 +101,11 @@ def measure(weights: Sequence[np.ndarray], threads: int, reps: int = REPS) -> tu
     before = _native.small_gemm_gemv_prefetch(path)
     times: dict[bool, list[float]] = {True: [], False: []}
     try:
-        for rep in range(reps + 1):
+        for rep in range(WARMUP + reps):
             for on in ((True, False) if rep % 2 else (False, True)):
                 _native.small_gemm_set_gemv_prefetch(path, on)
                 dt = _native.gemv_sweep(list(weights), threads, 1)[0]
-                if rep:   # the first round warms the pool and the page tables
+                if rep >= WARMUP:
                     times[on].append(dt)
     finally:
         _native.small_gemm_set_gemv_prefetch(path, before)
