@@ -99,12 +99,13 @@ def measure(weights: Sequence[np.ndarray], threads: int, reps: int = REPS) -> tu
     Leaves the setting as it found it."""
     path = _native.small_gemm_path()
     before = _native.small_gemm_gemv_prefetch(path)
+    weights = list(weights)
     times: dict[bool, list[float]] = {True: [], False: []}
     try:
         for rep in range(WARMUP + reps):
             for on in ((True, False) if rep % 2 else (False, True)):
                 _native.small_gemm_set_gemv_prefetch(path, on)
-                dt = _native.gemv_sweep(list(weights), threads, 1)[0]
+                dt = _native.gemv_sweep(weights, threads, 1)[0]
                 if rep >= WARMUP:
                     times[on].append(dt)
     finally:

@@ -164,8 +164,8 @@ class TargetModel:
         rounded = self.dtype == torch.bfloat16 and path in ("avx512bf16", "amx")
         acts = "activations rounded to bf16 in the products" if rounded else "float32 activations"
         from .gemv_prefetch import chosen
-        prefetch = chosen(path)
-        prefetch = f"; {prefetch.describe()}" if prefetch is not None else ""
+        choice = chosen(path)
+        prefetch = f"; {choice.describe()}" if choice is not None else ""
         return f"native small-GEMM ({dtype_name(self.dtype)} weights, {acts}; kernel path {path}{prefetch})"
 
     @property

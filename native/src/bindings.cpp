@@ -106,6 +106,14 @@ py::dict stats_dict(const dart::BuildStats& s) {
   return d;
 }
 
+// The small-GEMM path of that name; ValueError naming the caller and the known names for any other.
+dart::GemmPath path_named(const std::string& name, const char* caller) {
+  dart::GemmPath p;
+  if (!dart::small_gemm_path_from_name(name, &p))
+    throw py::value_error(std::string(caller) + ": '" + name + "' is not one of amx, avx512bf16, avx512, avx2, portable");
+  return p;
+}
+
 // y = x @ w^T into a caller-owned y; every array must already have the right dtype and be
 // C-contiguous (no silent copies: the caller packs weights once, at load time).
 using dart_bindings::c_contig;
@@ -461,10 +469,8 @@ PYBIND11_MODULE(_native, m) {
   }, py::arg("avx2"), py::arg("avx512"), py::arg("avx512bf16"), py::arg("amx"),
         "Tests: the best small-GEMM path for a CPU with these features (what small_gemm_paths()[0] is on this one).");
   m.def("_small_gemm_default_path_for", [](const std::string& best, bool amd) {
-    dart::GemmPath p;
-    if (dart::small_gemm_path_from_name(best, &p))
-      return std::string(dart::small_gemm_path_name(dart::small_gemm_default_path_for(p, amd)));
-    throw py::value_error("_small_gemm_default_path_for: '" + best + "' is not one of amx, avx512bf16, avx512, avx2, portable");
+    const dart::GemmPath p = path_named(best, "_small_gemm_default_path_for");
+    return std::string(dart::small_gemm_path_name(dart::small_gemm_default_path_for(p, amd)));
   }, py::arg("best"), py::arg("amd"),
         "Tests: the path 'auto' runs on a CPU whose best path is `best` (AMD or not).");
   m.def("small_gemm_set_path", [](const std::string& name) {
@@ -477,21 +483,13 @@ PYBIND11_MODULE(_native, m) {
         "'portable' or 'auto' (the default: the best, amx included, except that avx512bf16 is the default on AMD CPUs only). ValueError when this CPU cannot run it. For tests and benchmarks; not thread-safe against "
         "calls in flight.");
   m.def("small_gemm_set_gemv_prefetch", [](const std::string& name, bool on) {
-    dart::GemmPath p;
-    if (!dart::small_gemm_path_from_name(name, &p))
-      throw py::value_error("small_gemm_set_gemv_prefetch: '" + name + "' is not one of amx, avx512bf16, avx512, avx2, "
-                            "portable");
-    dart::small_gemm_set_gemv_prefetch(p, on);
+    dart::small_gemm_set_gemv_prefetch(path_named(name, "small_gemm_set_gemv_prefetch"), on);
   }, py::arg("path"), py::arg("on"),
         "Whether the one-row kernel (M = 1: a plain decoding step) of that path prefetches the next block of weight "
         "rows in software (default True). Only the speed depends on it, never a result; "
         "dart_core.models.gemv_prefetch measures which is faster on this machine.");
   m.def("small_gemm_gemv_prefetch", [](const std::string& name) {
-    dart::GemmPath p;
-    if (!dart::small_gemm_path_from_name(name, &p))
-      throw py::value_error("small_gemm_gemv_prefetch: '" + name + "' is not one of amx, avx512bf16, avx512, avx2, "
-                            "portable");
-    return dart::small_gemm_gemv_prefetch(p);
+    return dart::small_gemm_gemv_prefetch(path_named(name, "small_gemm_gemv_prefetch"));
   }, py::arg("path"), "Whether the one-row kernel of that path prefetches the next weight block in software.");
   m.def("has_openmp", []() {
 #if defined(_OPENMP)

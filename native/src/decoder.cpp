@@ -173,12 +173,6 @@ void softmax_numerator_lanes(const float* s, float mx, float* p, int64_t n, floa
 
 float reduce_lanes(const float* l) { return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7])); }
 
-float softmax_numerators(const float* s, float mx, float* p, int64_t n) {
-  float lanes[8] = {};
-  softmax_numerator_lanes(s, mx, p, n, lanes);
-  return reduce_lanes(lanes);
-}
-
 void silu_mul(float* g, const float* u, int64_t n) {
 #ifdef DART_X86
   if (avx2_helpers()) return silu_mul_avx2(g, u, n);
