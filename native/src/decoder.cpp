@@ -96,14 +96,32 @@ __attribute__((target("avx2,fma"))) inline __m256 numerators8(const float* src, 
   const __m256 v = _mm256_loadu_ps(src), ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   return _mm256_and_ps(exp8(_mm256_sub_ps(v, m)), _mm256_cmp_ps(v, ninf, _CMP_NEQ_OQ));
 }
+// Adds one 8-wide step of numerators v (p[0, len) holds the same values; lanes past len are 0) into the 8 lane sums
+// acc: 8 nonzero ones by one permute (element i to lane (rank + i) % 8), otherwise each nonzero one in order; rank
+// counts the nonzero numerators added so far.
+__attribute__((target("avx2,fma"))) inline __m256 add_numerators8(__m256 acc, __m256 v, const float* p, int64_t len,
+                                                                  int64_t* rank) {
+  const int zeros = _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_EQ_OQ));
+  if (zeros == 0) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i from = _mm256_and_si256(_mm256_sub_epi32(lane, _mm256_set1_epi32(static_cast<int>(*rank & 7))),
+                                          _mm256_set1_epi32(7));
+    *rank += 8;
+    return _mm256_add_ps(acc, _mm256_permutevar8x32_ps(v, from));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  for (int64_t i = 0; i < len; ++i)
+    if (p[i] != 0.f) lanes[(*rank)++ & 7] += p[i];
+  return _mm256_load_ps(lanes);
+}
 // Adds the numerators of s[0, n) into lanes[8] (the k-th nonzero one, k counted from s[0], into lane k % 8).
 __attribute__((target("avx2,fma"))) void softmax_numerator_lanes_avx2(const float* s, float mx, float* p, int64_t n,
                                                                       float* lanes_io) {
   const __m256 m = _mm256_set1_ps(mx);
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   __m256 acc = _mm256_loadu_ps(lanes_io);   // lane l: the nonzero numerators of rank l, l + 8, ...
   int64_t rank = 0;
-  alignas(32) float in[8], e[8], lanes[8];
+  alignas(32) float in[8], e[8];
   for (int64_t j = 0; j < n; j += 8) {
     const int64_t len = std::min<int64_t>(8, n - j);
     __m256 v;
@@ -120,18 +138,7 @@ __attribute__((target("avx2,fma"))) void softmax_numerator_lanes_avx2(const floa
       _mm256_store_ps(e, v);
       std::copy(e, e + len, p + j);
     }
-    const int zeros = _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_EQ_OQ));
-    if (zeros == 0) {   // 8 nonzero: element i goes to lane (rank + i) % 8
-      const __m256i from = _mm256_and_si256(_mm256_sub_epi32(lane, _mm256_set1_epi32(static_cast<int>(rank & 7))),
-                                            _mm256_set1_epi32(7));
-      acc = _mm256_add_ps(acc, _mm256_permutevar8x32_ps(v, from));
-      rank += 8;
-    } else {
-      _mm256_store_ps(lanes, acc);
-      for (int64_t i = j; i < j + len; ++i)
-        if (p[i] != 0.f) lanes[rank++ & 7] += p[i];
-      acc = _mm256_load_ps(lanes);
-    }
+    acc = add_numerators8(acc, v, p + j, len, &rank);
   }
   _mm256_storeu_ps(lanes_io, acc);
 }
@@ -162,32 +169,18 @@ __attribute__((target("avx512f,avx2,fma"))) void softmax_numerator_lanes_avx512(
                                                                                       float* p, int64_t n,
                                                                                       float* lanes_io) {
   const __m512 m = _mm512_set1_ps(mx), ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   __m256 acc = _mm256_loadu_ps(lanes_io);   // lane l: the nonzero numerators of rank l, l + 8, ...
   int64_t rank = 0;
-  alignas(32) float lanes[8];
   for (int64_t j = 0; j < n; j += 16) {
     const int64_t len = std::min<int64_t>(16, n - j);
     const __mmask16 live = static_cast<__mmask16>(len == 16 ? 0xFFFFu : (1u << len) - 1u);
     const __m512 v = _mm512_mask_loadu_ps(ninf, live, s + j);   // the tail padded with -inf (numerator 0)
     const __m512 e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, ninf, _CMP_NEQ_OQ), exp16(_mm512_sub_ps(v, m)));
     _mm512_mask_storeu_ps(p + j, live, e);
-    for (int64_t h = 0; h < 2 && 8 * h < len; ++h) {
-      const __m256 e8 = h ? _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)) : _mm512_castps512_ps256(e);
-      const int64_t at = j + 8 * h, len8 = std::min<int64_t>(8, len - 8 * h);
-      const int zeros = _mm256_movemask_ps(_mm256_cmp_ps(e8, _mm256_setzero_ps(), _CMP_EQ_OQ));
-      if (len8 == 8 && zeros == 0) {   // 8 nonzero: element i goes to lane (rank + i) % 8
-        const __m256i from = _mm256_and_si256(_mm256_sub_epi32(lane, _mm256_set1_epi32(static_cast<int>(rank & 7))),
-                                              _mm256_set1_epi32(7));
-        acc = _mm256_add_ps(acc, _mm256_permutevar8x32_ps(e8, from));
-        rank += 8;
-      } else {
-        _mm256_store_ps(lanes, acc);
-        for (int64_t i = at; i < at + len8; ++i)
-          if (p[i] != 0.f) lanes[rank++ & 7] += p[i];
-        acc = _mm256_load_ps(lanes);
-      }
-    }
+    acc = add_numerators8(acc, _mm512_castps512_ps256(e), p + j, std::min<int64_t>(8, len), &rank);
+    if (len > 8)   // the masked tail's upper lanes are 0, as add_numerators8 expects
+      acc = add_numerators8(acc, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)), p + j + 8, len - 8,
+                            &rank);
   }
   _mm256_storeu_ps(lanes_io, acc);
 }
