@@ -158,7 +158,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          slider_label="Top-p (1 = off)"),
     Knob("top_k", Limit("Top-k", 0, None, True, slider_high=200), 1,
          "sample among the k likeliest tokens (0 = off)", default=0, slider_label="Top-k (0 = off)"),
-    # DART pruning (dart_core.drafters.pruning.PruningConfig: budget, beam_width, level_top_k, ngram_weight)
+    # DART pruning (dart_core.drafters.pruning.PruningConfig: budget, beam_width, level_top_k, ngram_weight,
+    # context_weight)
     Knob("budget", Limit("DART tree budget", 0, 1024, True, slider_high=256), 1,
          "DART tree budget: drafted nodes kept per step, root excluded (0 = no draft)",
          engine="dart", config_field="budget", slider_label="DART tree budget (nodes; 0 = no draft)",
@@ -170,6 +171,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("ngram_weight", Limit("DART N-gram weight", 0.0, 100.0, False, slider_high=2.0), 0.05,
          "DART N-gram weight: weight of the N-gram log-probability in a candidate's score (0 = logits only)",
          engine="dart", config_field="ngram_weight"),
+    Knob("context_weight", Limit("DART context weight", 0.0, 1.0, False), 0.05,
+         "DART context weight: the request's own text as a source of candidates and its share of the N-gram "
+         "probability (0 = the paper's DART: the corpus table only)",
+         engine="dart", config_field="context_weight", slider_label="DART context weight (0 = the paper's)"),
     # EAGLE-3 dynamic tree (dart_core.drafters.eagle3.Eagle3TreeConfig: total_token, depth, top_k)
     Knob("eagle3_total_token", Limit("EAGLE-3 total tokens", 1, 1024, True, slider_high=256), 1,
          "EAGLE-3 total tokens: nodes verified per step, root included (1 = no draft)",

@@ -13,6 +13,10 @@ N-gram terms and keeps the best ``budget`` nodes (budget 0: no draft, a plain ta
 Every scored candidate (kept or pruned) goes into the Proposal, so the StepTrace keeps it.
 Stage times: ``draft_forward_s`` = the head forward and each level's top-k; ``tree_build_s`` = pruning.
 
+With ``PruningConfig.context_weight`` > 0 ("DART + context") the request's own tokens (``self.live``, indexed
+as they are committed) add their continuations to every level and past the head's last one, and share the
+N-gram term with the corpus table (docs/ARCHITECTURE.md section 5a); at 0 the drafter is the paper's.
+
 State across a request: the head's KV cache holds one entry per committed position; the
 features of newly committed positions (from ``begin`` / ``observe``) wait in ``_pending``
 until the next ``propose``, which pairs feature i with token i+1 of the context (the last
@@ -27,6 +31,7 @@ import torch
 
 from ..models.heads.dart import DartHead
 from ..models.heads.native_step import prepare_head
+from ..ngram.live import LiveContext
 from .pruning import PruningConfig, TreeBuilder
 from ..engine.tree import DraftTree
 from ..engine.protocol import FeatureDrafter, Proposal, TreeHolder
@@ -48,6 +53,10 @@ class DartDrafter(TreeHolder, FeatureDrafter):
         self._tree_config = pruning or PruningConfig()
         self._tree_config.validate()
         self._d2t = head.d2t
+        # The request's own tokens, for context candidates (PruningConfig.context_weight > 0; section 5a): the
+        # target's vocabulary, or the table's where it is smaller (the pruner looks context tokens up there too).
+        vocab = int(head.embedding.shape[0])
+        self.live = LiveContext(min(vocab, int(store.vocab_size)) if store is not None else vocab)
 
     @property
     def max_tree_nodes(self) -> int:
@@ -82,6 +91,10 @@ class DartDrafter(TreeHolder, FeatureDrafter):
 
     # ------------------------------------------------------------------ protocol
 
+    def begin(self, prompt_ids: Sequence[int], prefill_aux: torch.Tensor | None) -> None:
+        super().begin(prompt_ids, prefill_aux)
+        self.live.begin(prompt_ids)
+
     def propose(self, context: Sequence[int]) -> Proposal:
         if int(self._tree_config.budget) == 0:
             # Budget 0 drafts nothing: the step is one plain target forward (the output equals vanilla's). The
@@ -99,7 +112,11 @@ class DartDrafter(TreeHolder, FeatureDrafter):
         else:
             vals, tokens = self._torch_step(pending, context[start + 1:], levels, k)
         t1 = time.perf_counter()
-        tree, cands = self._builder.build(vals, tokens, context, self._tree_config)
+        live = None
+        if self._tree_config.context_weight > 0:
+            self.live.sync(context)          # the tokens committed since the last drafting step
+            live = self.live.index
+        tree, cands = self._builder.build(vals, tokens, context, self._tree_config, live)
         t2 = time.perf_counter()
         return Proposal(tree=tree, candidates=cands, draft_forward_s=t1 - t0, tree_build_s=t2 - t1)
 

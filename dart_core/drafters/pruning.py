@@ -34,7 +34,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..presets import LIMITS, PRUNING_FIELDS
-from ..engine.trace import CandidatesOnRequest, ScoredCandidates
+from ..engine.trace import SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_HEAD, CandidatesOnRequest, ScoredCandidates
 from ..engine.tree import DraftTree
 
 
@@ -49,6 +49,9 @@ class PruningConfig:
     logit_decay   w_logit(l) = logit_decay ** l
     ngram_weight  weight of the N-gram log-probability (levels >= 1); 0 disables it
     eps           added to probabilities before the log
+    context_weight  the live context's share of the N-gram probability (section 5a: its continuations join
+                  the tree and P_ng interpolates the context and the table); 0 = the paper's pruner
+    context_top_k continuations of the live context offered per expanded candidate
     """
     level_top_k: int = 25
     beam_width: int = 20
@@ -57,6 +60,8 @@ class PruningConfig:
     logit_decay: float = 0.9
     ngram_weight: float = 0.5
     eps: float = 1e-10
+    context_weight: float = 0.0
+    context_top_k: int = 4
 
     def __post_init__(self) -> None:
         self.validate()
@@ -79,6 +84,10 @@ class PruningConfig:
             raise bad("logit_decay", "must be finite and >= 0 (a negative weight would let scores rise along a path)")
         if not (math.isfinite(self.eps) and self.eps > 0):
             raise bad("eps", "must be finite and > 0")
+        if float(self.context_weight) > 1.0:
+            raise bad("context_weight", "must be at most 1 (it is the context's share of the N-gram probability)")
+        if not isinstance(self.context_top_k, int) or isinstance(self.context_top_k, bool) or self.context_top_k < 0:
+            raise bad("context_top_k", "must be a whole number >= 0")
 
     def level_weight(self, level: int) -> float:
         return (level + 1) ** -self.level_decay
@@ -90,10 +99,16 @@ class PruningConfig:
         return asdict(self)
 
 
-def _context_tail(context: Sequence[int], store: Any) -> np.ndarray:
-    """The last tokens of the context the pruner needs: order-1 for N-gram queries (at least
-    one: the root)."""
+def tail_length(store: Any, live: Any) -> int:
+    """How many of the context's last tokens the pruner reads: order-1 for the table's queries, the live index's
+    order for its own (at least one: the root)."""
     n = max(int(store.order) - 1, 1) if store is not None else 1
+    return max(n, int(live.max_order)) if live is not None else n
+
+
+def _context_tail(context: Sequence[int], store: Any, live: Any = None) -> np.ndarray:
+    """The last tokens of the context the pruner needs (:func:`tail_length`)."""
+    n = tail_length(store, live)
     tail = np.asarray(context[-n:] if len(context) >= n else context, dtype=np.int64).reshape(-1)
     if tail.size == 0:
         raise ValueError("context is empty: it must end with the tree root token")
@@ -137,7 +152,8 @@ def _check_token_ids(tokens: np.ndarray, context_tail: np.ndarray, store: Any, v
 
 def prune_dart_tree(topk_logits: np.ndarray, topk_tokens: np.ndarray, context: Sequence[int], store: Any,
                     eos_token_ids: Sequence[int], config: PruningConfig | None = None,
-                    backend: str = "native", vocab_size: int | None = None) -> tuple[DraftTree, ScoredCandidates]:
+                    backend: str = "native", vocab_size: int | None = None,
+                    live: Any = None) -> tuple[DraftTree, ScoredCandidates]:
     """Prune the drafter's top-k tokens into a DART draft tree.
 
     topk_logits    [D+1, k] float32  raw logits of each level's top-k tokens
@@ -148,13 +164,15 @@ def prune_dart_tree(topk_logits: np.ndarray, topk_tokens: np.ndarray, context: S
     eos_token_ids  ids that end a path (scored and kept, never expanded)
     vocab_size     the target's vocabulary size, if known: token ids must be below it (and below
                    the store's); ids outside raise ValueError in both backends
+    live           the request's live context index (``ngram.live``: a native ``ContextIndex``, or for
+                   ``backend="python"`` a ``ReferenceContextIndex``), read when ``config.context_weight`` > 0
     Returns the tree (node 0 = root, then kept candidates best first) and every scored
     candidate (kept or pruned) for the trace.
     """
     config = config or PruningConfig()
     if backend == "python":
         return prune_dart_tree_reference(topk_logits, topk_tokens, context, store, eos_token_ids, config,
-                                         vocab_size=vocab_size)
+                                         vocab_size=vocab_size, live=live)
     if backend != "native":
         raise ValueError(f"backend must be 'native' or 'python', got {backend!r}")
     from ..ngram.store import NgramStore, require_native
@@ -162,13 +180,16 @@ def prune_dart_tree(topk_logits: np.ndarray, topk_tokens: np.ndarray, context: S
     native = require_native()
     if store is not None and not isinstance(store, NgramStore):
         raise TypeError(f"the native pruner needs an NgramStore, got {type(store).__name__}; use backend='python'")
+    if live is not None and not isinstance(live, native.ContextIndex):
+        raise TypeError(f"the native pruner needs a native ContextIndex, got {type(live).__name__}; use "
+                        "backend='python'")
     config.validate()
     logits, tokens = _check_inputs(topk_logits, topk_tokens)
-    ctx_tail = _context_tail(context, store)
+    ctx_tail = _context_tail(context, store, live)
     _check_token_ids(tokens, ctx_tail, store, vocab_size)
     r = native.prune_dart_tree(logits, tokens, ctx_tail,
                                None if store is None else store.native,
-                               np.asarray(list(eos_token_ids), dtype=np.int64), config)
+                               np.asarray(list(eos_token_ids), dtype=np.int64), config, live)
     tree = DraftTree(tokens=r["tree_tokens"], parents=r["tree_parents"], depths=r["tree_depths"],
                      scores=r["tree_scores"])
     # Arrays go into the trace as they are; they become lists only when a trace is exported.
@@ -183,22 +204,24 @@ def _clamped_log(x: float, eps: float) -> float:
 def prune_dart_tree_reference(topk_logits: np.ndarray, topk_tokens: np.ndarray, context: Sequence[int],
                               store: Any, eos_token_ids: Sequence[int],
                               config: PruningConfig | None = None,
-                              vocab_size: int | None = None) -> tuple[DraftTree, ScoredCandidates]:
+                              vocab_size: int | None = None, live: Any = None) -> tuple[DraftTree, ScoredCandidates]:
     """Pure-Python DART pruner: the same operations, in the same order, as the native one."""
     config = config or PruningConfig()
     config.validate()
     logits, tokens = _check_inputs(topk_logits, topk_tokens)
-    ctx_tail_array = _context_tail(context, store)
+    ctx_tail_array = _context_tail(context, store, live)
     _check_token_ids(tokens, ctx_tail_array, store, vocab_size)
     ctx_tail = [int(t) for t in ctx_tail_array]
     rows, k = logits.shape
     kk = min(k, int(config.level_top_k))
     eos = {int(t) for t in eos_token_ids}
     use_ngram = store is not None and config.ngram_weight != 0.0
+    use_live = live is not None and config.context_weight > 0.0 and config.context_top_k > 0
 
     # Per row: the kk best columns (stable), their tokens and clamped log-softmax terms.
     sel_tokens: list[list[int]] = []
     sel_lp: list[list[float]] = []
+    sel_p: list[list[float]] = []
     for r in range(rows):
         row = [float(x) for x in logits[r]]
         if any(math.isnan(x) or x == math.inf for x in row):
@@ -212,33 +235,70 @@ def prune_dart_tree_reference(topk_logits: np.ndarray, topk_tokens: np.ndarray, 
         for v in e:
             s += v
         sel_tokens.append([int(tokens[r, cols[j]]) for j in range(kk)])
-        sel_lp.append([_clamped_log(v / s, config.eps) for v in e])
+        sel_p.append([v / s for v in e])
+        sel_lp.append([_clamped_log(p, config.eps) for p in sel_p[-1]])
 
-    cands = ScoredCandidates()
+    cands = ScoredCandidates(source=[])
     ctx_len = max(int(store.order), 2) - 1 if use_ngram else 0
+    tail_len = max(ctx_len, int(live.max_order) if use_live else 0)
+    # past the head's rows the tree goes on while the live context continues a path (at most budget levels deep)
+    levels = max(rows, int(config.budget)) if use_live else rows
     beam: list[int] = [-1]          # candidate indices; -1 = the root
     beam_score: list[float] = [0.0]
-    for level in range(rows):
+    for level in range(levels):
         if not beam:
             break
         w_lvl = (level + 1) ** -config.level_decay
         w_logit = config.logit_decay ** level
+        ngram_here = use_ngram and level > 0
         level_begin = len(cands)
         for b, parent in enumerate(beam):
-            ngram_here = use_ngram and level > 0
+            path = []
+            c = parent
+            while c >= 0:
+                path.append(cands.token[c])
+                c = cands.parent[c]
+            query_ctx = (ctx_tail + path[::-1])[-tail_len:] if tail_len else []
+            cand_tok = list(sel_tokens[level]) if level < rows else []
+            cand_lp = list(sel_lp[level]) if level < rows else []
+            cand_p = list(sel_p[level]) if level < rows else []
+            n_head = len(cand_tok)
+            lam = 0.0
+            if use_live:
+                matched_len, _, conts, _ = live.continuations(query_ctx, int(config.context_top_k))
+                if matched_len >= 2:
+                    lam = config.context_weight * (1.0 - 2.0 ** (1 - int(matched_len)))
+                for t in conts.tolist():
+                    if lam > 0.0 and t not in cand_tok[:n_head]:
+                        cand_tok.append(int(t))
+                        cand_lp.append(0.0)
+                        cand_p.append(0.0)
+            if not cand_tok:
+                continue
             if ngram_here:
-                path = []
-                c = parent
-                while c >= 0:
-                    path.append(cands.token[c])
-                    c = cands.parent[c]
-                query_ctx = (ctx_tail + path[::-1])[-ctx_len:]
-                probs, _ = store.query(query_ctx, sel_tokens[level])
-            for j in range(kk):
-                lt = w_lvl * (w_logit * sel_lp[level][j])
-                nt = w_lvl * (config.ngram_weight * _clamped_log(float(probs[j]), config.eps)) if ngram_here else 0.0
-                cands.append(token=sel_tokens[level][j], parent=parent, depth=level + 1, logit_term=lt,
-                             ngram_term=nt, score=beam_score[b] + (lt + nt), kept=False, node=-1)
+                probs, _ = store.query(query_ctx[len(query_ctx) - min(len(query_ctx), ctx_len):], cand_tok)
+            if lam > 0.0:
+                live_probs, _ = live.query(query_ctx, cand_tok)
+            for j, tok in enumerate(cand_tok):
+                nt = 0.0
+                src = SOURCE_HEAD if j < n_head else 0
+                if ngram_here and float(probs[j]) > 0.0:
+                    src |= SOURCE_CORPUS
+                if lam > 0.0:
+                    pc = float(live_probs[j])
+                    p_corpus = float(probs[j]) if ngram_here else 1.0
+                    lt = w_lvl * (w_logit * _clamped_log((1.0 - lam) * cand_p[j] + lam * pc, config.eps))
+                    if config.ngram_weight != 0.0:
+                        nt = w_lvl * (config.ngram_weight * _clamped_log((1.0 - lam) * p_corpus + lam * pc,
+                                                                         config.eps))
+                    if pc > 0.0:
+                        src |= SOURCE_CONTEXT
+                else:
+                    lt = w_lvl * (w_logit * cand_lp[j])
+                    if ngram_here:
+                        nt = w_lvl * (config.ngram_weight * _clamped_log(float(probs[j]), config.eps))
+                cands.append(token=tok, parent=parent, depth=level + 1, logit_term=lt,
+                             ngram_term=nt, score=beam_score[b] + (lt + nt), kept=False, node=-1, source=src)
         level_ids = [c for c in range(level_begin, len(cands)) if cands.token[c] not in eos]
         level_ids.sort(key=lambda c: (-cands.score[c], c))
         beam = level_ids[:int(config.beam_width)]
@@ -298,29 +358,40 @@ class TreeBuilder:
         self._hot: dict[str, Any] = {}
 
     def build(self, topk_logits: np.ndarray, topk_tokens: np.ndarray, context: Sequence[int],
-              config: PruningConfig) -> tuple[DraftTree, ScoredCandidates]:
-        """The tree and the step's scored candidates, as :func:`prune_dart_tree` returns them."""
+              config: PruningConfig, live: Any = None) -> tuple[DraftTree, ScoredCandidates]:
+        """The tree and the step's scored candidates, as :func:`prune_dart_tree` returns them. ``live``: the
+        request's live context index (read when ``config.context_weight`` > 0)."""
         if self.backend == "python":
             return prune_dart_tree(topk_logits, topk_tokens, context, self.store, self.eos_token_ids, config,
-                                   backend="python")
+                                   backend="python", live=live)
         key = (config.level_top_k, config.beam_width, config.budget, config.level_decay, config.logit_decay,
-               config.ngram_weight, config.eps)
+               config.ngram_weight, config.eps, config.context_weight, config.context_top_k)
         if key != self._key:
             config.validate()
             self._hot = dict(config.to_dict(), beam_width=min(int(config.beam_width), max(int(config.budget), 1)))
             self._key = key
-        tail = np.asarray(context[-self._tail:], dtype=np.int64)
+        if config.context_weight == 0:
+            live = None
+        tail = np.asarray(context[-(self._tail if live is None else max(self._tail, int(live.max_order))):],
+                          dtype=np.int64)
         if tail.size == 0:
             raise ValueError("context is empty: it must end with the tree root token")
-        r = self._native.prune_dart_tree(topk_logits, topk_tokens, tail, self._native_store, self._eos, self._hot)
+        r = self._native.prune_dart_tree(topk_logits, topk_tokens, tail, self._native_store, self._eos, self._hot,
+                                         live)
         tree = DraftTree.trusted(r["tree_tokens"], r["tree_parents"], r["tree_depths"], r["tree_scores"])
         if self._hot["beam_width"] == int(config.beam_width):
             return tree, _candidates(r)
         snapshot = copy.copy(config)   # the sizer may change the budget before someone reads (copy: no re-validation)
+        # the index grows with every commit (and restarts with the next request): keep the tokens it held now
+        live_tokens = None if live is None else live.tokens()
 
         def full_beam() -> ScoredCandidates:
+            then = None
+            if live_tokens is not None:
+                then = self._native.ContextIndex(int(live.max_order), int(live.vocab_size))
+                then.extend(live_tokens)
             full_tree, cands = prune_dart_tree(topk_logits, topk_tokens, tail, self.store, self.eos_token_ids,
-                                               snapshot)
+                                               snapshot, live=then)
             if not np.array_equal(full_tree.tokens, tree.tokens) or not np.array_equal(full_tree.parents,
                                                                                        tree.parents):
                 raise RuntimeError("the full beam pruned another tree than the capped one (a pruner bug)")
@@ -331,4 +402,4 @@ class TreeBuilder:
 def _candidates(r: dict) -> ScoredCandidates:
     return ScoredCandidates(token=r["token"], parent=r["parent"], depth=r["depth"], logit_term=r["logit_term"],
                             ngram_term=r["ngram_term"], score=r["score"], kept=r["kept"].astype(bool),
-                            node=r["node"])
+                            node=r["node"], source=r["source"])

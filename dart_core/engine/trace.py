@@ -98,6 +98,18 @@ class _PerNode:
         return self._values.at(i)
 
 
+# Where a candidate came from (bits of ScoredCandidates.source): the draft head ranked it, the request's live
+# context continued its path with it, the corpus N-gram table has seen it there.
+SOURCE_HEAD, SOURCE_CONTEXT, SOURCE_CORPUS = 1, 2, 4
+SOURCE_NAMES = {SOURCE_HEAD: "head", SOURCE_CONTEXT: "context", SOURCE_CORPUS: "corpus"}
+
+
+def source_label(bits: int) -> str:
+    """"head", "context", "corpus" or "several" (a candidate more than one source proposed or supported)."""
+    names = [name for bit, name in SOURCE_NAMES.items() if int(bits) & bit]
+    return names[0] if len(names) == 1 else ("several" if names else "head")
+
+
 @dataclass
 class ScoredCandidates:
     """Every candidate a drafter scored in one step, kept or pruned (struct of arrays).
@@ -106,8 +118,9 @@ class ScoredCandidates:
     candidate's ancestry stays visible. ``logit_term`` and ``ngram_term`` are the
     weighted contributions to ``score`` (DART); drafters without an N-gram term leave
     it at 0. ``node`` is the candidate's index in the DraftTree, or -1 when pruned.
-    Fields may hold lists or 1-D numpy arrays (the native pruner hands over arrays, which
-    costs nothing per step); ``to_dict`` turns either into plain lists.
+    ``source`` holds each candidate's SOURCE_* bits where the drafter records them (DART); empty means every
+    candidate came from the head. Fields may hold lists or 1-D numpy arrays (the native pruner hands over
+    arrays, which costs nothing per step); ``to_dict`` turns either into plain lists.
     """
     token: list[int] = field(default_factory=list)
     parent: list[int] = field(default_factory=list)
@@ -117,12 +130,23 @@ class ScoredCandidates:
     score: list[float] = field(default_factory=list)
     kept: list[bool] = field(default_factory=list)
     node: list[int] = field(default_factory=list)
+    source: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.token)
 
     def to_dict(self) -> dict[str, list]:
-        return {name: np.asarray(getattr(self, name)).tolist() for name in self.__dataclass_fields__}
+        d = {name: np.asarray(getattr(self, name)).tolist() for name in self.__dataclass_fields__}
+        if not d["source"]:
+            del d["source"]        # all from the head: files stay as they were before sources were recorded
+        return d
+
+    def source_of_node(self, node: int) -> int:
+        """The SOURCE_* bits of the candidate that became tree node ``node`` (the head's when none recorded)."""
+        if len(self.source) == 0:
+            return SOURCE_HEAD
+        hit = np.flatnonzero(np.asarray(self.node) == int(node))
+        return int(np.asarray(self.source)[hit[0]]) if hit.size else SOURCE_HEAD
 
     def with_nodes_remapped(self, new_index: np.ndarray) -> "ScoredCandidates":
         """A copy for a tree cut by ``DraftTree.truncated_with_index``: nodes renumbered, cut ones
@@ -130,13 +154,16 @@ class ScoredCandidates:
         node = np.asarray(self.node, dtype=np.int64)
         new_node = np.where(node >= 0, new_index[np.maximum(node, 0)], -1)
         return ScoredCandidates(token=self.token, parent=self.parent, depth=self.depth, logit_term=self.logit_term,
-                                ngram_term=self.ngram_term, score=self.score, kept=new_node >= 0, node=new_node)
+                                ngram_term=self.ngram_term, score=self.score, kept=new_node >= 0, node=new_node,
+                                source=self.source)
 
     def append(self, *, token: int, parent: int, depth: int, logit_term: float, ngram_term: float,
-               score: float, kept: bool, node: int) -> None:
+               score: float, kept: bool, node: int, source: int | None = None) -> None:
         self.token.append(int(token)); self.parent.append(int(parent)); self.depth.append(int(depth))
         self.logit_term.append(float(logit_term)); self.ngram_term.append(float(ngram_term))
         self.score.append(float(score)); self.kept.append(bool(kept)); self.node.append(int(node))
+        if source is not None:
+            self.source.append(int(source))
 
 
 class CandidatesOnRequest(ScoredCandidates):

@@ -211,9 +211,10 @@ def _candidates(v: Any, where: str) -> dict[str, Any]:
         "token": (True, _ints(0, TOKEN_MAX), None), "parent": (True, _ints(-1, COUNT_MAX), None),
         "depth": (True, _ints(1, COUNT_MAX), None), "logit_term": (True, _numbers(-math.inf), None),
         "ngram_term": (True, _numbers(-math.inf), None), "score": (True, _numbers(-math.inf), None),
-        "kept": (True, _list(_bool), None), "node": (True, _ints(-1, COUNT_MAX), None)}, "candidates")
+        "kept": (True, _list(_bool), None), "node": (True, _ints(-1, COUNT_MAX), None),
+        "source": (False, _ints(0, 7), [])}, "candidates")
     m = len(c["token"])
-    for name in CANDIDATE_FIELDS:
+    for name in CANDIDATE_FIELDS + (("source",) if c["source"] else ()):
         if len(c[name]) != m:
             _fail(where, f"{name} has {len(c[name])} entries but token has {m}")
     return c

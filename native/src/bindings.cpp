@@ -18,6 +18,7 @@
 #include "errors.hpp"
 #include "ngram_builder.hpp"
 #include "ngram_store.hpp"
+#include "context_index.hpp"
 #include "pruner.hpp"
 #include "small_gemm.hpp"
 #include "decoder.hpp"
@@ -27,6 +28,7 @@ namespace py = pybind11;
 using dart::NgramStore;
 
 void bind_head_step(py::module_& m);   // head_bindings.cpp
+void bind_context_index(py::module_& m);   // context_bindings.cpp
 
 namespace {
 
@@ -364,6 +366,8 @@ dart::PruneParams params_from(const py::handle& config) {
   p.logit_decay = field("logit_decay").cast<double>();
   p.ngram_weight = field("ngram_weight").cast<double>();
   p.eps = field("eps").cast<double>();
+  p.context_weight = field("context_weight").cast<double>();
+  p.context_top_k = field("context_top_k").cast<int64_t>();
   return p;
 }
 
@@ -375,7 +379,7 @@ struct PruneInputs {
 };
 
 PruneInputs check_prune_inputs(py::array logits, py::array tokens, py::array context, py::array eos,
-                               const NgramStore* store) {
+                               const NgramStore* store, const dart::ContextIndex* live) {
   PruneInputs in;
   in.logits = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(logits);
   in.tokens = IdArray::ensure(tokens);
@@ -395,6 +399,16 @@ PruneInputs check_prune_inputs(py::array logits, py::array tokens, py::array con
     checked_ids(in.tokens, store->header().vocab_size, "topk_tokens");
     checked_ids(in.context, store->header().vocab_size, "context");
   }
+  if (live != nullptr) {
+    checked_ids(in.tokens, static_cast<uint32_t>(live->vocab_size()), "topk_tokens");
+    checked_ids(in.context, static_cast<uint32_t>(live->vocab_size()), "context");
+    // context candidates come from the index and are looked up in the table: its ids must be the table's
+    if (store != nullptr && live->vocab_size() > store->header().vocab_size) {
+      throw py::value_error("the context index's vocabulary (" + std::to_string(live->vocab_size()) +
+                            ") is larger than the N-gram table's (" + std::to_string(store->header().vocab_size) +
+                            "): build both for the target's tokenizer");
+    }
+  }
   return in;
 }
 
@@ -408,6 +422,7 @@ py::dict prune_result_dict(dart::PruneResult&& r) {
   d["ngram_term"] = to_numpy(std::move(r.ngram_term));
   d["score"] = to_numpy(std::move(r.score));
   d["kept"] = to_numpy(std::move(r.kept));
+  d["source"] = to_numpy(std::move(r.source));
   d["tree_tokens"] = to_numpy(std::move(r.tree_tokens));
   d["tree_parents"] = to_numpy(std::move(r.tree_parents));
   d["tree_depths"] = to_numpy(std::move(r.tree_depths));
@@ -439,6 +454,7 @@ PYBIND11_MODULE(_native, m) {
            py::arg("start"), py::arg("cache"), py::arg("begin"), py::arg("end"), py::arg("threads"))
       .def_property_readonly("num_layers", [](const PyDecoder& d) { return d.layers.size(); });
   bind_head_step(m);
+  bind_context_index(m);
   m.def("stream_read", [](const py::array& buf, int threads) {
     if (!c_contig(buf)) throw py::value_error("stream_read: the buffer must be C-contiguous");
     const void* p = buf.data();
@@ -673,20 +689,20 @@ PYBIND11_MODULE(_native, m) {
   m.def(
       "prune_dart_tree",
       [](py::array logits, py::array tokens, py::array context, const NgramStore* store, py::array eos,
-         py::object config) {
-        auto in = check_prune_inputs(logits, tokens, context, eos, store);
+         py::object config, const dart::ContextIndex* live) {
+        auto in = check_prune_inputs(logits, tokens, context, eos, store, live);
         auto params = params_from(config);
         dart::PruneResult r;
         {
           py::gil_scoped_release release;
           r = dart::prune_tree(in.logits.data(), in.tokens.data(), in.rows, in.k, in.context.data(),
                                static_cast<size_t>(in.context.size()), store, in.eos.data(),
-                               static_cast<size_t>(in.eos.size()), params);
+                               static_cast<size_t>(in.eos.size()), params, live);
         }
         return prune_result_dict(std::move(r));
       },
       py::arg("topk_logits"), py::arg("topk_tokens"), py::arg("context"), py::arg("store").none(true),
-      py::arg("eos_token_ids"), py::arg("config"),
+      py::arg("eos_token_ids"), py::arg("config"), py::arg("live") = nullptr,
       "DART tree pruning (docs/ARCHITECTURE.md section 5) with config a PruningConfig (or a dict of its fields). "
       "Returns a dict of numpy arrays: every scored candidate "
       "(token, parent, depth, logit_term, ngram_term, score, kept, node) and the tree (tree_tokens, "
@@ -695,9 +711,9 @@ PYBIND11_MODULE(_native, m) {
   m.def(
       "bench_prune",
       [](py::array logits, py::array tokens, py::array context, const NgramStore* store, py::array eos,
-         py::object config, int repeats) {
+         py::object config, int repeats, const dart::ContextIndex* live) {
         if (repeats < 1) throw py::value_error("bench_prune: repeats must be >= 1");
-        auto in = check_prune_inputs(logits, tokens, context, eos, store);
+        auto in = check_prune_inputs(logits, tokens, context, eos, store, live);
         auto params = params_from(config);
         size_t sink = 0;
         std::unique_ptr<Stopwatch> watch;
@@ -707,7 +723,7 @@ PYBIND11_MODULE(_native, m) {
           for (int r = 0; r < repeats; ++r) {
             auto res = dart::prune_tree(in.logits.data(), in.tokens.data(), in.rows, in.k, in.context.data(),
                                         static_cast<size_t>(in.context.size()), store, in.eos.data(),
-                                        static_cast<size_t>(in.eos.size()), params);
+                                        static_cast<size_t>(in.eos.size()), params, live);
             sink += res.tree_tokens.size();
           }
         }
@@ -716,7 +732,7 @@ PYBIND11_MODULE(_native, m) {
         return out;
       },
       py::arg("topk_logits"), py::arg("topk_tokens"), py::arg("context"), py::arg("store").none(true),
-      py::arg("eos_token_ids"), py::arg("config"), py::arg("repeats") = 100,
+      py::arg("eos_token_ids"), py::arg("config"), py::arg("repeats") = 100, py::arg("live") = nullptr,
       "Benchmark: {'wall', 'cpu'} mean seconds per native prune_tree call (inputs checked once, no Python in "
       "the loop; cpu = this thread's CPU time).");
 }

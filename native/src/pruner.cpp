@@ -4,6 +4,8 @@
 //   lp      = min(0, log(p + eps))       lng = min(0, log(P_ng + eps))
 //   logit_term = w_lvl * (w_logit * lp)  ngram_term = w_lvl * (w_ng * lng)   (0 at level 0)
 //   score   = parent_score + (logit_term + ngram_term)
+// With a live context (section 5a) its continuations join each expansion and both probabilities are mixed with
+// the context's; an expansion the context has not seen (and context_weight 0) runs exactly the operations above.
 // The min(0, .) clamp keeps every term <= 0 (the original gets this in float32 because
 // 1 + 1e-10 rounds to 1), so a child never outscores its parent; with the total order
 // (score desc, depth asc, insertion index asc) every kept node's parent is kept too.
@@ -28,6 +30,8 @@ void check_params(const PruneParams& p) {
   if (!(p.logit_decay >= 0) || !std::isfinite(p.logit_decay)) fail("logit_decay must be finite and >= 0");
   if (!(p.ngram_weight >= 0) || !std::isfinite(p.ngram_weight)) fail("ngram_weight must be finite and >= 0");
   if (!(p.eps > 0) || !std::isfinite(p.eps)) fail("eps must be finite and > 0");
+  if (!(p.context_weight >= 0 && p.context_weight <= 1)) fail("context_weight must be in [0, 1]");
+  if (p.context_top_k < 0) fail("context_top_k must be >= 0");
 }
 
 inline double clamped_log(double x, double eps) {
@@ -39,7 +43,7 @@ inline double clamped_log(double x, double eps) {
 
 PruneResult prune_tree(const float* logits, const int64_t* tokens, size_t rows, size_t k, const int64_t* context,
                        size_t n_context, const NgramStore* store, const int64_t* eos, size_t n_eos,
-                       const PruneParams& params) {
+                       const PruneParams& params, const ContextIndex* live) {
   check_params(params);
   if (n_context < 1) throw std::invalid_argument("context must hold at least the root token (its last element)");
   if (rows > 0 && k < 1) throw std::invalid_argument("topk_logits has no columns");
@@ -50,6 +54,7 @@ PruneResult prune_tree(const float* logits, const int64_t* tokens, size_t rows, 
   // log-softmax terms.
   std::vector<uint32_t> sel_token(rows * kk);
   std::vector<double> sel_lp(rows * kk);
+  std::vector<double> sel_p(rows * kk);   // the softmax itself, for the context's mixture (section 5a)
   std::vector<size_t> cols(k);
   std::vector<double> e(kk);
   for (size_t r = 0; r < rows; ++r) {
@@ -77,7 +82,8 @@ PruneResult prune_tree(const float* logits, const int64_t* tokens, size_t rows, 
     }
     for (size_t j = 0; j < kk; ++j) {
       sel_token[r * kk + j] = static_cast<uint32_t>(tokens[r * k + cols[j]]);
-      sel_lp[r * kk + j] = clamped_log(e[j] / s, params.eps);
+      sel_p[r * kk + j] = e[j] / s;
+      sel_lp[r * kk + j] = clamped_log(sel_p[r * kk + j], params.eps);
     }
   }
 
@@ -93,45 +99,106 @@ PruneResult prune_tree(const float* logits, const int64_t* tokens, size_t rows, 
   for (auto* v : {&out.token, &out.parent, &out.depth, &out.node}) v->reserve(expect);
   for (auto* v : {&out.logit_term, &out.ngram_term, &out.score}) v->reserve(expect);
   out.kept.reserve(expect);
+  out.source.reserve(expect);
 
   auto is_eos = [&](int64_t t) { return std::find(eos, eos + n_eos, t) != eos + n_eos; };
 
-  // N-gram context: the last order-1 tokens of context ++ path(candidate).
+  // Context candidates: past the head's rows the tree goes on while the live context continues a path, at
+  // most `budget` levels deep (a deeper node could never be kept).
+  const bool use_live = live != nullptr && params.context_weight > 0.0 && params.context_top_k > 0;
+  const size_t levels = use_live ? std::max(rows, static_cast<size_t>(params.budget)) : rows;
+  // Query context: the last tokens of context ++ path(candidate), as many as either source reads.
   const size_t ctx_len = use_ngram ? std::max<uint32_t>(store->header().order, 2) - 1 : 0;
+  const size_t live_len = use_live ? live->max_order() : 0;
+  const size_t tail_len = std::max(ctx_len, live_len);
   std::vector<uint32_t> ctx_buf;
   std::vector<uint32_t> path;
-  std::vector<double> probs(kk);
-  std::vector<int32_t> matched(kk);
+  std::vector<uint32_t> cand_tok;   // one expansion's tokens: the row's columns, then context extras
+  std::vector<double> cand_lp, cand_p;
+  std::vector<double> probs, live_probs;
+  std::vector<int32_t> matched, live_matched;
 
   std::vector<int64_t> beam{-1};        // candidate indices; -1 = the root
   std::vector<double> beam_score{0.0};
   std::vector<int64_t> level_ids;
-  for (size_t l = 0; l < rows && !beam.empty(); ++l) {
+  for (size_t l = 0; l < levels && !beam.empty(); ++l) {
     const double w_lvl = std::pow(static_cast<double>(l + 1), -params.level_decay);
     const double w_logit = std::pow(params.logit_decay, static_cast<double>(l));
+    const bool head_row = l < rows;
+    const bool ngram_here = use_ngram && l > 0;
     const size_t level_begin = out.token.size();
     for (size_t b = 0; b < beam.size(); ++b) {
-      const bool ngram_here = use_ngram && l > 0;
-      if (ngram_here) {
+      if (ngram_here || use_live) {
         path.clear();
         for (int64_t c = beam[b]; c >= 0; c = out.parent[c]) path.push_back(static_cast<uint32_t>(out.token[c]));
         ctx_buf.clear();
-        const size_t from_path = std::min(path.size(), ctx_len);
-        const size_t from_ctx = std::min(n_context, ctx_len - from_path);
+        const size_t from_path = std::min(path.size(), tail_len);
+        const size_t from_ctx = std::min(n_context, tail_len - from_path);
         for (size_t i = n_context - from_ctx; i < n_context; ++i) ctx_buf.push_back(static_cast<uint32_t>(context[i]));
         for (size_t i = from_path; i > 0; --i) ctx_buf.push_back(path[i - 1]);  // path is leaf-first
-        store->query(ctx_buf.data(), ctx_buf.size(), &sel_token[l * kk], kk, probs.data(), matched.data());
       }
-      for (size_t j = 0; j < kk; ++j) {
-        const double lt = w_lvl * (w_logit * sel_lp[l * kk + j]);
-        const double nt = ngram_here ? w_lvl * (params.ngram_weight * clamped_log(probs[j], params.eps)) : 0.0;
-        out.token.push_back(sel_token[l * kk + j]);
+      cand_tok.clear();
+      cand_lp.clear();
+      cand_p.clear();
+      if (head_row) {
+        cand_tok.assign(sel_token.begin() + l * kk, sel_token.begin() + (l + 1) * kk);
+        cand_lp.assign(sel_lp.begin() + l * kk, sel_lp.begin() + (l + 1) * kk);
+        cand_p.assign(sel_p.begin() + l * kk, sel_p.begin() + (l + 1) * kk);
+      }
+      const size_t n_head = cand_tok.size();
+      // lam: the context's share of both probabilities, by the length M of the longest suffix of this path the
+      // context has seen before; a single repeated token (M = 1) is no evidence of copying
+      double lam = 0.0;
+      if (use_live) {  // the context's continuations the row does not hold already (duplicates merged)
+        auto conts = live->continuations(ctx_buf.data(), ctx_buf.size(), static_cast<size_t>(params.context_top_k));
+        if (conts.matched >= 2) lam = params.context_weight * (1.0 - std::ldexp(1.0, 1 - conts.matched));
+        for (uint32_t t : conts.tokens) {
+          if (lam > 0.0 && std::find(cand_tok.begin(), cand_tok.begin() + n_head, t) == cand_tok.begin() + n_head) {
+            cand_tok.push_back(t);
+            cand_lp.push_back(0.0);
+            cand_p.push_back(0.0);  // the head did not rank it: its probability comes from the context alone
+          }
+        }
+      }
+      const size_t n_cand = cand_tok.size();
+      if (n_cand == 0) continue;
+      if (ngram_here) {
+        probs.resize(n_cand);
+        matched.resize(n_cand);
+        const size_t n = std::min(ctx_buf.size(), ctx_len);
+        store->query(ctx_buf.data() + (ctx_buf.size() - n), n, cand_tok.data(), n_cand, probs.data(), matched.data());
+      }
+      if (lam > 0.0) {
+        live_probs.resize(n_cand);
+        live_matched.resize(n_cand);
+        live->query(ctx_buf.data(), ctx_buf.size(), cand_tok.data(), n_cand, live_probs.data(), live_matched.data());
+      }
+      for (size_t j = 0; j < n_cand; ++j) {
+        double lt, nt = 0.0;
+        uint8_t src = j < n_head ? kFromHead : 0;
+        if (ngram_here && probs[j] > 0.0) src |= kFromCorpus;
+        if (lam > 0.0) {
+          // The context mixes into both of DART's probabilities with the one weight lam: the head's softmax (0 for
+          // a token it did not rank) and the corpus table's (1, no information, at level 0 and without a table).
+          const double pc = live_probs[j];
+          const double p_corpus = ngram_here ? probs[j] : 1.0;
+          lt = w_lvl * (w_logit * clamped_log((1.0 - lam) * cand_p[j] + lam * pc, params.eps));
+          if (params.ngram_weight != 0.0) {
+            nt = w_lvl * (params.ngram_weight * clamped_log((1.0 - lam) * p_corpus + lam * pc, params.eps));
+          }
+          if (pc > 0.0) src |= kFromContext;
+        } else {
+          lt = w_lvl * (w_logit * cand_lp[j]);
+          if (ngram_here) nt = w_lvl * (params.ngram_weight * clamped_log(probs[j], params.eps));
+        }
+        out.token.push_back(cand_tok[j]);
         out.parent.push_back(beam[b]);
         out.depth.push_back(static_cast<int64_t>(l + 1));
         out.logit_term.push_back(lt);
         out.ngram_term.push_back(nt);
         out.score.push_back(beam_score[b] + (lt + nt));
         out.kept.push_back(0);
+        out.source.push_back(src);
         out.node.push_back(-1);
       }
     }
