@@ -35,7 +35,7 @@ RECORDED = DATA / "recorded_run.json"
 PROMPT = "Write a Python function."
 # page values in SETTING_NAMES order: max_new, temperature, top_p, top_k, budget, beam, level_k, ngram_w,
 # eagle3 total_token, depth, top_k (small trees keep the tiny tests fast)
-VALUES = (12, 0.0, 1.0, 0, 16, 6, 6, 0.5, 16, 3, 4)
+VALUES = (12, 0.0, 1.0, 0, 16, 6, 6, 0.5, 0.0, 16, 3, 4)
 
 
 
@@ -123,7 +123,7 @@ def test_tree_control_reaches_run_settings(vis):
         assert (auto.beam_width, auto.level_top_k, auto.ngram_weight) == (6, 6, 0.5)
         assert auto.fixed_sizes("dart") == {} and auto.fixed_sizes("eagle3") == {}
     with pytest.raises(ConfigError, match="EAGLE-3 depth"):   # auto still checks the sliders it does not apply
-        vis._settings(VALUES[:9] + (2.5, 4, "auto"))
+        vis._settings(VALUES[:10] + (2.5, 4, "auto"))
     # the control greys the size sliders out in auto mode and says why
     out = vis.tree_mode_changed("fixed")
     assert "sliders apply" in out[vis.tree_note] and out[vis.controls.budget].interactive is True
@@ -215,7 +215,7 @@ def test_run_streams_every_engine_with_metrics(vis):
     ("hi", (12, 0.0, 0.0) + VALUES[3:], "Top-p"),
     ("hi", (999,) + VALUES[1:], "--max-new-tokens"),
     ("hi", VALUES[:5] + (0,) + VALUES[6:], "beam width"),
-    ("hi", VALUES[:8] + (16, 3, 0.5), "EAGLE-3 top-k must be a whole number"),
+    ("hi", VALUES[:9] + (16, 3, 0.5), "EAGLE-3 top-k must be a whole number"),
     ("hi " * 400, VALUES, "--max-length"),
 ])
 def test_bad_input_shows_a_message_and_the_server_keeps_serving(vis, prompt, values, expect):
@@ -467,7 +467,7 @@ def test_gradio_client_streams_every_engine(vis):
         text = json.dumps(final, ensure_ascii=False, default=str)
         assert "Done.**" in text and text.count("tok/s") == 3 and "identical to the baseline" in text
         # a value the page's own check refuses, and one outside a slider's range (Gradio refuses it)
-        bad = _client_run(client, VALUES[:9] + (2.5, 4), "hi")
+        bad = _client_run(client, VALUES[:10] + (2.5, 4), "hi")
         assert "EAGLE-3 depth must be a whole number" in json.dumps(bad, ensure_ascii=False, default=str)
         long = _client_run(client, VALUES, "hi " * 400)
         assert "--max-length" in json.dumps(long, ensure_ascii=False, default=str)

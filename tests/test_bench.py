@@ -93,7 +93,7 @@ def test_bench_greedy_report(tiny_dir, questions_file, tmp_path, capsys):
     assert all(a["new_tokens"] == len(a["tokens"]) <= 12 for a in report["answers"]["hf_generate"])
 
     # The Markdown table: on stdout, one row per method, and written with --markdown.
-    assert "| method | tok/s | speedup | tau |" in res.out
+    assert "| method | tok/s | speedup | decode-only speedup | TTFT ms | tau |" in res.out
     for name in methods:
         assert f"| {name} |" in res.out
     assert out_md.read_text() == res.out
@@ -504,7 +504,14 @@ def test_bench_auto_trees(tiny_dir, tiny_heads, questions_file, cost_cache, tmp_
     assert "Automatic trees" in res.out and res.out.count("verify ms by nodes verified") == 1
     assert "| method | expected tau | achieved tau | drafting steps | trees chosen (share of steps) |" in res.out
     for name in ("dart", "eagle3", "prompt_lookup"):
-        assert sum(line.startswith(f"| {name} |") for line in res.out.splitlines()) == 2   # main table + this one
+        # main table + this one (+ the sources table when it accepted drafts)
+        rows = 2 + bool(methods[name]["accepted_sources"])
+        assert sum(line.startswith(f"| {name} |") for line in res.out.splitlines()) == rows
+    # where accepted drafts came from: prompt lookup's all from the context, the heads' from the head (the paper's
+    # DART may share them with the corpus table)
+    for name, allowed in (("prompt_lookup", {"context"}), ("eagle3", {"head"}), ("dart", {"head", "several"})):
+        got = methods[name]["accepted_sources"]
+        assert got is None or set(got["tokens"]) <= allowed, (name, got)
     page_dir = tmp_path / "page"
     from dart_core.bench.report import write_report
     write_report(report, res.out, page_dir)
@@ -566,13 +573,23 @@ def _set_lines(prefix: str, n: int = 2) -> str:
                    + "\n" for i in range(n))
 
 
-def test_the_four_named_sets():
-    assert list(QUESTION_SETS) == ["mt_bench", "humaneval", "gsm8k", "alpaca"]
+def test_the_named_sets():
+    assert list(QUESTION_SETS) == ["mt_bench", "humaneval", "gsm8k", "alpaca", "context_dev"]
     assert [s.local_file for s in QUESTION_SETS.values()] == [
-        "mt_bench.jsonl", "humaneval.jsonl", "gsm8k_test.jsonl", "alpaca.jsonl"]
+        "mt_bench.jsonl", "humaneval.jsonl", "gsm8k_test.jsonl", "alpaca.jsonl", "context_dev.jsonl"]
     for s in QUESTION_SETS.values():
         if s.hub is not None:
             assert s.hub.repo_type in ("dataset", "space") and s.hub.revision and s.hub.filename.endswith(".jsonl")
+
+
+def test_limit_per_category_keeps_the_first_of_each_kind(tmp_path):
+    from dart_core.bench.questions import load_question_sets
+    f = tmp_path / "q.jsonl"
+    f.write_text("".join(json.dumps({"question_id": f"q{i}", "category": "ab"[i % 2], "turns": ["x?"]}) + "\n"
+                         for i in range(7)))
+    got = load_question_sets([f], per_category=2)
+    assert [q.question_id for q in got] == ["q0", "q1", "q2", "q3"]
+    assert [q.question_id for q in load_question_sets([f], 3, per_category=2)] == ["q0", "q1", "q2"]
 
 
 def test_a_name_resolves_from_the_data_dir_first(hub_cache, tmp_path, monkeypatch):

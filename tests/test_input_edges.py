@@ -33,7 +33,7 @@ from dart_core.models.templates import encode_chat, get_template  # noqa: E402
 from tiny_models import make_tiny_model_dir  # noqa: E402
 
 PROMPT = "Write a Python function."
-TREE_KNOBS = ("budget", "beam_width", "level_top_k", "ngram_weight", "eagle3_total_token", "eagle3_depth",
+TREE_KNOBS = ("budget", "beam_width", "level_top_k", "ngram_weight", "context_weight", "eagle3_total_token", "eagle3_depth",
               "eagle3_top_k")
 
 

@@ -51,7 +51,7 @@ def test_tree_knobs_map_onto_their_configs_and_the_size_knobs_are_marked():
     assert set(PRUNING_FIELDS) <= {f.name for f in fields(PruningConfig)}
     assert set(EAGLE3_FIELDS) <= {f.name for f in fields(Eagle3TreeConfig)}
     assert PRUNING_FIELDS == {"budget": "budget", "beam_width": "beam_width", "level_top_k": "level_top_k",
-                              "ngram_weight": "ngram_weight"}
+                              "ngram_weight": "ngram_weight", "context_weight": "context_weight"}
     assert KNOBS["budget"].flag == "--budget" and KNOBS["level_top_k"].flag == "--level-top-k"
     # What automatic trees choose: the sizes, never the pruner's scoring knobs.
     assert SIZE_FIELDS == {"dart": {"budget": "budget"},
@@ -113,7 +113,7 @@ def test_the_benchmarks_tree_flags_are_made_from_the_knobs():
     by_flag = {a.option_strings[0]: a for a in parser._actions if a.option_strings}
     base = {"dart": PruningConfig(), "eagle3": Eagle3TreeConfig()}
     tree_knobs = [k for k in KNOBS.values() if k.engine is not None]
-    assert len(tree_knobs) == 7
+    assert len(tree_knobs) == 8
     for knob in tree_knobs:
         action = by_flag[knob.flag]
         assert action.dest == knob.name and action.default is None, knob.name

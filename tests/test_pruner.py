@@ -160,6 +160,7 @@ def test_defaults_are_the_papers():
     c = PruningConfig()
     assert (c.level_top_k, c.beam_width, c.budget, c.level_decay, c.logit_decay, c.ngram_weight, c.eps) == \
         (25, 20, 60, 0.7, 0.9, 0.5, 1e-10)
+    assert c.context_weight == 0.0, "the paper's DART reads no live context"
     assert c.level_weight(0) == 1.0 and c.level_weight(1) == 2 ** -0.7 and c.logit_weight(2) == 0.81
 
 

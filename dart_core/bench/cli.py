@@ -77,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "the size flags given (--budget, --eagle3-total-token/--eagle3-depth/--eagle3-top-k); "
                         "fixed: the tree settings as given (the paper's / published ones unless set)")
     p.add_argument("--limit", type=int, default=None, metavar="K", help="only the first K questions")
+    p.add_argument("--limit-per-category", type=int, default=None, metavar="K",
+                   help="only the first K questions of each category (of each question set)")
     p.add_argument("--turns", choices=("first", "all"), default="first",
                    help="first turn only, or every turn (later turns follow each method's own answers)")
     p.add_argument("--max-new-tokens", type=int, default=256, metavar="N")
@@ -143,6 +145,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         methods = parse_methods(args.methods)
         if args.limit is not None and args.limit <= 0:
             raise BenchInputError(f"--limit must be a positive number of questions, got {args.limit}")
+        if args.limit_per_category is not None and args.limit_per_category <= 0:
+            raise BenchInputError(f"--limit-per-category must be a positive number of questions, got "
+                                  f"{args.limit_per_category}")
         if args.threads is not None and args.threads <= 0:
             raise BenchInputError(f"--threads must be >= 1, got {args.threads}")
         if args.bandwidth_mib is not None and args.bandwidth_mib < 0:
@@ -156,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.data_dir is not None and not Path(args.data_dir).expanduser().is_dir():
             raise BenchInputError(f"--data-dir {args.data_dir} is not a folder")
         resolved = [resolve_question_source(q, args.data_dir) for q in args.questions]
-        questions = load_question_sets(resolved, args.limit)
+        questions = load_question_sets(resolved, args.limit, per_category=args.limit_per_category)
         sources = [str(src.path) for src in resolved]
         sweep = None
         if args.sweep is not None:

@@ -1,5 +1,7 @@
-"""Benchmark methods backed by draft heads: ``dart``, ``dart_no_ngram`` (the N-gram ablation) and
-``eagle3`` (the EAGLE-3 baseline with the EAGLE-2 dynamic tree).
+"""Benchmark methods backed by draft heads: ``dart`` (the paper's: the corpus table only), ``dart_context``
+(DART + the request's live context, docs/ARCHITECTURE.md section 5a), ``dart_no_ngram`` (the N-gram ablation),
+``hybrid`` (prompt lookup while the context match is long, the paper's DART otherwise), ``eagle3`` (the
+EAGLE-3 baseline with the EAGLE-2 dynamic tree) and ``eagle3_context`` (the same with the live context).
 
 ``bench/runners.py`` calls :func:`register_all` with its registry at import; the registry is passed in
 (not imported) so that this module never imports the runners and a test can register into its own:
@@ -48,9 +50,12 @@ def _flags_over(base, args, flags: dict[str, str], what: str):
         raise SystemExit(f"bad {what} flag: {e} (see {names})") from None
 
 
-def _pruning(target, args):
-    from ..drafters.pruning import PruningConfig
-    return _flags_over(PruningConfig(), args, PRUNING_FIELDS, "DART pruning")
+def _pruning(target, args, context: bool = False):
+    """The run's pruning: the paper's PruningConfig() (``dart_context``: with the live context at
+    ``CONTEXT_WEIGHT``), then every pruning flag the user set."""
+    from ..drafters.pruning import CONTEXT_WEIGHT, PruningConfig
+    base = PruningConfig(context_weight=CONTEXT_WEIGHT) if context else PruningConfig()
+    return _flags_over(base, args, PRUNING_FIELDS, "DART pruning")
 
 
 def _add_eagle3_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,9 +68,18 @@ def _add_eagle3_arguments(p: argparse.ArgumentParser) -> None:
     add_tree_flags(g, "eagle3", Eagle3TreeConfig())
 
 
-def _eagle3_tree(target, args):
+def _eagle3_tree(target, args, context: bool = False):
+    """The published tree, then the EAGLE-3 flags set; ``eagle3_context`` takes DART + context's weight
+    (``--context-weight``, else CONTEXT_WEIGHT), so the two heads read the live context alike."""
+    from dataclasses import replace
+
     from ..drafters.eagle3 import Eagle3TreeConfig
-    return _flags_over(Eagle3TreeConfig(), args, EAGLE3_FIELDS, "EAGLE-3 tree")
+    from ..drafters.pruning import CONTEXT_WEIGHT
+    tree = _flags_over(Eagle3TreeConfig(), args, EAGLE3_FIELDS, "EAGLE-3 tree")
+    if context:
+        w = getattr(args, "context_weight", None)
+        tree = replace(tree, context_weight=CONTEXT_WEIGHT if w is None else float(w))
+    return tree
 
 
 def _held_sizes(engine: str, args) -> dict[str, int]:
@@ -75,21 +89,22 @@ def _held_sizes(engine: str, args) -> dict[str, int]:
             if getattr(args, knob, None) is not None}
 
 
-def _load_eagle3(target, args):
+def _load_eagle3(target, args, context: bool = False):
     from ..drafters.eagle3 import Eagle3Drafter
     from ..models.heads.eagle3 import load_eagle3_for_target
 
-    tree = _eagle3_tree(target, args)
+    tree = _eagle3_tree(target, args, context)
     head = load_eagle3_for_target(target, getattr(args, "base_model_name_or_path", None),
                                   getattr(args, "eagle3_model_name_or_path", None))
-    return Eagle3Drafter(head, tree)
+    return Eagle3Drafter(head, tree, name="eagle3_context" if context else "eagle3")
 
 
-def _eagle3_runner(target, args, EngineRunner, sized):
-    return EngineRunner("eagle3", target, sized(_load_eagle3(target, args), target, args, _held_sizes("eagle3", args)))
+def _eagle3_runner(target, args, EngineRunner, sized, context: bool = False):
+    drafter = _load_eagle3(target, args, context)
+    return EngineRunner(drafter.name, target, sized(drafter, target, args, _held_sizes("eagle3", args)))
 
 
-def _load(target, args, with_ngram: bool):
+def _load(target, args, with_ngram: bool, name: str = "", context: bool = False):
     from ..loading import load_head_and_ngram
     from ..drafters.dart import DartDrafter
 
@@ -97,13 +112,33 @@ def _load(target, args, with_ngram: bool):
                                       getattr(args, "dart_model_name_or_path", None),
                                       getattr(args, "ngram_model_name_or_path", None),
                                       is_small_ngram=bool(getattr(args, "small_ngram", False)), with_ngram=with_ngram)
-    return DartDrafter(head, store, target.eos_token_ids, pruning=_pruning(target, args),
-                       name="dart" if with_ngram else "dart_no_ngram")
+    pruning = _pruning(target, args, context)
+    if not context and pruning.context_weight != 0:
+        # the paper's DART stays the paper's: --context-weight applies to dart_context
+        from dataclasses import replace
+        pruning = replace(pruning, context_weight=0.0)
+    return DartDrafter(head, store, target.eos_token_ids, pruning=pruning,
+                       name=name or ("dart" if with_ngram else "dart_no_ngram"))
 
 
-def _dart_runner(target, args, with_ngram: bool, EngineRunner, sized):
-    name = "dart" if with_ngram else "dart_no_ngram"
-    return EngineRunner(name, target, sized(_load(target, args, with_ngram), target, args, _held_sizes("dart", args)))
+def _dart_runner(target, args, with_ngram: bool, EngineRunner, sized, name: str = "", context: bool = False):
+    drafter = _load(target, args, with_ngram, name, context)
+    return EngineRunner(drafter.name, target, sized(drafter, target, args, _held_sizes("dart", args)))
+
+
+def _hybrid_runner(target, args, EngineRunner, sized):
+    """Prompt lookup while the context match is long, the paper's DART otherwise (drafters/hybrid.py)."""
+    from ..drafters import PromptLookupDrafter
+    from ..drafters.hybrid import SwitchDrafter
+
+    dart = sized(_load(target, args, True, "dart"), target, args, _held_sizes("dart", args))
+    lookup = sized(PromptLookupDrafter(), target, args, {})
+    return EngineRunner("hybrid", target, SwitchDrafter(dart, lookup, vocab_size=_vocab(target, dart)))
+
+
+def _vocab(target, drafter) -> int:
+    """The ids the live context may hold: the DART drafter's own index's (the target's, or its table's)."""
+    return int(getattr(drafter, "inner", drafter).live.index.vocab_size)
 
 
 def _no_sizing(drafter, target, args, fixed):
@@ -125,6 +160,19 @@ def register_all(register_method, MethodSpec, EngineRunner, METHODS, sized=None)
         "dart_no_ngram", lambda target, args: _dart_runner(target, args, False, EngineRunner, sized),
         "DART without the N-gram term (ablation): pruning by the head's logits only", auto_tree=True))
     register_method(MethodSpec(
+        "dart_context", lambda target, args: _dart_runner(target, args, True, EngineRunner, sized, "dart_context",
+                                                          context=True),
+        "DART + context: the request's own text adds candidates to DART's tree and shares its N-gram term "
+        "(--context-weight; docs/ARCHITECTURE.md section 5a)", auto_tree=True))
+    register_method(MethodSpec(
+        "hybrid", lambda target, args: _hybrid_runner(target, args, EngineRunner, sized),
+        "baseline: prompt lookup while the context match is >= 3 tokens, the paper's DART otherwise",
+        auto_tree=True))
+    register_method(MethodSpec(
         "eagle3", lambda target, args: _eagle3_runner(target, args, EngineRunner, sized),
         "EAGLE-3 baseline: autoregressive head + EAGLE-2 dynamic tree (--eagle3-model-name-or-path)",
         add_arguments=_add_eagle3_arguments, auto_tree=True))
+    register_method(MethodSpec(
+        "eagle3_context", lambda target, args: _eagle3_runner(target, args, EngineRunner, sized, context=True),
+        "EAGLE-3 + context: the live context's candidates in EAGLE-3's tree by DART + context's rule "
+        "(--context-weight)", auto_tree=True))

@@ -70,6 +70,9 @@ QUESTION_SETS: dict[str, QuestionSet] = {s.name: s for s in (
                 "math", "Hub: Spec-Bench's math_reasoning split (80 GSM8K test questions, not all 1,319)"),
     QuestionSet("alpaca", "alpaca.jsonl", None, None,
                 "no public Hub copy found: a data folder (--data-dir / DART_DATA_DIR) only"),
+    QuestionSet("context_dev", "context_dev.jsonl", None, None,
+                "prompts that lean on their own text (translation, questions over a passage, summaries; 60 each): "
+                "a data folder only"),
 )}
 
 
@@ -186,15 +189,25 @@ def load_questions(path: str | Path, limit: int | None = None, question_set: str
 
 
 def load_question_sets(entries: Sequence[str | Path | QuestionSource], limit: int | None = None,
-                       data_dir: str | Path | None = None) -> list[Question]:
-    """Several question files or named sets in one run (``limit`` applies to each); ids must be unique across
-    them. An entry is a path, a set name, or an already resolved QuestionSource."""
+                       data_dir: str | Path | None = None, per_category: int | None = None) -> list[Question]:
+    """Several question files or named sets in one run (``limit`` applies to each; ``per_category`` keeps the
+    first K questions of each category of each); ids must be unique across them. An entry is a path, a set name,
+    or an already resolved QuestionSource."""
     questions: list[Question] = []
     seen: dict[str, str] = {}
     for entry in entries:
         src = entry if isinstance(entry, QuestionSource) else resolve_question_source(entry, data_dir)
         path = src.path
-        for q in load_questions(path, limit, question_set=src.name, prompt_category=src.prompt_category):
+        loaded = load_questions(path, limit, question_set=src.name, prompt_category=src.prompt_category)
+        if per_category is not None:
+            taken: dict[str, int] = {}
+            kept = []
+            for q in loaded:
+                if taken.get(q.category, 0) < per_category:
+                    taken[q.category] = taken.get(q.category, 0) + 1
+                    kept.append(q)
+            loaded = kept
+        for q in loaded:
             if q.question_id in seen:
                 raise BenchInputError(f"question_id {q.question_id!r} of {path} is also in {seen[q.question_id]}; "
                                       "ids must be unique across the --questions files")

@@ -50,6 +50,28 @@ class RunOutput:
     accept_lengths: list[int] = field(default_factory=list)   # tokens committed by each verify step (bonus incl.)
     tree_nodes: dict[str, int] = field(default_factory=dict)  # verify steps per tree size (nodes, root incl.)
     auto_tree: dict | None = None     # automatic trees: this answer's chosen settings and expected/achieved tau
+    accepted_sources: dict[str, int] = field(default_factory=dict)  # accepted drafts by source (head, context, ...)
+
+
+def accepted_sources(traces, drafter) -> dict[str, int]:
+    """Accepted drafted tokens by where they came from: ``head``, ``context``, ``corpus`` or ``several``
+    (engine.trace.source_label); a drafter that records no sources drafts from its ``draft_source``
+    (prompt lookup: the context; a head's drafter: the head)."""
+    from ..engine.trace import source_label
+
+    inner = getattr(drafter, "inner", drafter)
+    default = getattr(inner, "draft_source", "head")
+    out: Counter = Counter()
+    for t in traces:
+        nodes = t.accepted_nodes[1:]
+        if not nodes:
+            continue
+        c = t.candidates
+        if c is None or len(c.source) == 0:
+            out[default] += len(nodes)
+        else:
+            out.update(source_label(c.source_of_node(n)) for n in nodes)
+    return dict(out)
 
 
 def tree_mode(args) -> str:
@@ -130,7 +152,8 @@ class EngineRunner:
         nodes = Counter(len(t.tree) for t in result.traces)
         out = RunOutput(result.tokens, result.text, result.stats, target_forwards=result.stats.steps + 1,
                         accept_lengths=[len(t.emitted_tokens) for t in result.traces],
-                        tree_nodes={str(n): c for n, c in sorted(nodes.items())})
+                        tree_nodes={str(n): c for n, c in sorted(nodes.items())},
+                        accepted_sources=accepted_sources(result.traces, drafter))
         if auto is not None:
             chosen = auto.chosen - chosen0
             out.auto_tree = {"chosen": dict(chosen.most_common()),
@@ -240,6 +263,8 @@ class AnswerRecord:
     accept_lengths: list[int] = field(default_factory=list)   # per verify step
     tree_nodes: dict[str, int] = field(default_factory=dict)  # verify steps per tree size (nodes, root incl.)
     auto_tree: dict | None = None      # automatic trees: chosen settings (steps each), expected/achieved tau sums
+    prefill_s: float = 0.0             # request to first token (time to first token)
+    accepted_sources: dict[str, int] = field(default_factory=dict)   # accepted drafts by source
 
 
 def _sync(device: torch.device) -> None:
@@ -300,7 +325,8 @@ def run_benchmark(target, runners: dict[str, MethodRunner], questions: Sequence[
                         stop_reason=out.stats.stop_reason, text=out.text, tokens=list(out.tokens),
                         question_set=q.question_set, accept_lengths=list(out.accept_lengths),
                         tree_nodes=dict(getattr(out, "tree_nodes", None) or {}),
-                        auto_tree=getattr(out, "auto_tree", None)))
+                        auto_tree=getattr(out, "auto_tree", None), prefill_s=float(out.stats.prefill_s),
+                        accepted_sources=dict(getattr(out, "accepted_sources", None) or {})))
                     messages.append({"role": "assistant", "content": out.text})
                 bar.update(1)
     finally:

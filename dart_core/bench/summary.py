@@ -8,6 +8,11 @@ Figures per method (definitions as in ``GenerationStats``):
   identical_to_vanilla greedy only: every answer token-for-token equal to vanilla's
   bandwidth_gbs       weight bytes x target forwards / s ("bandwidth achieved", as gpt-fast reports),
                       next to the machine's measured memory bandwidth
+  decode_tokens_per_s tokens after the first / (wall time - time to first token): decoding alone, prefill excluded
+  decode_speedup_vs_vanilla  decode_tokens_per_s / vanilla's
+  ttft_ms             mean time to first token (the prompt's prefill and the first token)
+  accepted_sources    accepted drafted tokens by source: head, context (the request's own text), corpus (the
+                      N-gram table), several (more than one proposed or supported it); with their shares
   tree                the tree settings the method ran: {"mode": "fixed", "settings"} or {"mode": "auto", "held", ...}
   tree_nodes_hist     verify steps per tree size (nodes verified, root included)
   auto_tree           automatic trees only: ``chosen`` (verify steps per setting, summed over the answers; the
@@ -36,11 +41,15 @@ def _rates(recs: Sequence[AnswerRecord], speculative: bool) -> dict:
     steps = sum(r.steps for r in recs)
     # tau as GenerationStats defines it: the first answer token comes from the prefill, not a verify step.
     committed = sum(r.new_tokens - 1 for r in recs if r.steps)
+    prefill = sum(getattr(r, "prefill_s", 0.0) for r in recs)
+    later = sum(max(r.new_tokens - 1, 0) for r in recs)
     return {
         "answers": len(recs),
         "new_tokens": new,
         "wall_s": wall,
         "tokens_per_s": new / wall if wall > 0 else None,
+        "decode_tokens_per_s": later / (wall - prefill) if prefill > 0 and wall > prefill else None,
+        "ttft_ms": 1000 * prefill / len(recs) if prefill > 0 and recs else None,
         "steps": steps if speculative else None,
         "tau": committed / steps if speculative and steps else None,
     }
@@ -74,6 +83,8 @@ def summarize(records: dict[str, list[AnswerRecord]], runners: dict[str, MethodR
         summary = {
             **rates,
             "speedup_vs_vanilla": _ratio(rates["tokens_per_s"], base_rates["tokens_per_s"]) if base_rates else None,
+            "decode_speedup_vs_vanilla": (_ratio(rates["decode_tokens_per_s"], base_rates["decode_tokens_per_s"])
+                                          if base_rates else None),
             "stage_ms_per_step": stage_ms,
             "ms_per_step": sum(stage_ms.values()) if spec and steps else None,
             "target_forwards": forwards,
@@ -104,8 +115,22 @@ def summarize(records: dict[str, list[AnswerRecord]], runners: dict[str, MethodR
         summary["tree"] = getattr(runners[name], "tree", None)
         summary["tree_nodes_hist"] = _tree_nodes_hist(recs) if spec else None
         summary["auto_tree"] = auto_tree_summary(recs)
+        summary["accepted_sources"] = sources_summary(recs) if spec else None
         out[name] = summary
     return out
+
+
+def sources_summary(recs: Sequence[AnswerRecord]) -> dict | None:
+    """Accepted drafted tokens by source, summed over the answers, with each source's share."""
+    total: dict[str, int] = {}
+    for r in recs:
+        for k, v in (getattr(r, "accepted_sources", None) or {}).items():
+            total[k] = total.get(k, 0) + int(v)
+    n = sum(total.values())
+    if not n:
+        return None
+    return {"tokens": dict(sorted(total.items(), key=lambda kv: -kv[1])),
+            "share": {k: v / n for k, v in sorted(total.items(), key=lambda kv: -kv[1])}}
 
 
 def _tree_nodes_hist(recs: Sequence[AnswerRecord]) -> dict[str, int] | None:
@@ -143,7 +168,9 @@ def _grouped(recs: Sequence[AnswerRecord], base: Sequence[AnswerRecord] | None, 
         out[group] = {"answers": c["answers"], "new_tokens": c["new_tokens"], "tokens_per_s": c["tokens_per_s"],
                       "tau": c["tau"],
                       "speedup_vs_vanilla": _ratio(c["tokens_per_s"], b["tokens_per_s"]) if b and b["answers"]
-                      else None}
+                      else None,
+                      "decode_speedup_vs_vanilla": (_ratio(c["decode_tokens_per_s"], b["decode_tokens_per_s"])
+                                                    if b and b["answers"] else None)}
     return out
 
 
@@ -176,8 +203,8 @@ def render_markdown(report: dict) -> str:
         + (f" ({t['weight_pages']})" if t.get("weight_pages") else "") + ".",
         "",
     ]
-    head = ["method", "tok/s", "speedup", "tau"] + [f"{st} ms/step" for st in STAGES] + \
-        ["GB/s achieved (of measured)", "identical to vanilla"]
+    head = ["method", "tok/s", "speedup", "decode-only speedup", "TTFT ms", "tau"] + \
+        [f"{st} ms/step" for st in STAGES] + ["GB/s achieved (of measured)", "identical to vanilla"]
     lines += ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 2) + [":---:"]) + "|"]
     for name, r in report["methods"].items():
         if name == "vanilla":
@@ -191,11 +218,13 @@ def render_markdown(report: dict) -> str:
         bw_cell = _f(r["bandwidth_gbs"], "{:.1f}")
         if r["bandwidth_fraction"] is not None:
             bw_cell += f" ({100 * r['bandwidth_fraction']:.0f}%)"
-        row = [name, _f(r["tokens_per_s"], "{:.1f}"), _f(r["speedup_vs_vanilla"], "{:.2f}x"), _f(r["tau"])]
+        row = [name, _f(r["tokens_per_s"], "{:.1f}"), _f(r["speedup_vs_vanilla"], "{:.2f}x"),
+               _f(r.get("decode_speedup_vs_vanilla"), "{:.2f}x"), _f(r.get("ttft_ms"), "{:.0f}"), _f(r["tau"])]
         row += [_f(r["stage_ms_per_step"][st], "{:.2f}") for st in STAGES]
         row += [bw_cell, ident]
         lines.append("| " + " | ".join(row) + " |")
     lines += _tree_section(report)
+    lines += _sources_section(report)
     lines += _group_table(report, "per_set", "Per question set")
     lines += _group_table(report, "per_category", "Per category")
     if report.get("busy_warning"):
@@ -225,6 +254,20 @@ def _tree_section(report: dict) -> list[str]:
             a = r["auto_tree"]
             lines.append(f"| {name} | {_f(a['expected_tau'])} | {_f(a['achieved_tau'])} | {a['drafting_steps']} | "
                          f"{chosen_text(a['chosen'])} |")
+    return lines
+
+
+def _sources_section(report: dict) -> list[str]:
+    """Where each method's accepted drafts came from (head, context, corpus, several)."""
+    rows = [(name, r["accepted_sources"]) for name, r in report["methods"].items() if r.get("accepted_sources")]
+    if not rows:
+        return []
+    lines = ["", "Accepted drafts by source (share): head = the draft head, context = the request's own text, "
+             "corpus = the N-gram table, several = more than one.", "", "| method | accepted drafts | by source |",
+             "|---|---:|---|"]
+    for name, a in rows:
+        parts = ", ".join(f"{k} {100 * v:.0f}%" for k, v in a["share"].items())
+        lines.append(f"| {name} | {sum(a['tokens'].values())} | {parts} |")
     return lines
 
 

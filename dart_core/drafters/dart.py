@@ -27,6 +27,7 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from ..models.heads.dart import DartHead
@@ -35,6 +36,11 @@ from ..ngram.live import LiveContext
 from .pruning import PruningConfig, TreeBuilder
 from ..engine.tree import DraftTree
 from ..engine.protocol import FeatureDrafter, Proposal, TreeHolder
+
+
+#: With the live context on, a committed suffix of this many tokens seen before in the request means the answer is
+#: copying: the context drafts alone and the head forward is skipped (docs/ARCHITECTURE.md section 5a).
+HEAD_SKIP_MATCH = 4
 
 
 class DartDrafter(TreeHolder, FeatureDrafter):
@@ -57,6 +63,8 @@ class DartDrafter(TreeHolder, FeatureDrafter):
         # target's vocabulary, or the table's where it is smaller (the pruner looks context tokens up there too).
         vocab = int(head.embedding.shape[0])
         self.live = LiveContext(min(vocab, int(store.vocab_size)) if store is not None else vocab)
+        self.head_skipped = 0            # drafting steps the context drafted alone (this drafter's life)
+        self.last_head_skipped = False   # whether the last proposal ran without the head (the tree sizer prices it)
 
     @property
     def max_tree_nodes(self) -> int:
@@ -100,25 +108,38 @@ class DartDrafter(TreeHolder, FeatureDrafter):
             # Budget 0 drafts nothing: the step is one plain target forward (the output equals vanilla's). The
             # head does not run; its features wait for the next step that drafts.
             return self.skip(context)
-        start = self._cache.length
-        pending = self.take_pending(context)
-        # A tree of `budget` nodes is at most `budget` levels deep: deeper rows could never be kept.
-        levels = min(self.head.config.draft_length + 1, int(self._tree_config.budget))
-        k = min(int(self._tree_config.level_top_k), self.head.config.draft_vocab_size)
-
-        t0 = time.perf_counter()
-        if self._step is not None:     # one native call: the head forward and each level's top-k
-            vals, tokens = self._step.dart(pending, context[start + 1:], self._cache, levels, k)
-        else:
-            vals, tokens = self._torch_step(pending, context[start + 1:], levels, k)
-        t1 = time.perf_counter()
         live = None
         if self._tree_config.context_weight > 0:
             self.live.sync(context)          # the tokens committed since the last drafting step
             live = self.live.index
+        k = min(int(self._tree_config.level_top_k), self.head.config.draft_vocab_size)
+        t0 = time.perf_counter()
+        if live is not None and self._context_match(context) >= HEAD_SKIP_MATCH:
+            # The answer is copying: the context alone drafts this tree and the head sits the step out (its
+            # features wait, as after a plain step).
+            self.skip(context)
+            vals, tokens = np.zeros((0, k), dtype=np.float32), np.zeros((0, k), dtype=np.int64)
+            self.head_skipped += 1
+            self.last_head_skipped = True
+        else:
+            self.last_head_skipped = False
+            start = self._cache.length
+            pending = self.take_pending(context)
+            # A tree of `budget` nodes is at most `budget` levels deep: deeper rows could never be kept.
+            levels = min(self.head.config.draft_length + 1, int(self._tree_config.budget))
+            if self._step is not None:     # one native call: the head forward and each level's top-k
+                vals, tokens = self._step.dart(pending, context[start + 1:], self._cache, levels, k)
+            else:
+                vals, tokens = self._torch_step(pending, context[start + 1:], levels, k)
+        t1 = time.perf_counter()
         tree, cands = self._builder.build(vals, tokens, context, self._tree_config, live)
         t2 = time.perf_counter()
         return Proposal(tree=tree, candidates=cands, draft_forward_s=t1 - t0, tree_build_s=t2 - t1)
+
+    def _context_match(self, context: Sequence[int]) -> int:
+        """Tokens of the longest suffix of the committed context that occurred before in the request."""
+        n = min(len(context), self.live.index.max_order)
+        return int(self.live.index.continuations(np.asarray(context[len(context) - n:], dtype=np.int64), 0)[0])
 
     def _torch_step(self, pending: torch.Tensor, next_ids: Sequence[int], levels: int, k: int):
         """The head forward in torch (the reference; GPUs), then each level's top-k as target ids (numpy)."""

@@ -36,7 +36,8 @@ import torch
 from ..presets import EAGLE3_FIELDS, LIMITS
 from ..models.heads.eagle3 import Eagle3Head
 from ..models.heads.native_step import prepare_head
-from ..engine.trace import ScoredCandidates
+from ..engine.trace import SOURCE_CONTEXT, SOURCE_HEAD, ScoredCandidates
+from ..ngram.live import LiveContext, mix_weight
 from ..engine.tree import DraftTree
 from ..engine.protocol import FeatureDrafter, Proposal, TreeHolder
 
@@ -48,11 +49,16 @@ class Eagle3TreeConfig:
     total_token  nodes verified, root included: the best total_token - 1 candidates are kept
     depth        tree forwards after the first (real) one: drafted depth is at most depth + 1,
                  as in the published topK_generate
+    context_weight, context_top_k  the request's own text as a source of candidates, exactly as DART's
+                 (docs/ARCHITECTURE.md section 5a): at every expanded node the context's continuations join the
+                 children and each child's probability becomes (1 - lam) p_head + lam P_ctx; 0 = the published tree
     top_k        children scored per expanded node, and the frontier width
     """
     total_token: int = 60
     depth: int = 7
     top_k: int = 10
+    context_weight: float = 0.0    # "EAGLE-3 + context": the live context's share (as DART's; 0 = the published tree)
+    context_top_k: int = 4         # continuations of the context offered per expanded node
 
     def __post_init__(self) -> None:
         self.validate()
@@ -65,6 +71,12 @@ class Eagle3TreeConfig:
                    else LIMITS[key].problem(v, upper=False))
             if why is not None:
                 raise ValueError(f"Eagle3TreeConfig.{name}={v!r}: {why}")
+        w = self.context_weight
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 <= float(w) <= 1.0:
+            raise ValueError(f"Eagle3TreeConfig.context_weight={w!r}: must be a number in [0, 1]")
+        t = self.context_top_k
+        if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+            raise ValueError(f"Eagle3TreeConfig.context_top_k={t!r}: must be a whole number >= 0")
 
 
 def topk_stable(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,6 +108,7 @@ class Eagle3Drafter(TreeHolder, FeatureDrafter):
         super().__init__(head, name, loader="load_eagle3_head", prepare=lambda h: prepare_head(h, head_backend))
         self._tree_config = tree or Eagle3TreeConfig()
         self._tree_config.validate()
+        self.live = LiveContext(int(head.embedding.shape[0]))    # the request's own tokens (context_weight > 0)
 
     @property
     def max_tree_nodes(self) -> int:
@@ -105,6 +118,10 @@ class Eagle3Drafter(TreeHolder, FeatureDrafter):
         return min(int(tc.total_token), 1 + k + int(tc.depth) * k * k)
 
     # ------------------------------------------------------------------ protocol
+
+    def begin(self, prompt_ids: Sequence[int], prefill_aux: torch.Tensor | None) -> None:
+        super().begin(prompt_ids, prefill_aux)
+        self.live.begin(prompt_ids)
 
     @torch.inference_mode()
     def propose(self, context: Sequence[int]) -> Proposal:
@@ -167,6 +184,11 @@ class Eagle3Drafter(TreeHolder, FeatureDrafter):
         # 3. Rerank every candidate; keep the best total_token - 1 in candidate (topological) order.
         tok, par, lp = np.concatenate(c_tok), np.concatenate(c_par), np.concatenate(c_lp)
         score, depth = np.concatenate(c_score), np.concatenate(c_depth)
+        ctx_term, source = np.zeros(n_cands), None
+        if tc.context_weight > 0 and tc.context_top_k > 0:
+            self.live.sync(context)
+            tok, par, lp, score, depth, ctx_term, source = self._graft_context(context, tok, par, lp, depth)
+            n_cands = len(tok)
         keep_n = min(int(tc.total_token) - 1, n_cands)
         kept_idx = np.sort(rank_candidates(score, depth)[:keep_n])
         node = np.full(n_cands, -1, dtype=np.int64)
@@ -180,9 +202,72 @@ class Eagle3Drafter(TreeHolder, FeatureDrafter):
                                  np.concatenate([[0], depth[kept_idx]]).astype(np.int64),
                                  np.concatenate([[0.0], score[kept_idx].astype(np.float64)]))
         cands = ScoredCandidates(token=tok.astype(np.int64), parent=par, depth=depth, logit_term=lp.astype(np.float64),
-                                 ngram_term=np.zeros(n_cands), score=score.astype(np.float64), kept=kept, node=node)
+                                 ngram_term=ctx_term, score=score.astype(np.float64), kept=kept, node=node,
+                                 source=[] if source is None else source)
         total = time.perf_counter() - t_begin
         return Proposal(tree=tree, candidates=cands, draft_forward_s=fwd_s, tree_build_s=max(total - fwd_s, 0.0))
+
+    def _graft_context(self, context: Sequence[int], tok, par, lp, depth):
+        """The live context's candidates in EAGLE-3's tree, by DART's rule (section 5a): at the root and at every
+        expanded node whose path the context has seen (``mix_weight``), the context's continuations join the
+        children, each child's probability becomes ``(1 - lam) p_head + lam P_ctx`` (0 for p_head of a token the
+        head did not rank) and the context's own children are expanded again while it goes on, up to the deepest
+        level a kept node can reach. Scores are cumulative log-probabilities again, recomputed from the root.
+        Returns the arrays extended, the score each candidate's mixture added over the head's log-probability
+        (the trace's N-gram column) and each candidate's SOURCE_* bits."""
+        tc, index = self._tree_config, self.live.index
+        w, top_k = float(tc.context_weight), int(tc.context_top_k)
+        max_depth = int(tc.total_token) - 1
+        tok, par, depth = [int(t) for t in tok], [int(p) for p in par], [int(d) for d in depth]
+        lp = [float(x) for x in lp]
+        kids: dict[int, list[int]] = {}
+        for c, p in enumerate(par):
+            kids.setdefault(p, []).append(c)
+        n_head = len(tok)
+        score = [0.0] * n_head
+        src = [SOURCE_HEAD] * n_head
+        tail = [int(t) for t in context[-index.max_order:]]
+        parents = [-1] + [p for p in sorted(kids) if p >= 0]       # the root and the expanded nodes, in order
+        done = 0
+        while done < len(parents):
+            p = parents[done]
+            done += 1
+            path, c = [], p
+            while c >= 0:
+                path.append(tok[c])
+                c = par[c]
+            ctx = np.asarray((tail + path[::-1])[-index.max_order:], dtype=np.int64)
+            base = 0.0 if p < 0 else score[p]
+            children = kids.get(p, [])
+            matched, _, conts, _ = index.continuations(ctx, top_k)
+            lam = mix_weight(int(matched), w)
+            if lam == 0.0:
+                for c in children:
+                    score[c] = base + lp[c]
+                continue
+            have = {tok[c] for c in children}
+            extra = [int(t) for t in conts.tolist() if int(t) not in have]
+            d = (0 if p < 0 else depth[p]) + 1
+            if d > max_depth:
+                extra = []
+            for t in extra:                 # the context's own children: the head gave them nothing
+                kids.setdefault(p, []).append(len(tok))
+                tok.append(t); par.append(p); depth.append(d); lp.append(-np.inf); score.append(0.0)
+                src.append(0)
+                parents.append(len(tok) - 1)
+                children = kids[p]
+            p_ctx, _ = index.query(ctx, np.asarray([tok[c] for c in children], dtype=np.int64))
+            for c, pc in zip(children, p_ctx.tolist()):
+                head_p = float(np.exp(lp[c])) if lp[c] > -np.inf else 0.0
+                score[c] = base + min(0.0, float(np.log((1.0 - lam) * head_p + lam * pc + 1e-30)))
+                if pc > 0:
+                    src[c] |= SOURCE_CONTEXT
+        lp_arr = np.asarray(lp)
+        score_arr = np.asarray(score)
+        parent_score = np.where(np.asarray(par) >= 0, score_arr[np.maximum(np.asarray(par), 0)], 0.0)
+        added = np.where(np.isfinite(lp_arr), score_arr - parent_score - lp_arr, score_arr - parent_score)
+        return (np.asarray(tok, dtype=np.int64), np.asarray(par, dtype=np.int64), np.where(np.isfinite(lp_arr),
+                lp_arr, 0.0), score_arr, np.asarray(depth, dtype=np.int64), added, np.asarray(src, dtype=np.int64))
 
     @staticmethod
     def _parent_rows(g, rows: np.ndarray):

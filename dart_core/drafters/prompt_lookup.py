@@ -16,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..engine.trace import SOURCE_CONTEXT, ScoredCandidates
 from ..engine.tree import DraftTree
 from ..engine.protocol import AcceptedStep, Proposal, TreeHolder
 
@@ -94,4 +95,11 @@ class PromptLookupDrafter(TreeHolder):
         total = max(len(conts), 1)
         scores = [0.0] + [math.log(c / total) for c in counts[1:]]
         tree = DraftTree.from_parents(tokens, parents, scores)
-        return Proposal(tree=tree, tree_build_s=time.perf_counter() - t0)
+        cands = None
+        if len(tokens) > 1:   # every node is a candidate, kept, and came from the context
+            n = len(tokens) - 1
+            cands = ScoredCandidates(token=tokens[1:], parent=[p - 1 for p in parents[1:]],
+                                     depth=tree.depths[1:].tolist(), logit_term=[0.0] * n, ngram_term=[0.0] * n,
+                                     score=scores[1:], kept=[True] * n, node=list(range(1, n + 1)),
+                                     source=[SOURCE_CONTEXT] * n)
+        return Proposal(tree=tree, candidates=cands, tree_build_s=time.perf_counter() - t0)

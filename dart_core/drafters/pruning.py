@@ -33,9 +33,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..ngram.live import mix_weight
 from ..presets import LIMITS, PRUNING_FIELDS
 from ..engine.trace import SOURCE_CONTEXT, SOURCE_CORPUS, SOURCE_HEAD, CandidatesOnRequest, ScoredCandidates
 from ..engine.tree import DraftTree
+
+
+#: The context weight "DART + context" runs with (the benchmark's ``dart_context``, the page's DART + context; the
+#: paper's DART runs 0). Tuned on the dev sets (docs/benchmarks.md, "DART + context").
+CONTEXT_WEIGHT = 0.5
 
 
 @dataclass
@@ -266,8 +272,7 @@ def prune_dart_tree_reference(topk_logits: np.ndarray, topk_tokens: np.ndarray, 
             lam = 0.0
             if use_live:
                 matched_len, _, conts, _ = live.continuations(query_ctx, int(config.context_top_k))
-                if matched_len >= 2:
-                    lam = config.context_weight * (1.0 - 2.0 ** (1 - int(matched_len)))
+                lam = mix_weight(int(matched_len), config.context_weight)
                 for t in conts.tolist():
                     if lam > 0.0 and t not in cand_tok[:n_head]:
                         cand_tok.append(int(t))

@@ -24,6 +24,17 @@ import numpy as np
 CONTEXT_ORDER = 6
 
 
+#: A suffix the context must have seen before it has a say: a single repeated token is no evidence of copying.
+MIN_MATCH = 2
+
+
+def mix_weight(matched: int, weight: float) -> float:
+    """The context's share lam of a candidate's probabilities after a suffix of ``matched`` tokens seen before:
+    ``weight * (1 - 2^(1 - matched))`` from MIN_MATCH tokens on, else 0 (what ``native/src/pruner.cpp`` computes
+    for DART; EAGLE-3 + context reads it here)."""
+    return float(weight) * (1.0 - 2.0 ** (1 - int(matched))) if int(matched) >= MIN_MATCH else 0.0
+
+
 class LiveContext:
     """One request's live context index (native), kept in step with the committed tokens."""
 

@@ -55,6 +55,7 @@ class Controls:
     beam_width: gr.Slider
     level_top_k: gr.Slider
     ngram_weight: gr.Slider
+    context_weight: gr.Slider
     eagle3_total_token: gr.Slider
     eagle3_depth: gr.Slider
     eagle3_top_k: gr.Slider

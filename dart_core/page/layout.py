@@ -91,11 +91,13 @@ class Layout:
                     beam = knob_slider("beam_width", base_p)
                     level_k = knob_slider("level_top_k", base_p)
                     ngram_w = knob_slider("ngram_weight", base_p)
+                    context_w = knob_slider("context_weight", base_p)
                 with gr.Row(visible="eagle3" in self.available):
                     e_total = knob_slider("eagle3_total_token", base_e, interactive=not auto)
                     e_depth = knob_slider("eagle3_depth", base_e, interactive=not auto)
                     e_topk = knob_slider("eagle3_top_k", base_e, interactive=not auto)
             self.controls = Controls(self.prompt, max_new, temperature, top_p, top_k, budget, beam, level_k, ngram_w,
+                                     context_w,
                                      e_total, e_depth, e_topk, tree_mode)
             self.status = gr.Markdown("Pick an example or type a prompt, then **Run** (or **Step once**).",
                                       elem_id="status")

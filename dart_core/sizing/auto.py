@@ -152,6 +152,8 @@ class AutoTree:
             f, r, k = choice.work
             self._last_work = (f, r + caught_up, k)
             proposal = self.inner.propose(context)
+            if getattr(self.inner, "last_head_skipped", False):
+                self._last_work = (0, 0, k)     # the context drafted alone (DART + context): no head forward
         self._last = choice
         self._last_expected = self._tau_of.get(choice, 1.0)
         return proposal

@@ -60,6 +60,7 @@ class RunSettings:
     beam_width: int | None = None
     level_top_k: int | None = None
     ngram_weight: float | None = None
+    context_weight: float | None = None
     eagle3_total_token: int | None = None
     eagle3_depth: int | None = None
     eagle3_top_k: int | None = None

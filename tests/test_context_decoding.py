@@ -1,0 +1,165 @@
+"""DART + context, EAGLE-3 + context and the switching hybrid as a user runs them: greedy answers identical to
+vanilla's (tiny targets in float32; the bundled model in float32 and bfloat16 on prompts that copy), the
+sampling distribution unchanged with context candidates in the tree (chi-square), and the sources recorded."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dart_core.config import GenerationConfig
+from dart_core.drafters import PromptLookupDrafter
+from dart_core.drafters.dart import DartDrafter
+from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3TreeConfig
+from dart_core.drafters.hybrid import SwitchDrafter
+from dart_core.drafters.pruning import CONTEXT_WEIGHT, PruningConfig
+from dart_core.engine.decoding import SpeculativeEngine
+from dart_core.engine.protocol import AcceptedStep
+from dart_core.engine.trace import SOURCE_CONTEXT
+from dart_core.models.heads.dart import new_head_for_target
+from dart_core.models.heads.eagle3 import new_eagle3_head_for_target
+from dart_core.models.loader import load_target
+from tiny_models import make_tiny_model_dir
+
+from test_decoding import chi_square_p, exact_marginals
+
+# prompts whose answers the context can continue: the tiny targets repeat themselves, and so do the prompts
+PROMPTS = [[10, 11, 12, 13, 14, 10, 11, 12, 13, 14, 10, 11], [5, 6, 7, 8, 9, 20, 21, 5, 6, 7], [3, 4, 5, 3, 4]]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ctx")
+    return {name: load_target(str(make_tiny_model_dir(root, name, seed=0, name=name, initializer_range=0.5)),
+                              dtype="float32", device="cpu") for name in ("llama", "qwen3")}
+
+
+def drafters(t, budget=12):
+    dart = DartDrafter(new_head_for_target(t, draft_ids=torch.arange(1, t.vocab_size, 3), draft_length=4, seed=5),
+                       None, t.eos_token_ids, PruningConfig(budget=budget, context_weight=1.0), name="dart_context")
+    eagle = Eagle3Drafter(new_eagle3_head_for_target(t, seed=2),
+                          Eagle3TreeConfig(total_token=budget, depth=2, top_k=3, context_weight=CONTEXT_WEIGHT),
+                          name="eagle3_context")
+    plain = DartDrafter(new_head_for_target(t, draft_ids=torch.arange(1, t.vocab_size, 3), draft_length=4, seed=5),
+                        None, t.eos_token_ids, PruningConfig(budget=budget))
+    hybrid = SwitchDrafter(plain, PromptLookupDrafter(), vocab_size=t.vocab_size)
+    return {"dart_context": dart, "eagle3_context": eagle, "hybrid": hybrid}
+
+
+@pytest.mark.parametrize("model", ["llama", "qwen3"])
+def test_greedy_output_identical_to_vanilla_with_context(tiny, model):
+    """Every context method's answers equal vanilla's token for token. (A random tiny target never copies its
+    prompt, so the context's candidates are drafted here but rarely accepted; the bundled model's test below has
+    them accepted.)"""
+    t = tiny[model]
+    vanilla = SpeculativeEngine(t)
+    cfg = GenerationConfig(max_new_tokens=40, max_length=120)
+    for name, d in drafters(t).items():
+        engine = SpeculativeEngine(t, d)
+        context_nodes = 0
+        for p in PROMPTS:
+            a, b = engine.generate(p, cfg), vanilla.generate(p, cfg)
+            assert a.tokens == b.tokens, f"{name} differs from vanilla on {p}"
+            for tr in a.traces:
+                if tr.candidates is not None and len(tr.candidates.source):
+                    context_nodes += int((np.asarray(tr.candidates.source) & SOURCE_CONTEXT).astype(bool).sum())
+        if name != "hybrid":     # the hybrid switches to lookup only after a 3-token match, which never comes here
+            assert context_nodes > 0, f"{name} drafted nothing from the context on repeating prompts"
+
+
+def test_the_head_sits_out_while_the_answer_copies(tiny):
+    """With the committed text's last 4 tokens seen before, the context drafts alone and the head's features
+    wait; at the next step without such a match the head catches up on every waiting position."""
+    t = tiny["llama"]
+    d = drafters(t)["dart_context"]
+    width = d.head.fc.weight.shape[1]
+    prompt = [1, 2, 3, 4, 5, 6, 7, 9, 2, 3, 4]
+    d.begin(prompt, torch.zeros(len(prompt), width))
+    p = d.propose(prompt + [5])                          # 2 3 4 5 occurred before: the answer is copying
+    assert d.last_head_skipped and d.head_skipped == 1 and p.draft_forward_s < 1e-3
+    assert d.waiting_positions == len(prompt)           # nothing went through the head
+    kids = [int(p.tree.tokens[i]) for i in range(1, len(p.tree)) if p.tree.parents[i] == 0]
+    assert kids == [6] and max(p.tree.depths) >= 2       # the copied continuation, past one level
+    assert all(s & SOURCE_CONTEXT and not s & 1 for s in p.candidates.source)   # from the context alone
+    d.observe(AcceptedStep([5], 8, torch.zeros(1, width)))
+    q = d.propose(prompt + [5, 8])                       # 5 8 never occurred: the head drafts again
+    assert not d.last_head_skipped and d.waiting_positions == 0 and len(q.tree) > 1
+
+
+def test_sampling_with_context_candidates_keeps_the_target_distribution(bundled_fp32, monkeypatch):
+    """Chi-square goodness of fit of answer tokens 1 and 2 on the bundled model, which copies the sentence it is
+    asked to repeat, with DART + context drafting (p > 1e-3 per position; fixed seeds, reproducible)."""
+    from dart_core.loading import bundled_head_dir, open_ngram
+    from dart_core.models.heads.dart import load_dart_head
+    from dart_core.models.templates import encode_chat, get_template
+
+    t = bundled_fp32
+    monkeypatch.setattr(t, "eos_token_ids", ())
+    cfg = GenerationConfig(max_new_tokens=3, max_length=256, temperature=0.7, top_k=8)
+    prompt = encode_chat(t.tokenizer, get_template(t.template_name), [{
+        "role": "user", "content": "Repeat this sentence exactly:\nThe old lighthouse keeper painted the door blue."}])
+    p1, p2 = exact_marginals(t, prompt, cfg)
+    head = load_dart_head(bundled_head_dir(), t)
+    d = DartDrafter(head, open_ngram(None, t.tokenizer), (), PruningConfig(budget=6, context_weight=CONTEXT_WEIGHT))
+    engine = SpeculativeEngine(t, d)
+    V = t.vocab_size
+    c1, c2 = np.zeros(V), np.zeros(V)
+    from_context = 0
+    n = 600
+    for seed in range(n):
+        cfg.seed = seed
+        out = engine.generate(prompt, cfg)
+        c1[out.tokens[1]] += 1
+        c2[out.tokens[2]] += 1
+        tr = out.traces[0]
+        from_context += any(tr.candidates.source_of_node(i) & SOURCE_CONTEXT for i in tr.accepted_nodes[1:])
+    assert from_context > 0.05 * n, "context candidates should be accepted, or the test checks only the head's"
+    assert chi_square_p(c1, p1) > 1e-3
+    assert chi_square_p(c2, p2) > 1e-3
+
+
+COPY_PROMPTS = [
+    "Translate the following German text into English.\n\nEin Hund rennt durch den Park. Zwei Kinder spielen "
+    "mit einem roten Ball am Strand.",
+    "Read the passage and answer the question.\n\nThe Amazon River in South America is the largest river by "
+    "discharge volume of water in the world. The river system originates in the Andes Mountains of Peru and "
+    "travels through Ecuador, Colombia, Venezuela, Bolivia and Brazil before emptying into the Atlantic Ocean.\n\n"
+    "Question: Which mountains does the Amazon river system originate in, and which countries does it travel "
+    "through?",
+]
+
+
+@pytest.mark.bundled
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_context_methods_on_the_bundled_model_equal_vanilla_and_copy(dtype, bundled_fp32, bundled_bf16):
+    from dart_core.loading import bundled_head_dir, open_ngram
+    from dart_core.models.heads.dart import load_dart_head
+    from dart_core.models.templates import encode_chat, get_template
+
+    t = bundled_fp32 if dtype == "float32" else bundled_bf16
+    head = load_dart_head(bundled_head_dir(), t)
+    store = open_ngram(None, t.tokenizer)
+    dart = DartDrafter(head, store, t.eos_token_ids, PruningConfig(budget=6, context_weight=CONTEXT_WEIGHT))
+    engine, vanilla = SpeculativeEngine(t, dart), SpeculativeEngine(t)
+    cfg = GenerationConfig(max_new_tokens=48, max_length=1024)
+    template = get_template(t.template_name)
+    copied = 0
+    for p in COPY_PROMPTS:
+        ids = encode_chat(t.tokenizer, template, [{"role": "user", "content": p}])
+        a, b = engine.generate(ids, cfg), vanilla.generate(ids, cfg)
+        assert a.tokens == b.tokens, f"DART + context differs from vanilla ({dtype}) on {p[:40]!r}"
+        copied += sum(bool(tr.candidates.source_of_node(i) & SOURCE_CONTEXT)
+                      for tr in a.traces if tr.candidates is not None for i in tr.accepted_nodes[1:])
+    assert copied > 0, "the answers copy from their prompts, yet no accepted draft came from the context"
+    # the other two context methods on the same prompts: EAGLE-3 + context and the switching hybrid
+    from dart_core.models.heads.eagle3 import load_eagle3_for_target
+    eagle = Eagle3Drafter(load_eagle3_for_target(t, None, None),
+                          Eagle3TreeConfig(total_token=6, depth=2, top_k=2, context_weight=CONTEXT_WEIGHT))
+    hybrid = SwitchDrafter(DartDrafter(head, store, t.eos_token_ids, PruningConfig(budget=4)),
+                           PromptLookupDrafter(), vocab_size=int(store.vocab_size))
+    for d in (eagle, hybrid):
+        e = SpeculativeEngine(t, d)
+        for p in COPY_PROMPTS:
+            ids = encode_chat(t.tokenizer, template, [{"role": "user", "content": p}])
+            assert e.generate(ids, cfg).tokens == vanilla.generate(ids, cfg).tokens, (type(d).__name__, dtype)
+    assert hybrid.lookup_steps > 0 and hybrid.head_steps > 0
