@@ -65,6 +65,13 @@ def test_greedy_output_identical_to_vanilla_with_context(tiny, model):
                     context_nodes += int((np.asarray(tr.candidates.source) & SOURCE_CONTEXT).astype(bool).sum())
         if name != "hybrid":     # the hybrid switches to lookup only after a 3-token match, which never comes here
             assert context_nodes > 0, f"{name} drafted nothing from the context on repeating prompts"
+    # the page says where each drafted node came from (tree hover and score scatter)
+    from dart_core.ui import viz_tree
+    tr = next(tr for tr in a.traces if len(tr.tree) > 1 and tr.candidates is not None)
+    d = viz_tree.node_details(tr, 1)
+    assert d["source"] in ("head", "context", "corpus", "several")
+    hover = " ".join(t.hovertext[0] for t in viz_tree.score_scatter(tr).data if t.hovertext)
+    assert "from: " in hover
 
 
 def test_the_head_sits_out_while_the_answer_copies(tiny):

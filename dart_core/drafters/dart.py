@@ -136,6 +136,14 @@ class DartDrafter(TreeHolder, FeatureDrafter):
         t2 = time.perf_counter()
         return Proposal(tree=tree, candidates=cands, draft_forward_s=t1 - t0, tree_build_s=t2 - t1)
 
+    def regime(self, context: Sequence[int]) -> str:
+        """"copy" when this step's tree would come from the live context alone (the answer is copying), else
+        "head": the tree sizer (sizing.AutoTree) keeps an acceptance model and a choice for each."""
+        if self._tree_config.context_weight <= 0:
+            return "head"
+        self.live.sync(context)
+        return "copy" if self._context_match(context) >= HEAD_SKIP_MATCH else "head"
+
     def _context_match(self, context: Sequence[int]) -> int:
         """Tokens of the longest suffix of the committed context that occurred before in the request."""
         n = min(len(context), self.live.index.max_order)

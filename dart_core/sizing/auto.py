@@ -17,6 +17,7 @@ every tree is verified by the same lossless loop.
 """
 from __future__ import annotations
 
+import copy
 import time
 from collections import Counter
 from typing import Any, Mapping, Sequence
@@ -38,6 +39,9 @@ PROBE_EVERY = 16
 SAVE_AFTER_STEPS = 32
 #: Largest tree weighed (nodes, root included): 64 drafted nodes, as the paper's 60 plus margin.
 MAX_NODES = 65
+#: What a regime keeps of its own (a drafter with ``regime(context)``, e.g. DART + context's "copy" steps, where
+#: the context drafts alone and far more is accepted, and its "head" steps): acceptance, choice, probe state.
+REGIME_STATE = ("acceptance", "choice", "_best_tree", "_tau_of", "_plain_run", "_step")
 
 
 class AutoTree:
@@ -80,6 +84,9 @@ class AutoTree:
         self._last_work: tuple[int, int, int] = (0, 0, 0)
         self._best_tree: TreeChoice | None = None
         self._tau_of: dict[TreeChoice, float] = {}
+        self._regime = "head"                       # the regime whose state the attributes hold
+        self._stash: dict[str, dict] = {}          # the other regimes' REGIME_STATE
+        self.regime_steps: Counter = Counter()
 
     @property
     def last_used(self) -> TreeChoice:
@@ -100,9 +107,12 @@ class AutoTree:
                 values[self._shapes[(depth, width, beam)], :len(curve)] = curve
         drafted = np.maximum(self._nodes - 1, 0)
         tau = 1.0 + values[self._shape_idx, drafted]
-        # the head also reads the positions committed since its last run: in steady drafting, tau of them
         work = self._work.copy()
-        work[:, 2] += np.where(self._nodes > 1, tau, 0.0)      # column 2: rows (DraftCost.features)
+        if self._regime == "copy":
+            work[:, 1:3] = 0.0       # the context drafts alone: no head forward, no rows (columns 1, 2)
+        else:
+            # the head also reads the positions committed since its last run: in steady drafting, tau of them
+            work[:, 2] += np.where(self._nodes > 1, tau, 0.0)  # column 2: rows (DraftCost.features)
         step = fixed_s[self._nodes] + work @ coef
         return tau, step
 
@@ -131,8 +141,28 @@ class AutoTree:
         self.acceptance.begin_request()
         self._step = 0
         self._plain_run = 0
+        for state in self._stash.values():
+            state["acceptance"].begin_request()
+            state["_step"] = state["_plain_run"] = 0
+
+    def _enter(self, regime: str) -> None:
+        """Hold ``regime``'s own acceptance model and choice (a new regime starts from the current one's rates and
+        decides at once)."""
+        if regime == self._regime:
+            return
+        self._stash[self._regime] = {a: getattr(self, a) for a in REGIME_STATE}
+        state = self._stash.pop(regime, None)
+        if state is None:
+            state = {"acceptance": copy.deepcopy(self.acceptance), "choice": PLAIN, "_best_tree": None,
+                     "_tau_of": {}, "_plain_run": 0, "_step": 0}
+        for a in REGIME_STATE:
+            setattr(self, a, state[a])
+        self._regime = regime
 
     def propose(self, context: Sequence[int]) -> Proposal:
+        regime = getattr(self.inner, "regime", None)
+        self._enter(regime(context) if regime is not None else "head")
+        self.regime_steps[self._regime] += 1
         if self._step % self.redecide_every == 0:
             self.choose()
         self._step += 1

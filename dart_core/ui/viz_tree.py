@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from ..engine.trace import StepTrace
+from ..engine.trace import StepTrace, source_label
 from ..engine.trace_stats import (SCATTER_GROUPS, TraceLike, as_step, candidate_groups, candidate_nodes,
                                   node_states)
 from .viz import (NODE_STATES, OKABE_ITO, PRUNED_OPACITY, SCORE_COLORSCALE, Decoder, as_decoder, as_floats,
@@ -175,6 +175,7 @@ class _StepView:
             "target_choice": None, "target_choice_text": None, "matches_target": None, "bonus_token": None,
             "answer_position": self.answer_position(self.states[node], int(tree.depths[node])),
             "candidate": None, "rank": None, "candidates": None, "sibling_rank": None, "siblings": None,
+            "source": None,
         }
         ci = self.cand_of_node.get(node)
         if ci is not None:
@@ -184,6 +185,7 @@ class _StepView:
             d["ngram_term"] = self.ngram[ci] if self.has_ngram else None
             d["draft_prob"] = None if self.draft_prob is None else self.draft_prob[ci]
             d["cum_logprob"] = None if self.cum_logprob is None else self.cum_logprob[ci]
+            d["source"] = candidate_source(st.candidates, ci)
         if 0 <= parent < len(st.node_target_argmax):
             choice = int(st.node_target_argmax[parent])
             d["target_choice"] = choice
@@ -210,6 +212,15 @@ def node_details(step: TraceLike, node: int, tokenizer: Decoder = None,
     return _StepView(as_step(step), score_label).details(node, as_decoder(tokenizer))
 
 
+def candidate_source(cands, i: int) -> str | None:
+    """Where candidate ``i`` came from ("head", "context", "corpus" or "several": engine.trace.source_label), or
+    None when the drafter recorded no sources."""
+    source = getattr(cands, "source", None) if cands is not None else None
+    if source is None or len(source) == 0:
+        return None
+    return source_label(int(cands.source[i]))
+
+
 # The optional per-node figures of a hover, in the order shown (absent ones are skipped).
 _HOVER_TERMS = (("logit_term", "logit term"), ("ngram_term", "N-gram term"), ("draft_prob", "draft probability"),
                 ("cum_logprob", "cumulative log-prob"), ("target_prob", "target probability"))
@@ -223,6 +234,8 @@ def _node_hover(d: dict[str, Any], decode) -> str:
         if d["rank"] is not None:
             lines += _rank_lines(d["rank"], d["candidates"], d["sibling_rank"], d["siblings"], d["score_name"])
         lines += [f"{label}: {_fmt(d[key])}" for key, label in _HOVER_TERMS if d[key] is not None]
+        if d.get("source") is not None:
+            lines.append(f"from: {d['source']}")
         if d["target_choice"] is not None:
             same = " (this token)" if d["matches_target"] else ""
             lines.append(f"target's own choice here: {token_hover(d['target_choice'], decode)}{same}")
@@ -439,6 +452,7 @@ def score_scatter(step: TraceLike, tokenizer: Decoder = None, *, score_label: st
         idx = [i for i, gi in enumerate(groups) if gi == g]
         hovers = [f"<b>{token_hover(tok[i], decode)}</b>  candidate {i}, depth {depth[i]}<br>"
                   f"logit term: {_fmt(logit[i])}<br>N-gram term: {_fmt(ng[i])}<br>{score_name}: {_fmt(score[i])}"
+                  + (f"<br>from: {candidate_source(c, i)}" if candidate_source(c, i) else "")
                   for i in idx]
         fig.add_trace(go.Scatter(
             x=[logit[i] for i in idx], y=[ng[i] for i in idx], mode="markers", name=f"{label} ({len(idx)})",
