@@ -170,3 +170,33 @@ def test_context_methods_on_the_bundled_model_equal_vanilla_and_copy(dtype, bund
             ids = encode_chat(t.tokenizer, template, [{"role": "user", "content": p}])
             assert e.generate(ids, cfg).tokens == vanilla.generate(ids, cfg).tokens, (type(d).__name__, dtype)
     assert hybrid.lookup_steps > 0 and hybrid.head_steps > 0
+
+
+def test_automatic_trees_keep_a_choice_per_regime(tiny):
+    """Under automatic trees DART + context's copy steps (the context drafts alone) and head steps each have their
+    own acceptance model and tree choice; a copy step is priced without a head forward; answers equal vanilla's."""
+    from dart_core.sizing.auto import AutoTree
+    from dart_core.sizing.acceptance import AcceptanceModel
+    from dart_core.sizing.costs import CostModel, VerifyCurve
+
+    t = tiny["llama"]
+    d = drafters(t)["dart_context"]
+    costs = CostModel(VerifyCurve([1, 64], [0.001, 0.002]), 0.0)
+    auto = AutoTree(d, costs, AcceptanceModel.for_head_dir(None))
+    head_model = auto.acceptance
+    width = d.head.fc.weight.shape[1]
+    prompt = [1, 2, 3, 4, 5, 6, 7, 9, 2, 3, 4]
+    auto.begin(prompt, torch.zeros(len(prompt), width))
+    assert d.regime(prompt + [5]) == "copy" and d.regime(prompt + [8]) == "head"
+    auto.propose(prompt + [5])                        # a copy step: the copy regime's own model and choice
+    assert auto.regime_steps["copy"] == 1 and auto.acceptance is not head_model
+    if not auto.last_used.plain:
+        assert d.last_head_skipped
+    d.observe(AcceptedStep([5], 8, torch.zeros(1, width)))
+    auto.propose(prompt + [5, 8])                     # a head step: back to the head's
+    assert auto.acceptance is head_model and auto.regime_steps["head"] == 1
+    # end to end under automatic trees (a prompt the context can continue)
+    cfg = GenerationConfig(max_new_tokens=30, max_length=160)
+    engine = SpeculativeEngine(t, AutoTree(drafters(t)["dart_context"], costs, AcceptanceModel.for_head_dir(None)))
+    for p in PROMPTS:
+        assert engine.generate(p * 3, cfg).tokens == SpeculativeEngine(t).generate(p * 3, cfg).tokens
