@@ -114,7 +114,7 @@ class DartDrafter(TreeHolder, FeatureDrafter):
             live = self.live.index
         k = min(int(self._tree_config.level_top_k), self.head.config.draft_vocab_size)
         t0 = time.perf_counter()
-        if live is not None and self._context_match(context) >= HEAD_SKIP_MATCH:
+        if live is not None and self.live.match(context) >= HEAD_SKIP_MATCH:
             # The answer is copying: the context alone drafts this tree and the head sits the step out (its
             # features wait, as after a plain step).
             self.skip(context)
@@ -142,12 +142,7 @@ class DartDrafter(TreeHolder, FeatureDrafter):
         if self._tree_config.context_weight <= 0:
             return "head"
         self.live.sync(context)
-        return "copy" if self._context_match(context) >= HEAD_SKIP_MATCH else "head"
-
-    def _context_match(self, context: Sequence[int]) -> int:
-        """Tokens of the longest suffix of the committed context that occurred before in the request."""
-        n = min(len(context), self.live.index.max_order)
-        return int(self.live.index.continuations(np.asarray(context[len(context) - n:], dtype=np.int64), 0)[0])
+        return "copy" if self.live.match(context) >= HEAD_SKIP_MATCH else "head"
 
     def _torch_step(self, pending: torch.Tensor, next_ids: Sequence[int], levels: int, k: int):
         """The head forward in torch (the reference; GPUs), then each level's top-k as target ids (numpy)."""

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import numpy as np
-
 from ..engine.protocol import AcceptedStep, Proposal
 from ..ngram.live import LiveContext
 
@@ -52,9 +50,7 @@ class SwitchDrafter:
 
     def propose(self, context: Sequence[int]) -> Proposal:
         self.live.sync(context)
-        n = min(len(context), self.min_match)
-        matched = self.live.index.continuations(np.asarray(context[len(context) - n:], dtype=np.int64), 1)[0]
-        if matched >= self.min_match:
+        if self.live.match(context) >= self.min_match:
             _skip(self.head, context)
             self._last = self.lookup
             self.lookup_steps += 1

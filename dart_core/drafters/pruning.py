@@ -350,7 +350,6 @@ class TreeBuilder:
         self.store, self.backend = store, backend
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self._eos = np.asarray(self.eos_token_ids, dtype=np.int64)
-        self._tail = max(int(store.order) - 1, 1) if store is not None else 1
         self._native = self._native_store = None
         if backend == "native":
             from ..ngram.store import NgramStore, require_native
@@ -377,8 +376,7 @@ class TreeBuilder:
             self._key = key
         if config.context_weight == 0:
             live = None
-        tail = np.asarray(context[-(self._tail if live is None else max(self._tail, int(live.max_order))):],
-                          dtype=np.int64)
+        tail = np.asarray(context[-tail_length(self.store, live):], dtype=np.int64)
         if tail.size == 0:
             raise ValueError("context is empty: it must end with the tree root token")
         r = self._native.prune_dart_tree(topk_logits, topk_tokens, tail, self._native_store, self._eos, self._hot,

@@ -58,6 +58,11 @@ class LiveContext:
         if len(context) > n:
             self.index.extend(np.asarray(context[n:], dtype=np.int64))
 
+    def match(self, context: Sequence[int]) -> int:
+        """Tokens of the longest suffix of ``context`` (at most the index's order) that occurred before."""
+        n = min(len(context), int(self.index.max_order))
+        return int(self.index.continuations(np.asarray(context[len(context) - n:], dtype=np.int64), 0)[0])
+
     def __len__(self) -> int:
         return len(self.index)
 
