@@ -24,6 +24,7 @@ one with the tree root).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Sequence
 
@@ -108,11 +109,21 @@ class DartDrafter(TreeHolder, FeatureDrafter):
             # Budget 0 drafts nothing: the step is one plain target forward (the output equals vanilla's). The
             # head does not run; its features wait for the next step that drafts.
             return self.skip(context)
+        return self.propose_each(context, [int(self._tree_config.budget)])[0]
+
+    def propose_each(self, context: Sequence[int], budgets: Sequence[int]) -> list[Proposal]:
+        """One proposal per budget (each >= 1) from one head forward: the rows of a shallower tree are the first
+        rows of a deeper one (the head's attention is causal over its mask slots), so the trees are those
+        ``propose`` makes at each budget. The tree chooser's offline replay (sizing/replay.py) reads every
+        setting this way; ``propose`` is the case of one budget. The draft time goes to each proposal."""
+        if not budgets or min(int(b) for b in budgets) < 1:
+            raise ValueError(f"propose_each needs budgets >= 1 (a plain step is skip()), got {list(budgets)}")
         live = None
         if self._tree_config.context_weight > 0:
             self.live.sync(context)          # the tokens committed since the last drafting step
             live = self.live.index
         k = min(int(self._tree_config.level_top_k), self.head.config.draft_vocab_size)
+        rows = self.head.config.draft_length + 1
         t0 = time.perf_counter()
         if live is not None and self.live.match(context) >= HEAD_SKIP_MATCH:
             # The answer is copying: the context alone drafts this tree and the head sits the step out (its
@@ -126,15 +137,22 @@ class DartDrafter(TreeHolder, FeatureDrafter):
             start = self._cache.length
             pending = self.take_pending(context)
             # A tree of `budget` nodes is at most `budget` levels deep: deeper rows could never be kept.
-            levels = min(self.head.config.draft_length + 1, int(self._tree_config.budget))
+            levels = min(rows, max(int(b) for b in budgets))
             if self._step is not None:     # one native call: the head forward and each level's top-k
                 vals, tokens = self._step.dart(pending, context[start + 1:], self._cache, levels, k)
             else:
                 vals, tokens = self._torch_step(pending, context[start + 1:], levels, k)
         t1 = time.perf_counter()
-        tree, cands = self._builder.build(vals, tokens, context, self._tree_config, live)
-        t2 = time.perf_counter()
-        return Proposal(tree=tree, candidates=cands, draft_forward_s=t1 - t0, tree_build_s=t2 - t1)
+        out = []
+        for b in budgets:
+            config = self._tree_config if int(b) == int(self._tree_config.budget) else \
+                dataclasses.replace(self._tree_config, budget=int(b))
+            levels = min(rows, int(b))
+            t2 = time.perf_counter()
+            tree, cands = self._builder.build(vals[:levels], tokens[:levels], context, config, live)
+            out.append(Proposal(tree=tree, candidates=cands, draft_forward_s=t1 - t0,
+                                tree_build_s=time.perf_counter() - t2))
+        return out
 
     def regime(self, context: Sequence[int]) -> str:
         """"copy" when this step's tree would come from the live context alone (the answer is copying), else
