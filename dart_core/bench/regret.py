@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base-model-name-or-path", default=None, metavar="M")
     p.add_argument("--threads", type=int, default=None, metavar="N")
     p.add_argument("--json", dest="json_out", default=None, metavar="OUT.json")
+    p.add_argument("--save-logs", default=None, metavar="LOGS.pkl",
+                   help="keep the recorded answers (every setting's tree at every position) for walks without the "
+                        "target: dart_core.sizing.replay.load_logs")
     for name in REPLAYABLE:
         spec = METHODS[name]
         if spec.add_arguments is not None and not any(a.dest == "dart_model_name_or_path" for a in p._actions):
@@ -157,6 +160,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             logs[name].append(log)
         if n % 5 == 0 or n == len(questions):
             logger.info("recorded %d/%d answers (%.0f s)", n, len(questions), time.perf_counter() - t0)
+    if args.save_logs:
+        from ..sizing.replay import save_logs
+        save_logs(args.save_logs, logs, costs)
     rows = regret_table(logs, drafters, costs)
     text = render(rows)
     sys.stdout.write(text)

@@ -323,5 +323,20 @@ def walk_chooser(logs: Sequence[RequestLog], drafter: Any, costs: CostModel,
     return total, per
 
 
-__all__ = ["Drafted", "FrozenCosts", "Position", "ReplayDrafter", "RequestLog", "Walk", "follow", "key_of",
+def save_logs(path, logs: Mapping[str, Sequence[RequestLog]], costs: CostModel) -> None:
+    """The recorded answers of each method and the cost model that priced them, for walks without the target (a
+    chooser's knobs tried offline). A pickle: read it back only from a file you wrote."""
+    import pickle
+    with open(path, "wb") as f:
+        pickle.dump({"logs": {k: list(v) for k, v in logs.items()}, "costs": FrozenCosts.of(costs)}, f)
+
+
+def load_logs(path) -> tuple[dict[str, list[RequestLog]], CostModel]:
+    import pickle
+    with open(path, "rb") as f:
+        d = pickle.load(f)
+    return d["logs"], d["costs"]
+
+
+__all__ = ["Drafted", "FrozenCosts", "Position", "ReplayDrafter", "RequestLog", "Walk", "follow", "key_of", "load_logs", "save_logs",
            "record", "step_seconds", "walk_chooser", "walk_fixed"]
