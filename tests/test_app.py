@@ -2,6 +2,8 @@
 defaults), step-once narration against what the engine did, figures from a recorded trace, and replay."""
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import sys
 from pathlib import Path
@@ -332,6 +334,22 @@ def test_lossless_check_words():
     state, text = lossless_check(EngineRun("dart", tokens=[1, 5, 3], done=True), base, True, "bfloat16")
     assert state == "differs" and "token 1" in text and "--dtype float32" in text
     assert lossless_check(EngineRun("dart", tokens=[1, 5]), base, False)[0] == "n/a"
+    # two answers that ended by themselves at different lengths differ (one went on past an EOS)
+    assert lossless_check(EngineRun("dart", tokens=[1, 2], done=True, stop_reason="eos"), base, True)[0] == "differs"
+
+
+@pytest.mark.parametrize("reason", ["stopped", "time limit", "memory limit"])
+def test_a_run_cut_short_is_compared_on_its_own_tokens(reason):
+    """Stop (or a serving limit) mid-run: a prefix of the baseline's answer is no difference, whichever was cut."""
+    base = EngineRun("vanilla", tokens=[1, 2, 3, 4], done=True, stop_reason="max_new_tokens")
+    state, text = lossless_check(EngineRun("dart", tokens=[1, 2], done=True, stop_reason=reason), base, True)
+    assert state == "same so far" and "for the 2 tokens before this run was stopped" in text and reason in text
+    cut_base = EngineRun("vanilla", tokens=[1, 2], done=True, stop_reason=reason)
+    full = EngineRun("dart", tokens=[1, 2, 3, 4], done=True, stop_reason="eos")
+    state, text = lossless_check(full, cut_base, True)
+    assert state == "same so far" and "before the baseline was stopped" in text
+    # a real difference inside the produced tokens is still reported
+    assert lossless_check(EngineRun("dart", tokens=[1, 7], done=True, stop_reason=reason), base, True)[0] == "differs"
 
 
 def test_fair_clock_runs_the_engine_with_least_engine_time(tiny):
@@ -509,7 +527,7 @@ def test_gradio_client_on_the_bundled_defaults(bundled_fp32):
 
 
 # ---------------------------------------------------------------------------------------------- teaching
-def test_tree_presets_set_the_controls_and_report_each_measured_speed(vis):
+def test_tree_presets_set_the_controls_and_report_each_measured_speed(vis, monkeypatch):
     paper = vis.apply_preset("paper")
     assert paper[vis.controls.tree] == "fixed" and "sliders apply" in paper[vis.tree_note]
     assert paper[vis.controls.budget].value == vis.factory.base_trees["dart"].budget == 60
@@ -531,10 +549,38 @@ def test_tree_presets_set_the_controls_and_report_each_measured_speed(vis):
     assert final[vis.status].startswith("✓ **Done")
     text = final[vis.preset_note]
     paper_line = next(line for line in text.split("\n") if "Paper's trees" in line)
-    assert "measured here: DART **" in paper_line and "EAGLE-3 **" in paper_line, paper_line
+    # the paper's trees run the paper's DART (no context), and the page names it so
+    assert "measured here: DART (paper) **" in paper_line and "EAGLE-3 **" in paper_line, paper_line
     speed = final[vis.tab].record.metrics()["dart"].speedup
-    assert f"DART **{speed:.2f}×**" in paper_line
+    assert f"DART (paper) **{speed:.2f}×**" in paper_line
     assert "not run on this server yet" in next(line for line in text.split("\n") if "Fastest" in line)
+    # a run cut short (here by the time limit; Stop alike) measured its first tokens only: the preset keeps the
+    # finished run's figure, and the run's own line says it is partial
+    monkeypatch.setattr(vis, "limits", dataclasses.replace(vis.limits, run_time_limit_s=1e-9))
+    cut = list(vis.run(None, PROMPT, *paper_values, "fixed"))[-1]
+    assert cut[vis.status].startswith("⏱")
+    assert "(partial run)" in cut[vis.metrics["dart"]] and "⚠" not in cut[vis.metrics["dart"]]
+    assert f"DART (paper) **{speed:.2f}×**" in vis.preset_text()
+
+
+def test_the_page_names_the_dart_method_that_ran(vis):
+    """Context weight 0 runs the paper's DART, above 0 DART + context (issue 38): the metrics line, the step
+    titles and an exported record all name which; EAGLE-3 without context keeps its plain name."""
+    i = SETTING_NAMES.index("context_weight")
+    for w, label in ((0.0, "DART (paper)"), (0.5, "DART + context")):
+        vals = list(VALUES)
+        vals[i] = w
+        final = list(vis.run(None, PROMPT, *vals))[-1]
+        assert final[vis.metrics["dart"]].startswith(f"**{label}**:"), final[vis.metrics["dart"]]
+        rec = final[vis.tab].record
+        assert rec.runs["dart"].label == label and rec.runs["eagle3"].label == "EAGLE-3"
+        assert final[vis.tree_plot["dart"]].layout.title.text.startswith(f"{label} step")
+        assert RunRecord.from_export(json.loads(json.dumps(rec.to_export()))).runs["dart"].label == label
+        # DART's parallel logits: the levels of the selected step's one head forward, before pruning
+        st = next(t for t in rec.runs["dart"].traces if t.head_rows is not None)
+        fig = vis.select_token(final[vis.tab], st.position)[vis.logits_plot]
+        assert fig.data[0].type == "heatmap" and len(fig.data[0].y) == len(st.head_rows["token"])
+        assert fig.layout.title.text.startswith(f"{label} step {st.step}: parallel logits")
 
 
 def test_clicking_an_answer_token_selects_its_step_in_every_engine(vis):

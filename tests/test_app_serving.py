@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import app  # noqa: E402
 from dart_core.page.controls import SETTING_NAMES  # noqa: E402
 from dart_core.page import handlers  # noqa: E402
-from dart_core.page.handlers import TIME_LIMIT  # noqa: E402
+from dart_core.ui.record import TIME_LIMIT  # noqa: E402
 from dart_core.page.serve import launch_kwargs  # noqa: E402
 from dart_core.page.tabs import TabState  # noqa: E402
 from dart_core.page.visualiser import Visualiser  # noqa: E402
@@ -174,7 +174,7 @@ def test_the_time_limit_stops_a_run_and_the_page_names_it(tiny):
     final = outs[-1]
     assert final[v.status].startswith("⏱ **Stopped by the time limit") and "run_time_limit_s" in final[v.status]
     runs = final[v.tab].record.runs.values()
-    assert {r.stop_reason for r in runs} == {TIME_LIMIT} and "stopped by time limit" in final[v.metrics["dart"]]
+    assert {r.stop_reason for r in runs} == {TIME_LIMIT} and "stopped by the time limit (partial run)" in final[v.metrics["dart"]]
     assert not any(e.busy for e in v.factory.build(RunSettings()).values())   # the engines went back
 
 

@@ -150,8 +150,10 @@ class DartDrafter(TreeHolder, FeatureDrafter):
             levels = min(rows, int(b))
             t2 = time.perf_counter()
             tree, cands = self._builder.build(vals[:levels], tokens[:levels], context, config, live)
+            # the parallel logits: each level's top-k before pruning (none when the head sat the step out)
+            rows = None if self.last_head_skipped else {"token": tokens[:levels], "logit": vals[:levels]}
             out.append(Proposal(tree=tree, candidates=cands, draft_forward_s=t1 - t0,
-                                tree_build_s=time.perf_counter() - t2))
+                                tree_build_s=time.perf_counter() - t2, head_rows=rows))
         return out
 
     def regime(self, context: Sequence[int]) -> str:

@@ -223,7 +223,7 @@ class SpeculativeEngine:
                 emitted_tokens=emitted, bonus_token=acc.bonus_token,
                 node_target_prob=_node_target_probs(tree, logits, config),
                 node_target_argmax=target_argmax, timings=timings, candidates=candidates,
-                mode="greedy" if config.greedy else "sampling", stop_reason=stop)
+                mode="greedy" if config.greedy else "sampling", stop_reason=stop, head_rows=proposal.head_rows)
             logits.release()   # a row is V floats; the page's late reads compute theirs again
             if not logits.lazy:  # every row exists already: record the lists now rather than keep the logits
                 trace.node_target_prob = list(trace.node_target_prob)

@@ -30,6 +30,7 @@ class Proposal:
     candidates: ScoredCandidates | None = None   # every candidate scored (kept or pruned), for the trace
     draft_forward_s: float = 0.0                 # all head forwards of this step
     tree_build_s: float = 0.0                    # top-k, pruning / reranking, tree assembly
+    head_rows: dict | None = None                # DART: the head's top-k per level before pruning (StepTrace)
 
 
 @dataclass

@@ -199,6 +199,9 @@ class StepTrace:
     node_target_argmax per node: the target's most likely next token after the node
                       (both may be :class:`OnRequest` lists from the engine: computed when first read)
     timings           seconds per stage (keys = STAGES)
+    head_rows         DART's parallel logits: {"token": [levels][k] target ids, "logit": [levels][k] raw logits},
+                      each level's top-k from the step's one head forward, before pruning (None: no head forward,
+                      or a drafter without levels)
     """
     step: int
     position: int
@@ -213,6 +216,7 @@ class StepTrace:
     mode: str = "greedy"
     stop_reason: str | None = None
     version: int = TRACE_VERSION
+    head_rows: dict | None = None
 
     @property
     def accepted_drafts(self) -> int:
@@ -231,6 +235,11 @@ class StepTrace:
         d["timings"] = dict(self.timings)
         d["node_target_prob"] = [float(p) for p in self.node_target_prob]
         d["node_target_argmax"] = [int(t) for t in self.node_target_argmax]
+        if self.head_rows is None:
+            del d["head_rows"]          # files without parallel logits stay as they were
+        else:
+            d["head_rows"] = {"token": np.asarray(self.head_rows["token"]).astype(int).tolist(),
+                              "logit": np.asarray(self.head_rows["logit"]).astype(float).tolist()}
         return d
 
     @classmethod

@@ -19,7 +19,7 @@ import gradio as gr
 
 from ..config import ConfigError, dtype_name
 from ..models.templates import encode_chat
-from ..ui.record import RunRecord, label_of, save_export
+from ..ui.record import MEMORY_LIMIT, STOPPED, TIME_LIMIT, RunRecord, label_of, save_export
 from ..ui.session import Comparison, RunSettings, check_prompt_length
 from .controls import FRAME_KEYS, SETTING_NAMES, SIZE_KNOBS
 from .tabs import FRAME_ALL, StepSession, TabState, fmt_bytes
@@ -28,7 +28,6 @@ logger = logging.getLogger("dart_app")
 
 UI_INTERVAL_S = 0.2                      # streaming: redraw the answers at most this often
 MEMORY_CHECK_S = 0.5                     # a run checks the tabs' memory budget at most this often
-TIME_LIMIT, MEMORY_LIMIT = "time limit", "memory limit"   # stop reasons of runs a serving limit ended
 STOPPED_IN_QUEUE = ("**Stopped** before it started: **Stop** was pressed while this {what} waited in the queue, "
                     "so no engine ran. Press the button again to start it.")
 
@@ -117,7 +116,7 @@ class Handlers:
 
         def why_stop() -> str | None:
             if tab.stop_requested_since(queued_at):
-                return "stopped"
+                return STOPPED
             now = time.monotonic()
             if limit_s is not None and now - started >= limit_s:
                 return TIME_LIMIT
@@ -160,7 +159,7 @@ class Handlers:
                     f"{fmt_bytes(self.limits.session_memory_bytes)} this server keeps for open tabs "
                     "(`session_memory_bytes`; every scored candidate is kept); lower *Max new tokens* or the "
                     "tree sizes.")
-        elif "stopped" in reasons:
+        elif STOPPED in reasons:
             head = "**Stopped.**"
         else:
             head = "✓ **Done.**"

@@ -128,6 +128,7 @@ class Layout:
             gr.HTML("", js_on_load=LINK_JS, css_template=LINK_CSS, elem_id="link-script", container=False,
                     padding=False, apply_default_css=False)
             self.tree_plot: dict[str, gr.Plot] = {}
+            self.logits_plot: gr.Plot | None = None
             self.scatter_plot: dict[str, gr.Plot] = {}
             self.step_text: dict[str, gr.Markdown] = {}
             with gr.Row(equal_height=False):
@@ -139,6 +140,9 @@ class Layout:
                         self.step_text[s] = gr.Markdown(elem_id=f"narration-{s}")
                         self.scatter_plot[s] = gr.Plot(show_label=False, label=f"{label_of(s)}: candidate scores",
                                                        elem_id=f"scores-{s}")
+                        if s == "dart":    # DART's levels come from one head forward: its parallel logits
+                            self.logits_plot = gr.Plot(show_label=False, label="DART: parallel logits",
+                                                       elem_id="logits-dart")
             gr.Markdown("### Stage timings\nEngine work only (draft forward, tree build, verify, commit). "
                         "Acceptance is not speedup: compare tokens per step with the cost of each step.")
             self.timing_plot = gr.Plot(show_label=False, label="Stage timings", elem_id="timing-plot")
@@ -189,6 +193,10 @@ class Layout:
                        whatif=(why_alpha, why_ratio, why_depth), export_btn=export_btn, replay_file=replay_file)
         return demo
 
+    def _logits_out(self) -> list:
+        """The parallel-logits plot among a handler's outputs (DART's column only)."""
+        return [self.logits_plot] if self.logits_plot is not None else []
+
     def _wire(self, demo: gr.Blocks, *, run_btn: gr.Button, step_btn: gr.Button, stop_btn: gr.Button,
               clear_btn: gr.Button, next_btn: gr.Button, preset_btns: dict[str, gr.Button],
               example_btns: list[gr.Button], whatif: tuple[gr.Slider, ...], export_btn: gr.Button,
@@ -198,11 +206,11 @@ class Layout:
         inputs = [self.tab] + self.controls.inputs()
         run_outputs = ([self.tab, self.status, self.slider, self.timing_plot]
                        + list(self.answer.values()) + list(self.metrics.values())
-                       + list(self.tree_plot.values()) + list(self.scatter_plot.values())
+                       + list(self.tree_plot.values()) + list(self.scatter_plot.values()) + self._logits_out()
                        + list(self.step_text.values()) + [p for ps in self.acc_plots.values() for p in ps]
                        + [self.cost_text, self.cost_verify_plot, self.cost_rate_plot, self.preset_note]
                        + [self.frame, self.show_pruned, self.why_plot, self.why_text])
-        view_outputs = list(self.tree_plot.values()) + list(self.scatter_plot.values()) + list(
+        view_outputs = list(self.tree_plot.values()) + list(self.scatter_plot.values()) + self._logits_out() + list(
             self.step_text.values()) + [self.timing_plot]
         # Runs and step-once share one queue slot: the engines share the target (each run leases its own
         # engines and caches, so the slot bounds the work, not correctness). While waiting, Gradio shows the

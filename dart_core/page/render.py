@@ -17,6 +17,13 @@ from .controls import FRAME_KEYS
 from .tabs import FRAME_ALL, TabState
 
 
+#: How each stop reason reads after a run's figures (the engine's own endings, then the ones that cut a run short).
+_ENDINGS = {"eos": "ended at the end-of-answer token", "max_new_tokens": "reached *Max new tokens*",
+            "max_length": "reached the length limit", "stopped": "stopped by **Stop** (partial run)",
+            "time limit": "stopped by the time limit (partial run)",
+            "memory limit": "stopped by the memory limit (partial run)", "error": "failed"}
+
+
 def _fmt_metrics(m, name: str, run, baseline: str) -> str:
     if run.error:
         return f"⚠ **{label_of(name)} failed:** {run.error}"
@@ -27,8 +34,9 @@ def _fmt_metrics(m, name: str, run, baseline: str) -> str:
     else:
         speed = f"**{m.speedup:.2f}×** vs baseline" if m.speedup else "speedup —"
     icon = {"identical": "✓", "same so far": "…", "differs": "⚠", "pending": "…"}.get(m.lossless, "–")
-    state = "" if not run.done else f" · stopped by {run.stop_reason}"
-    return (f"{tps} · {tau} · {speed} · {m.tokens} tokens in {m.steps} steps{state}  \n"
+    state = "" if not run.done else f" · {_ENDINGS.get(run.stop_reason, f'ended ({run.stop_reason})')}"
+    who = f"**{run.label}**: " if run.variant else ""      # which method ran (DART (paper) or DART + context)
+    return (f"{who}{tps} · {tau} · {speed} · {m.tokens} tokens in {m.steps} steps{state}  \n"
             f"{icon} lossless check: {m.lossless_text}")
 
 
@@ -71,6 +79,7 @@ class Rendering:
                        if s in self.factory.unavailable else "Run a prompt (or step once) to see its steps.")
                 out[self.tree_plot[s]] = viz.empty_fig(why)
                 out[self.scatter_plot[s]] = viz.empty_fig("no step yet")
+                self._logits(out, s, viz.empty_fig("no step yet"))
                 out[self.step_text[s]] = why
                 continue
             pos = int(position or 0)
@@ -82,6 +91,7 @@ class Rendering:
                     msg = f"{run.label} produced only {len(run.tokens)} tokens; token {pos} is past its answer."
                 out[self.tree_plot[s]] = viz.empty_fig(msg)
                 out[self.scatter_plot[s]] = viz.empty_fig(msg)
+                self._logits(out, s, viz.empty_fig(msg))
                 out[self.step_text[s]] = msg
                 continue
             st = run.traces[k]
@@ -107,8 +117,15 @@ class Rendering:
             out[self.tree_plot[s]] = self._linked(fig, s, record, st)
             out[self.scatter_plot[s]] = viz_tree.score_scatter(
                 st, record.decode, score_label=score_label, title=f"{run.label} step {st.step}: every scored candidate")
+            self._logits(out, s, lambda: viz_tree.parallel_logits(
+                st, record.decode, title=f"{run.label} step {st.step}: parallel logits, before pruning"))
             out[self.step_text[s]] = text
         return out
+
+    def _logits(self, out: dict, slot: str, fig) -> None:
+        """DART's parallel-logits plot (``fig``, or a function that draws it) into ``out`` when ``slot`` is DART's."""
+        if slot == "dart" and getattr(self, "logits_plot", None) is not None:
+            out[self.logits_plot] = fig() if callable(fig) else fig
 
     def _linked(self, fig, engine: str, record: RunRecord, st) -> Any:
         """Tell the page's hover script (link.js) which answer token each tree node stands for: the figure's

@@ -77,9 +77,10 @@ class TreeControls:
         return out
 
     def _note_preset_run(self, settings: RunSettings, record: RunRecord) -> None:
-        """Remember a finished run's speed under its preset, for the presets' note."""
+        """Remember a finished run's speed under its preset, for the presets' note. A run cut short (Stop, a
+        serving limit, an error) measured its first tokens only (prefill-heavy): it leaves the note as it was."""
         preset = self.preset_of(settings)
-        if preset is None:
+        if preset is None or not all(r.finished for r in record.runs.values()):
             return
         metrics = record.metrics()
         speeds = {record.runs[s].label: (metrics[s].speedup, metrics[s].tau) for s in record.speculative

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
+
 from ..engine.trace import StepTrace
 from ..engine.trace_stats import PREFILL_LABEL, TraceLike, token_origins
 from ..models.detok import incremental_texts
@@ -27,8 +29,18 @@ ENGINE_LABELS: dict[str, str] = {"dart": "DART", "eagle3": "EAGLE-3", "vanilla":
 Decode = Callable[[list[int]], str]
 
 
-def label_of(name: str) -> str:
-    return ENGINE_LABELS.get(name, name)
+#: Stop reasons of a run cut short (the page's Stop, its serving limits, an engine error): its answer is a prefix of
+#: the one it would have given. Every other reason is the engine's own end (EOS, a length limit).
+STOPPED, TIME_LIMIT, MEMORY_LIMIT = "stopped", "time limit", "memory limit"
+CUT_SHORT = (STOPPED, TIME_LIMIT, MEMORY_LIMIT, "error")
+
+
+def label_of(name: str, variant: str | None = None) -> str:
+    """The engine's name on the page; ``variant`` says which of its methods ran ("paper", "+ context")."""
+    label = ENGINE_LABELS.get(name, name)
+    if not variant:
+        return label
+    return f"{label} {variant}" if variant.startswith("+") else f"{label} ({variant})"
 
 
 def token_spans(steps: Sequence[TraceLike], decode: Any) -> list[tuple[str, str]]:
@@ -67,14 +79,20 @@ class EngineRun:
     error: str | None = None
     spans: list[tuple[str, str]] | None = None
     tree_labels: list[str | None] = field(default_factory=list)
+    variant: str | None = None      # which of the engine's methods ran: "paper" or "+ context" (DART, EAGLE-3)
 
     @property
     def label(self) -> str:
-        return label_of(self.name)
+        return label_of(self.name, self.variant)
 
     @property
     def steps(self) -> int:
         return len(self.traces)
+
+    @property
+    def finished(self) -> bool:
+        """Ended by the engine itself (EOS or a length limit), not cut short by Stop, a limit or an error."""
+        return self.done and self.stop_reason not in CUT_SHORT and not self.error
 
     def tree_label(self, k: int) -> str | None:
         """The automatic tree setting of step index ``k`` (None: a fixed tree, or a replayed run)."""
@@ -118,18 +136,23 @@ def lossless_check(run: EngineRun, base: EngineRun, greedy: bool, dtype: str | N
     a, b = run.tokens, base.tokens
     n = min(len(a), len(b))
     first = next((i for i in range(n) if a[i] != b[i]), None)
-    if first is None and run.done and base.done and len(a) != len(b):
-        first = n
+    if first is None and run.finished and base.finished and len(a) != len(b):
+        first = n          # both ended by themselves, one earlier: the longer one went on past an EOS
     if first is not None:
         hint = ""
         if dtype and "float32" not in str(dtype):
             hint = (f" ({dtype}: differently shaped matmuls can flip a near-tie argmax; start with --dtype "
                     "float32 for exact equality)")
         return "differs", f"differs from the baseline at token {first}{hint}"
-    if run.done and base.done:
+    if run.finished and base.finished:
         return "identical", f"identical to the baseline ({len(a)} tokens)"
     if n == 0:
         return "pending", "waiting for tokens"
+    cut = [r for r in (run, base) if r.done and not r.finished]
+    if cut:   # a run cut short is compared on the tokens it produced: a prefix is no difference
+        who = "this run" if cut[0] is run else "the baseline"
+        why = "an error" if cut[0].error else (cut[0].stop_reason or "a stop")
+        return "same so far", f"same as the baseline for the {n} tokens before {who} was stopped ({why})"
     return "same so far", f"same as the baseline so far ({n} tokens)"
 
 
@@ -218,6 +241,8 @@ class RunRecord:
                     st.emitted_tokens, st.node_target_prob, st.node_target_argmax))
                 if st.candidates is not None:
                     total += sum(_seq_nbytes(getattr(st.candidates, f)) for f in st.candidates.__dataclass_fields__)
+                if st.head_rows is not None:
+                    total += sum(_seq_nbytes(np.asarray(v).ravel()) for v in st.head_rows.values())
         return total
 
     def max_position(self) -> int:
@@ -239,8 +264,10 @@ class RunRecord:
                 seen.update(int(t) for t in st.node_target_argmax)
                 if st.candidates is not None:
                     seen.update(int(t) for t in st.candidates.token)
+                if st.head_rows is not None:
+                    seen.update(int(t) for t in np.asarray(st.head_rows["token"]).ravel())
             engines[name] = {"tokens": list(run.tokens), "busy_s": run.busy_s, "done": run.done,
-                             "stop_reason": run.stop_reason, "error": run.error,
+                             "stop_reason": run.stop_reason, "error": run.error, "variant": run.variant,
                              "spans": [list(s) for s in self.spans(name)],
                              "traces": [st.to_dict() for st in run.traces]}
         # Single-token texts label tree nodes; special tokens keep their names there (e.g. <|im_end|>).
@@ -285,7 +312,8 @@ class RunRecord:
         for name, e in run["engines"].items():
             traces = [StepTrace.from_dict(t) for t in e["traces"]]
             runs[name] = EngineRun(name=name, tokens=list(e["tokens"]), traces=traces, busy_s=e["busy_s"],
-                                   done=e["done"], stop_reason=e["stop_reason"], error=e["error"], spans=e["spans"])
+                                   done=e["done"], stop_reason=e["stop_reason"], error=e["error"], spans=e["spans"],
+                                   variant=e["variant"])
         return cls(runs=runs, decode=TokenTextDecoder(run["token_text"]), prompt=run["prompt"],
                    greedy=run["greedy"], baseline=run["baseline"], meta=run["meta"])
 

@@ -220,6 +220,18 @@ def _candidates(v: Any, where: str) -> dict[str, Any]:
     return c
 
 
+def _head_rows(v: Any, where: str) -> dict[str, Any]:
+    """DART's parallel logits: equally long rows of target ids and their raw logits, one row per level."""
+    r = _record(v, where, {"token": (True, _list(_ints(0, TOKEN_MAX, min_len=1)), None),
+                           "logit": (True, _list(_numbers(-math.inf)), None)}, "head_rows")
+    if len(r["token"]) != len(r["logit"]):
+        _fail(where, f"head_rows has {len(r['token'])} token rows but {len(r['logit'])} logit rows")
+    for i, (t, x) in enumerate(zip(r["token"], r["logit"])):
+        if len(t) != len(x):
+            _fail(where, f"head_rows level {i + 1}: {len(t)} tokens but {len(x)} logits")
+    return r
+
+
 def _timings(v: Any, where: str) -> dict[str, float]:
     if not isinstance(v, Mapping):
         _bad(where, f"must be an object of stage -> seconds, got {_kind(v)} ({_short(v)})")
@@ -245,6 +257,7 @@ TRACE_FIELDS: dict[str, tuple[bool, Check, Any]] = {
     "mode": (False, _choice("greedy", "sampling"), "greedy"),
     "stop_reason": (False, _optional(_str), None),
     "version": (True, _int(0, COUNT_MAX), None),
+    "head_rows": (False, _optional(_head_rows), None),
 }
 
 
@@ -319,6 +332,7 @@ ENGINE_FIELDS: dict[str, tuple[bool, Check, Any]] = {
     "done": (False, _bool, True),
     "stop_reason": (False, _optional(_str), None),
     "error": (False, _optional(_str), None),
+    "variant": (False, _optional(_str), None),
     "spans": (False, _optional(_spans), None),
     "traces": (False, _list(lambda v, w: v), []),   # each trace is checked by _trace, with its step in the place
 }

@@ -30,7 +30,7 @@ from ..engine.decoding import GenerationResult, SpeculativeEngine
 from ..engine.trace import StepTrace
 from ..presets import EAGLE3_FIELDS, KNOBS, PRUNING_FIELDS, SIZE_FIELDS, TREE_MODES, Limit
 from ..sizing.auto import AutoTree
-from .record import BASELINE, EngineRun, RunRecord
+from .record import BASELINE, STOPPED, EngineRun, RunRecord
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +174,20 @@ def auto_tree_label(engine: Any) -> str | None:
     return used.label
 
 
+def engine_variant(engine: Any) -> str | None:
+    """Which method a DART or EAGLE-3 engine runs: "+ context" when its tree takes the request's own text
+    (context_weight > 0); else "paper" for DART (the paper's pruner: the corpus table only) and None for EAGLE-3
+    (the published tree) and for engines without such a drafter (vanilla, prompt lookup)."""
+    drafter = getattr(engine, "drafter", None)
+    drafter = getattr(drafter, "inner", drafter)              # an AutoTree's drafter
+    settings = getattr(drafter, "tree_settings", None)
+    if settings is None or getattr(drafter, "tree_kind", None) not in ("dart", "eagle3"):
+        return None
+    if float(settings().get("context_weight", 0.0)) > 0:
+        return "+ context"
+    return "paper" if drafter.tree_kind == "dart" else None
+
+
 class Comparison:
     """Several engines on one prompt, advanced one step at a time by one generator (fair clock).
 
@@ -189,7 +203,8 @@ class Comparison:
         self.lease = lease
         self._gens: dict[str, Generator[StepTrace, None, GenerationResult]] = {
             name: engine.stream(list(prompt_ids), config) for name, engine in self.engines.items()}
-        self.record = RunRecord(runs={n: EngineRun(n) for n in self.engines}, decode=decode, prompt=prompt,
+        self.record = RunRecord(runs={n: EngineRun(n, variant=engine_variant(e)) for n, e in self.engines.items()},
+                                decode=decode, prompt=prompt,
                                 greedy=config.greedy, baseline=baseline, meta=dict(meta or {}))
 
     @property
@@ -248,13 +263,13 @@ class Comparison:
         while not self.done:
             why = stop()
             if why:
-                self.stop(why if isinstance(why, str) else "stopped")
+                self.stop(why if isinstance(why, str) else STOPPED)
                 return
             name = self.next_engine()
             self.advance(name)
             yield name
 
-    def stop(self, reason: str = "stopped") -> None:
+    def stop(self, reason: str = STOPPED) -> None:
         for name, run in self.record.runs.items():
             if not run.done:
                 self._gens[name].close()

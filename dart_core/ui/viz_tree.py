@@ -471,3 +471,72 @@ def score_scatter(step: TraceLike, tokenizer: Decoder = None, *, score_label: st
                  xaxis=dict(title="logit term (weighted log draft probability)"),
                  yaxis=dict(title="N-gram term (weighted log N-gram prob.)"), height=480, hovermode="closest")
     return fig
+
+
+#: Ranks of each level the parallel-logits view shows (the paper's level top-k is 25: too many to read).
+PARALLEL_RANKS = 10
+
+
+def parallel_logits(step: TraceLike, tokenizer: Decoder = None, *, title: str | None = None,
+                    ranks: int = PARALLEL_RANKS) -> go.Figure:
+    """DART's parallel logits: the step's one head forward gives a row of logits per tree level at once (level 1
+    from the last committed position, level l from its mask slot l-1); each row's best tokens, before pruning.
+    Colour = probability relative to the row's best token (exp(logit - best)); outlined: the tokens the tree kept
+    at that level (orange) and the accepted ones (blue); a cross: the target's own token where the accepted path
+    ended, when the head had it in its top ranks."""
+    st = as_step(step)
+    decode = as_decoder(tokenizer)
+    rows = st.head_rows
+    fig = go.Figure()
+    if rows is None or not len(rows["token"]):
+        fig.add_annotation(text="no head forward in this step<br>(a plain step, a drafter without levels, or the "
+                                "context drafting alone)", xref="paper", yref="paper", x=0.5, y=0.5,
+                           showarrow=False, font=dict(color="#555555"))
+        return page_layout(fig, title or f"Step {st.step}: parallel logits", height=240)
+    tokens = np.asarray(rows["token"], dtype=np.int64)
+    logits = np.asarray(rows["logit"], dtype=np.float64)
+    levels, k = tokens.shape
+    shown = min(int(ranks), k)
+    rel = np.exp(logits[:, :shown] - logits.max(axis=1, keepdims=True))
+    tree_tokens, depths = as_ints(st.tree.tokens), as_ints(st.tree.depths)
+    in_tree = {(int(d), int(t)) for t, d in zip(tree_tokens[1:], depths[1:])}
+    path = [int(tree_tokens[n]) for n in st.accepted_nodes]          # path[l]: the accepted token at depth l
+    target_depth = len(path)                                          # where the target's own token went
+    text, hover = [], []
+    marks: dict[str, tuple[list[int], list[int]]] = {"kept": ([], []), "accepted": ([], []), "target": ([], [])}
+    for lv in range(levels):
+        depth = lv + 1
+        text.append([token_label(int(t), decode, limit=8) for t in tokens[lv, :shown]])
+        row_hover = []
+        for r in range(shown):
+            t = int(tokens[lv, r])
+            kept, accepted = (depth, t) in in_tree, depth < len(path) and path[depth] == t
+            target = depth == target_depth and t == int(st.bonus_token)
+            state = ("accepted by the target" if accepted else "kept in the tree (verified)" if kept
+                     else "not in the tree (pruned, or past the budget)")
+            if target:
+                state += "<br>the target's own token here: the path ended one level above it"
+            row_hover.append(f"<b>{token_hover(t, decode)}</b><br>level {depth}, rank {r + 1} of {k}<br>"
+                             f"logit {logits[lv, r]:.2f} ({rel[lv, r]:.2f} of the level's best)<br>{state}")
+            for key, on in (("kept", kept and not accepted), ("accepted", accepted), ("target", target)):
+                if on:
+                    marks[key][0].append(r + 1)
+                    marks[key][1].append(depth)
+        hover.append(row_hover)
+    fig.add_trace(go.Heatmap(
+        z=rel, x=list(range(1, shown + 1)), y=list(range(1, levels + 1)), text=text, texttemplate="%{text}",
+        hovertext=hover, hoverinfo="text", colorscale="Blues", zmin=0.0, zmax=1.0, showscale=False, xgap=2, ygap=2,
+        name="head's top tokens"))
+    style = {"kept": ("kept in the tree", NODE_STATES["rejected"][1], "square-open", 3),
+             "accepted": ("accepted by the target", NODE_STATES["accepted"][1], "square-open", 4),
+             "target": ("the target's own token", OKABE_ITO["vermillion"], "x-thin-open", 3)}
+    for key, (label, color, symbol, width) in style.items():
+        xs, ys = marks[key]
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name=f"{label} ({len(xs)})", hoverinfo="skip",
+                                 marker=dict(symbol=symbol, size=30 if key != "target" else 14, color=color,
+                                             line=dict(color=color, width=width))))
+    page_layout(fig, title or f"Step {st.step}: parallel logits (one head forward, before pruning)",
+                xaxis=dict(title=f"rank in its level (top {shown} of {k})", dtick=1),
+                yaxis=dict(title="tree level", dtick=1, autorange="reversed"),
+                height=150 + 44 * levels, hovermode="closest")
+    return fig
