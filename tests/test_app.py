@@ -649,12 +649,25 @@ def test_why_panel_places_this_run_on_the_speedup_map(vis):
     assert "Run a prompt" in empty[vis.why_text] and empty[vis.why_plot].data
     final = list(vis.run(None, PROMPT, *VALUES))[-1]
     text, fig = final[vis.why_text], final[vis.why_plot]
-    assert text.startswith("**DART (this run):**") and "τ" in text, text
+    assert text.startswith("**DART (paper), this run:**") and "τ" in text, text
     names = " ".join(t.name or "" for t in fig.data)
-    assert "DART (this run)" in names and "EAGLE-3 (this run)" in names
+    assert "DART (paper), this run" in names and "EAGLE-3, this run" in names
     what = vis.whatif_changed(final[vis.tab], 0.8, 1.1, 4)
     assert "your what-if" in " ".join(t.name or "" for t in what[vis.why_plot].data)
     assert what[vis.why_text]
+    # the map follows the depth slider (issue 42 item 3) and keeps every marker inside its axes (item 4)
+    maps = {}
+    for depth in (2, 6):
+        what = vis.whatif_changed(final[vis.tab], 0.97, 1.0, depth)
+        fig = what[vis.why_plot]
+        assert fig.layout.title.text.startswith(f"Expected speedup, {depth}-token chain")
+        assert f"A {depth}-token chain" in what[vis.why_text]
+        maps[depth] = fig.data[0].customdata
+        xr, yr = fig.layout.xaxis.range, fig.layout.yaxis.range
+        for t in fig.data:
+            if getattr(t, "mode", None) == "markers":
+                assert xr[0] <= t.x[0] < xr[1] and yr[0] < t.y[0] < yr[1], (t.name, t.x, t.y, xr, yr)
+    assert maps[2].max() < maps[6].max()
 
 
 def test_guided_examples_each_ask_one_question():

@@ -97,7 +97,7 @@ class CostViews:
             if run is None or not run.traces:
                 continue
             point = teaching_whatif.measured_point(run.traces, costs)
-            point["label"] = f"{run.label} (this run)"
+            point["label"] = f"{run.label}, this run"
             if s in metrics and metrics[s].speedup:
                 point["speedup"] = float(metrics[s].speedup)
             points.append(point)
@@ -121,7 +121,11 @@ class CostViews:
                 whatif = {"draft_ratio": float(points[0]["draft_ratio"]) if points else WHATIF_DRAFT_RATIO,
                           **whatif, "label": "your what-if"}
                 shown.append(whatif)
-            fig = teaching_whatif.whatif_figure(measured=shown or None)
+            # the map is drawn for the chain the sentence below speaks of: the what-if's depth, else the run's
+            lead = whatif if whatif is not None else (points[0] if points else {})
+            depth = int(lead.get("depth", 4))
+            draft = float(lead.get("draft_ratio", WHATIF_DRAFT_RATIO))
+            fig = teaching_whatif.whatif_figure(measured=shown or None, depth=depth, draft_ratio=draft)
             if whatif is not None:
                 text = teaching_whatif.whatif_text(whatif["alpha"], whatif["verify_ratio"],
                                                    whatif["draft_ratio"], whatif["depth"])

@@ -171,8 +171,11 @@ def whatif_figure(*, measured: Mapping[str, Any] | Sequence[Mapping[str, Any]] |
     y_hi = max([WHATIF_VERIFY_RANGE[1]] + [1.08 * float(p["verify_ratio"]) for p in points]
                + [1.08 * r for _, r in curve_lines])
     y_hi = min(y_hi, 3 * WHATIF_VERIFY_RANGE[1])
-    alphas = np.linspace(WHATIF_ALPHA_RANGE[0], WHATIF_ALPHA_RANGE[1], 96)
-    ratios = np.linspace(WHATIF_VERIFY_RANGE[0], y_hi, 90)
+    # the axes reach past every marker (a head at alpha 0.96, a verify of about one token), never cutting one
+    a_hi = min(1.0, max([WHATIF_ALPHA_RANGE[1]] + [float(p["alpha"]) + 0.02 for p in points]))
+    y_lo = min([WHATIF_VERIFY_RANGE[0]] + [float(p["verify_ratio"]) - 0.04 * (y_hi - 1.0) for p in points])
+    alphas = np.linspace(WHATIF_ALPHA_RANGE[0], a_hi, 96)
+    ratios = np.linspace(y_lo, y_hi, 90)
     z = expected_speedup(alphas[None, :], depth, ratios[:, None], draft_ratio)
     zmin, zmax = float(z.min()), float(z.max())
     fig = go.Figure()
@@ -200,6 +203,8 @@ def whatif_figure(*, measured: Mapping[str, Any] | Sequence[Mapping[str, Any]] |
     symbols = ["star", "diamond", "circle", "square", "triangle-up"]
     for i, p in enumerate(points):
         name = str(p.get("label") or "this run")
+        if p.get("depth") is not None and int(p["depth"]) != depth:   # its own chain is not the map's
+            name += f", its {int(p['depth'])}-token chain"
         sp = p.get("speedup")
         hover = [f"{name}: alpha {float(p['alpha']):.2f}, verify {float(p['verify_ratio']):.2f}\u00d7 a token"
                  + ("" if sp is None else f", measured {float(sp):.2f}\u00d7")]
@@ -226,7 +231,7 @@ def whatif_figure(*, measured: Mapping[str, Any] | Sequence[Mapping[str, Any]] |
     if expected_speedup(alphas[0], depth, ratios[-1], draft_ratio) < 1.0:
         fig.add_annotation(x=alphas[0] + 0.02, y=ratios[-1] - 0.03 * (y_hi - 1.0), text="slower than plain decoding",
                            xanchor="left", yanchor="top", **box)
-    xaxis = dict(title=dict(text="alpha: per-token acceptance", standoff=4), range=list(WHATIF_ALPHA_RANGE))
+    xaxis = dict(title=dict(text="alpha: per-token acceptance", standoff=4), range=[WHATIF_ALPHA_RANGE[0], a_hi])
     yaxis = dict(title=dict(text="verify cost (\u00d7 one token)"), range=[ratios[0], ratios[-1]])
     return panel_layout(fig, title or f"Expected speedup, {depth}-token chain", height=360, xaxis=xaxis, yaxis=yaxis,
                   legend_rows=2 + (len(points) + len(curve_lines)) // 3)
