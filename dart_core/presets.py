@@ -181,7 +181,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          engine="eagle3", config_field="total_token", sizes_tree=True),
     Knob("eagle3_depth", Limit("EAGLE-3 depth", 0, 64, True, slider_high=16), 1,
          "EAGLE-3 depth: tree forwards after the first one; drafted depth is at most depth + 1", engine="eagle3",
-         config_field="depth", sizes_tree=True),
+         config_field="depth", sizes_tree=True,
+         # EAGLE's own convention (depth 0 still drafts one level): the slider says so where it is set
+         slider_label="EAGLE-3 depth (forwards after the first: levels drawn = depth + 1)"),
     Knob("eagle3_top_k", Limit("EAGLE-3 top-k", 1, 256, True, slider_high=32), 1,
          "EAGLE-3 top-k: children scored per expanded node, and the frontier width", engine="eagle3",
          config_field="top_k", sizes_tree=True),
