@@ -3,8 +3,10 @@
     python benchmarks/step_stages.py --threads 2                          # 6 built-in prompts, one per category
     python benchmarks/step_stages.py --threads 2 --questions mt_bench gsm8k --limit 3 --max-new-tokens 96
     python benchmarks/step_stages.py --threads 2 --budgets 1,2,4,8 --eagle3-trees 2/0/1,3/1/2 --json stages.json
+    python benchmarks/step_stages.py --threads 2 --context-weights 0,0.5 --questions context_dev --limit-per-category 2
 
-Runs vanilla decoding, DART at each fixed ``--budgets`` and EAGLE-3 at each fixed ``--eagle3-trees``
+Runs vanilla decoding, DART at each fixed ``--budgets`` (for each ``--context-weights``: 0 is the paper's DART, above
+0 DART + context; docs/ARCHITECTURE.md section 5a) and EAGLE-3 at each fixed ``--eagle3-trees``
 (total/depth/top_k) on the same prompts, every method on a prompt before the next prompt (so load drifts
 hit all alike), greedy. For every method it prints the median per step of each stage as the engine timed it
 (draft forward, tree build, verify), the verify as a multiple of vanilla's step, the draft (forward + build) as
@@ -59,11 +61,15 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--budgets", default="1,2,4,8", help="DART budgets, comma-separated (default 1,2,4,8)")
+    p.add_argument("--context-weights", default="0",
+                   help="DART's context weights, comma-separated (default 0: the paper's DART only; 0,0.5 adds "
+                        "DART + context at each budget)")
     p.add_argument("--eagle3-trees", default="2/0/1,3/1/2",
                    help="EAGLE-3 total/depth/top_k settings, comma-separated (default 2/0/1,3/1/2)")
     p.add_argument("--questions", nargs="*", help="Spec-Bench files or named sets (first turns) instead of the "
                                                    "built-in prompts")
     p.add_argument("--limit", type=int, default=None, help="questions per set")
+    p.add_argument("--limit-per-category", type=int, default=None, help="questions per category of each set")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--json", metavar="OUT.json")
     args = p.parse_args(argv)
@@ -74,7 +80,8 @@ def main(argv=None) -> int:
     template = get_template(target.template_name)
     if args.questions:
         from dart_core.bench.questions import load_question_sets
-        texts = [q.turns[0] for q in load_question_sets(args.questions, args.limit, args.data_dir)]
+        texts = [q.turns[0] for q in load_question_sets(args.questions, args.limit, args.data_dir,
+                                                                   per_category=args.limit_per_category)]
     else:
         texts = PROMPTS[: args.limit] if args.limit else PROMPTS
     prompts = [encode_chat(target.tokenizer, template, [{"role": "user", "content": t}]) for t in texts]
@@ -83,9 +90,12 @@ def main(argv=None) -> int:
 
     engines: dict[str, SpeculativeEngine] = {"vanilla": SpeculativeEngine(target)}
     dart_head = load_dart_head(bundled_head_dir(), target)
-    for b in (int(x) for x in args.budgets.split(",") if x):
-        engines[f"DART budget {b}"] = SpeculativeEngine(target, DartDrafter(
-            dart_head, store, target.eos_token_ids, PruningConfig(budget=b)))
+    weights = [float(x) for x in args.context_weights.split(",") if x]
+    for w in weights:
+        for b in (int(x) for x in args.budgets.split(",") if x):
+            name = f"DART budget {b}" if w == 0 else f"DART + context {w:g}, budget {b}"
+            engines[name] = SpeculativeEngine(target, DartDrafter(
+                dart_head, store, target.eos_token_ids, PruningConfig(budget=b, context_weight=w)))
     eagle_head = load_eagle3_for_target(target, None, None)
     for setting in (s for s in args.eagle3_trees.split(",") if s):
         total, depth, top_k = (int(x) for x in setting.split("/"))

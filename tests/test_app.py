@@ -236,7 +236,7 @@ def test_a_failed_engine_is_named_in_the_status_never_done(vis, monkeypatch):
     final = list(vis.run(None, PROMPT, *VALUES))[-1]
     status = final[vis.status]
     assert not status.startswith("✓") and "Done" not in status, status
-    assert status.startswith("⚠ **DART failed** (DART: RuntimeError: head exploded)"), status
+    assert status.startswith("⚠ **DART (paper) failed** (DART (paper): RuntimeError: head exploded)"), status
     assert "other engines' answers are complete" in status and "press **Run** to try again" in status
     for name in ("eagle3", "vanilla"):                                  # the others ran to the end
         assert final[vis.tab].record.runs[name].done and not final[vis.tab].record.runs[name].error
@@ -570,7 +570,7 @@ def test_the_page_names_the_dart_method_that_ran(vis):
     for w, label in ((0.0, "DART (paper)"), (0.5, "DART + context")):
         vals = list(VALUES)
         vals[i] = w
-        final = list(vis.run(None, PROMPT, *vals))[-1]
+        final = list(vis.run(None, PROMPT, *vals, "fixed"))[-1]    # fixed trees: every DART step drafts
         assert final[vis.metrics["dart"]].startswith(f"**{label}**:"), final[vis.metrics["dart"]]
         rec = final[vis.tab].record
         assert rec.runs["dart"].label == label and rec.runs["eagle3"].label == "EAGLE-3"

@@ -75,7 +75,7 @@ def test_greedy_output_identical_to_vanilla_with_context(tiny, model):
 
 
 def test_the_head_sits_out_while_the_answer_copies(tiny):
-    """With the committed text's last 4 tokens seen before, the context drafts alone and the head's features
+    """With the committed text's last HEAD_SKIP_MATCH (3) tokens seen before, the context drafts alone and the head's features
     wait; at the next step without such a match the head catches up on every waiting position."""
     t = tiny["llama"]
     d = drafters(t)["dart_context"]
