@@ -36,7 +36,7 @@ def _fmt_metrics(m, name: str, run, baseline: str) -> str:
     icon = {"identical": "✓", "same so far": "…", "differs": "⚠", "pending": "…"}.get(m.lossless, "–")
     state = "" if not run.done else f" · {_ENDINGS.get(run.stop_reason, f'ended ({run.stop_reason})')}"
     who = f"**{run.label}**: " if run.variant else ""      # which method ran (DART (paper) or DART + context)
-    return (f"{who}{tps} · {tau} · {speed} · {m.tokens} tokens in {m.steps} steps{state}  \n"
+    return (f"{who}{tps} · {tau} · {speed} · {m.tokens} tokens in {m.steps} step{'' if m.steps == 1 else 's'}{state}  \n"
             f"{icon} lossless check: {m.lossless_text}")
 
 

@@ -161,19 +161,22 @@ def acceptance_figures(steps: Sequence[TraceLike], *, name: str | None = None) -
                           marker=dict(color=OKABE_ITO["blue"]),
                           hovertemplate="%{y} steps emitted %{x} tokens<extra></extra>"))
     page_layout(hist, dict(text=f"{prefix}acceptance length histogram",
-                                subtitle=dict(text=f"{m['steps']} steps")), top=ACCEPTANCE_TOP,
+                                subtitle=dict(text=f"{m['steps']} step{'' if m['steps'] == 1 else 's'}")),
+                 top=ACCEPTANCE_TOP,
                  xaxis=dict(title="tokens per step (bonus included)", dtick=1),
                  yaxis=dict(title="steps"), height=ACCEPTANCE_HEIGHT)
 
     depth = go.Figure()
     dx = list(range(1, len(m["per_depth"]) + 1))
-    depth.add_trace(go.Bar(x=dx, y=m["per_depth"], name="of all steps (vLLM)", marker=dict(color=OKABE_ITO["blue"]),
+    depth.add_trace(go.Bar(x=dx, y=m["per_depth"], name="of all steps (vLLM's per-position rate)", marker=dict(color=OKABE_ITO["blue"]),
                            hovertemplate="depth %{x}: %{y:.1%} of steps<extra></extra>"))
     depth.add_trace(go.Bar(x=dx, y=m["per_depth_given_drafted"], name="of steps whose tree reached that depth",
                            marker=dict(color=OKABE_ITO["sky_blue"], pattern=dict(shape="/")),
                            hovertemplate="depth %{x}: %{y:.1%} of steps that drafted it<extra></extra>"))
     page_layout(depth, dict(text=f"{prefix}acceptance rate per depth", subtitle=dict(
-                     text=f"draft acceptance rate {m['draft_acceptance_rate']:.1%}")), top=ACCEPTANCE_TOP, barmode="group",
+                     # every drafted node counts here, siblings too; the α of *Why this speed?* is per position
+                     text=f"{m['draft_acceptance_rate']:.1%} of drafted nodes accepted (siblings count; "
+                          "α does not)")), top=ACCEPTANCE_TOP, barmode="group",
                  xaxis=dict(title="tree depth", dtick=1),
                  yaxis=dict(title="steps reaching the depth", range=[0, 1.05], tickformat=".0%"),
                  height=ACCEPTANCE_HEIGHT)
