@@ -419,6 +419,13 @@ def test_score_scatter_counts(dart_run, oracle_run):
         assert counts["pruned"] == sum(not bool(k) for k in st.candidates.kept)
     # the N-gram table made some N-gram terms non-zero
     assert any(y != 0 for st in dart_run.traces for t in viz_tree.score_scatter(st).data for y in t.y)
+    # the root's children sit at N-gram term 0 by DART's rule, and their hovers say so (issue 42 item 7)
+    st = next(st for st in dart_run.traces if any(v != 0 for v in st.candidates.ngram_term))
+    for t in viz_tree.score_scatter(st).data:
+        for i, y, text in zip(t.customdata, t.y, t.hovertext):
+            assert ("depth 1: no N-gram term" in text) == (int(st.candidates.depth[i]) == 1)
+            if int(st.candidates.depth[i]) == 1:
+                assert y == 0
 
 
 def test_score_scatter_without_candidates(lookup_run):

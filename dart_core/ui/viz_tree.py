@@ -442,6 +442,7 @@ def score_scatter(step: TraceLike, tokenizer: Decoder = None, *, score_label: st
              "kept": ("kept (verified, not accepted)", "rejected", 9, 0.85),
              "accepted": ("accepted by the target", "accepted", 13, 1.0)}
     score_name = score_name_of(st, score_label)
+    ng_on = _has_ngram(st)
     c = st.candidates
     if c is not None:
         tok, depth, score = as_ints(c.token), as_ints(c.depth), as_floats(c.score)
@@ -453,6 +454,8 @@ def score_scatter(step: TraceLike, tokenizer: Decoder = None, *, score_label: st
         hovers = [f"<b>{token_hover(tok[i], decode)}</b>  candidate {i}, depth {depth[i]}<br>"
                   f"logit term: {_fmt(logit[i])}<br>N-gram term: {_fmt(ng[i])}<br>{score_name}: {_fmt(score[i])}"
                   + (f"<br>from: {candidate_source(c, i)}" if candidate_source(c, i) else "")
+                  # DART's pruner gives the root's children no N-gram term (the paper's rule): they all sit at 0
+                  + ("<br>(depth 1: no N-gram term, by DART's rule)" if depth[i] == 1 and ng_on else "")
                   for i in idx]
         fig.add_trace(go.Scatter(
             x=[logit[i] for i in idx], y=[ng[i] for i in idx], mode="markers", name=f"{label} ({len(idx)})",
