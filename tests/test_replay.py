@@ -12,6 +12,7 @@ from dart_core.drafters import PromptLookupDrafter
 from dart_core.drafters.dart import DartDrafter
 from dart_core.drafters.pruning import PruningConfig
 from dart_core.engine.decoding import SpeculativeEngine
+from dart_core.engine.tree import DraftTree
 from dart_core.models.heads.dart import new_head_for_target
 from dart_core.models.loader import load_target
 from dart_core.sizing.costs import CostModel, DraftCost, VerifyCurve
@@ -46,13 +47,13 @@ def costs():
 
 
 def test_follow_walks_the_answer_through_the_tree():
-    tokens, parents = np.array([7, 1, 2, 3, 4]), np.array([-1, 0, 0, 2, 3])
-    assert follow(tokens, parents, [2, 3, 4, 9]) == [0, 2, 3, 4]
-    assert follow(tokens, parents, [2, 3]) == [0, 2, 3]           # the answer ends inside the tree
-    assert follow(tokens, parents, [1, 3]) == [0, 1]
-    assert follow(tokens, parents, [5]) == [0]
-    assert follow(tokens, parents, []) == [0]
-    assert follow(np.array([7]), np.array([-1]), [1, 2]) == [0]    # a root-only tree
+    tree = DraftTree.from_parents([7, 1, 2, 3, 4], [-1, 0, 0, 2, 3])
+    assert follow(tree, [2, 3, 4, 9]) == [0, 2, 3, 4]
+    assert follow(tree, [2, 3]) == [0, 2, 3]           # the answer ends inside the tree
+    assert follow(tree, [1, 3]) == [0, 1]
+    assert follow(tree, [5]) == [0]
+    assert follow(tree, []) == [0]
+    assert follow(DraftTree.root_only(7), [1, 2]) == [0]    # a root-only tree
 
 
 @pytest.mark.parametrize("context_weight", [0.0, 1.0])

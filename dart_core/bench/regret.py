@@ -54,10 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-logs", default=None, metavar="LOGS.pkl",
                    help="keep the recorded answers (every setting's tree at every position) for walks without the "
                         "target: dart_core.sizing.replay.load_logs")
-    for name in REPLAYABLE:
-        spec = METHODS[name]
-        if spec.add_arguments is not None and not any(a.dest == "dart_model_name_or_path" for a in p._actions):
-            spec.add_arguments(p)
+    for add in dict.fromkeys(METHODS[name].add_arguments for name in REPLAYABLE):   # each group once
+        if add is not None:
+            add(p)
     return p
 
 

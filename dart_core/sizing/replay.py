@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ..engine.protocol import AcceptedStep, Proposal, TreeDrafter
+from ..engine.sampling import accept_greedy
 from ..engine.tree import DraftTree
 from .acceptance import AcceptanceModel
 from .auto import AutoTree
@@ -48,6 +49,9 @@ class Drafted:
     accepted: list[int]                      # accepted node indices, root first
     head_skipped: bool = False               # drafted by the context alone (DART + context): no head forward
 
+    def tree(self) -> DraftTree:
+        return DraftTree.trusted(self.tokens, self.parents, self.depths, self.scores)
+
 
 @dataclass
 class Position:
@@ -69,19 +73,11 @@ class RequestLog:
         return len(self.answer) - 1
 
 
-def follow(tokens: np.ndarray, parents: np.ndarray, continuation: Sequence[int]) -> list[int]:
-    """The greedy acceptance walk against a known answer: from the root, the child whose token is the next one of
-    ``continuation``, as long as there is one (a tree's siblings are distinct tokens)."""
-    children: dict[int, dict[int, int]] = {}
-    for n in range(1, len(tokens)):
-        children.setdefault(int(parents[n]), {})[int(tokens[n])] = n
-    path, node = [0], 0
-    for tok in continuation:
-        node = children.get(node, {}).get(int(tok), -1)
-        if node < 0:
-            break
-        path.append(node)
-    return path
+def follow(tree: DraftTree, continuation: Sequence[int]) -> list[int]:
+    """The engine's greedy acceptance walk (``accept_greedy``) against a known answer: the target's choice after a
+    node at depth d is ``continuation[d]`` (none past its end), so the path is the longest one the answer follows."""
+    want = [int(continuation[d]) if d < len(continuation) else -1 for d in np.asarray(tree.depths).tolist()]
+    return accept_greedy(tree, want, tree.children()).accepted_nodes
 
 
 def _proposals(drafter: Any, context: list[int], choices: Sequence[TreeChoice]) -> list[Proposal]:
@@ -152,7 +148,7 @@ def record(target, drafters: Mapping[str, Any], prompt_ids: Sequence[int], max_n
     for pos_list in positions.values():
         for i, pos in enumerate(pos_list):
             for d in pos.trees.values():
-                d.accepted = follow(d.tokens, d.parents, answer[i + 1:])
+                d.accepted = follow(d.tree(), answer[i + 1:])
     return {name: RequestLog(prompt, answer, positions[name], kind) for name in drafters}
 
 
@@ -204,28 +200,36 @@ class Walk:
         return self.tokens / max(self.steps, 1)
 
 
+def _take_step(w: Walk, costs: CostModel, drafter_name: str, choice: TreeChoice, drafted: Drafted | None,
+               remaining: int, waiting: int) -> tuple[list[int], int]:
+    """Count one step of ``choice`` into ``w`` (its recorded tree ``drafted``; None for a plain step) and price it:
+    the accepted path (cut at the answer's end: ``remaining`` tokens) and the positions then waiting for the head
+    (a plain step or a step the context drafted alone leaves them waiting; a head forward reads them all)."""
+    if choice.plain:
+        n, path, work = 1, [0], (0, 0, 0)
+        w.plain_steps += 1
+        waiting += 1
+    else:
+        n, path = len(drafted.tokens), drafted.accepted[:remaining]
+        f, rows, k = choice.work
+        work = (0, 0, k) if drafted.head_skipped else (f, rows + waiting, k)
+        waiting = (waiting if drafted.head_skipped else 0) + len(path)
+    w.seconds += step_seconds(costs, drafter_name, n, work)
+    w.steps += 1
+    w.tokens += len(path)
+    w.chosen[choice.label] = w.chosen.get(choice.label, 0) + 1
+    return path, waiting
+
+
 def walk_fixed(logs: Sequence[RequestLog], choice: TreeChoice, costs: CostModel, drafter_name: str) -> Walk:
     """One fixed setting over each answer: its steps, their price, the tokens they emit."""
     total = Walk()
     for log in logs:
         w, i, waiting = Walk(), 0, len(log.prompt)       # the first drafting step reads the prompt's features
         while i < len(log.positions):
-            remaining = len(log.positions) - i
-            if choice.plain:
-                n, emitted, work = 1, 1, (0, 0, 0)
-                w.plain_steps += 1
-                waiting += 1                              # the head does not run: the position waits
-            else:
-                d = log.positions[i].trees[key_of(choice)]
-                n, emitted = len(d.tokens), min(len(d.accepted), remaining)
-                f, rows, k = choice.work
-                work = (0, 0, k) if d.head_skipped else (f, rows + waiting, k)
-                waiting = (waiting if d.head_skipped else 0) + emitted
-            w.seconds += step_seconds(costs, drafter_name, n, work)
-            w.steps += 1
-            w.tokens += emitted
-            i += emitted
-        w.chosen = {choice.label: w.steps}
+            drafted = None if choice.plain else log.positions[i].trees[key_of(choice)]
+            path, waiting = _take_step(w, costs, drafter_name, choice, drafted, len(log.positions) - i, waiting)
+            i += len(path)
         total = total.add(w)
     return total
 
@@ -271,7 +275,7 @@ class ReplayDrafter:
     def propose(self, context) -> Proposal:
         d = self.recorded()
         self.last_head_skipped = d.head_skipped
-        return Proposal(DraftTree.trusted(d.tokens, d.parents, d.depths, d.scores))
+        return Proposal(d.tree())
 
     def observe(self, step: AcceptedStep) -> None:
         return None
@@ -295,29 +299,15 @@ def walk_chooser(logs: Sequence[RequestLog], drafter: Any, costs: CostModel,
         w = Walk()
         while replay.at < len(log.positions):
             i = replay.at
-            remaining = len(log.positions) - i
-            context = log.prompt + log.answer[:i + 1]
-            proposal = auto.propose(context)
+            proposal = auto.propose(log.prompt + log.answer[:i + 1])
             choice = auto.last_used
-            if choice.plain:
-                n, accepted, work = 1, [0], (0, 0, 0)
-                w.plain_steps += 1
-                replay.waiting_positions += 1
-            else:
-                d = replay.recorded()
-                n, accepted = len(d.tokens), d.accepted[:remaining]
-                f, rows, k = choice.work
-                work = (0, 0, k) if d.head_skipped else (f, rows + replay.waiting_positions, k)
-                replay.waiting_positions = (replay.waiting_positions if d.head_skipped else 0) + len(accepted)
-            emitted = len(accepted)
-            w.seconds += step_seconds(costs, drafter.name, n, work)
-            w.steps += 1
-            w.tokens += emitted
-            w.chosen[choice.label] = w.chosen.get(choice.label, 0) + 1
+            drafted = None if choice.plain else replay.recorded()
+            accepted, replay.waiting_positions = _take_step(w, costs, drafter.name, choice, drafted,
+                                                            len(log.positions) - i, replay.waiting_positions)
             auto.step_done(SimpleNamespace(tree=proposal.tree, accepted_nodes=accepted,
                                            timings={"verify": 0.0, "commit": 0.0, "draft_forward": 0.0,
                                                     "tree_build": 0.0}))
-            replay.at += emitted
+            replay.at += len(accepted)
         per.append(w)
         total = total.add(w)
     return total, per
