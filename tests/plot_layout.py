@@ -80,6 +80,7 @@ _COLLECT_JS = r"""
       items.push({kind, text: short(text), box: box(b), nested});
     };
     gd.querySelectorAll('.infolayer .gtitle').forEach(el => add('title', el));
+    gd.querySelectorAll('.infolayer .gtitle-subtitle').forEach(el => add('subtitle', el));
     gd.querySelectorAll('.infolayer text').forEach(el => {
       const m = Array.from(el.classList).find(c => /^[xy]\d*title$/.test(c));
       if (m) add(`axis title ${m.replace('title', '')}`, el);

@@ -58,7 +58,7 @@ def served_app(request):
                                 ngram=None, unavailable={k: v for k, v in base.unavailable.items() if k != "dart"})
         vis = Visualiser(target, app.parse_args(flags), factory)
     assert launch_kwargs(app.parse_args(flags))["ssr_mode"] is False
-    yield vis, launch_local(vis.demo)
+    yield vis, launch_local(vis.demo, css=launch_kwargs(app.parse_args(flags))["css"])
     vis.demo.close()
 
 
@@ -133,6 +133,18 @@ def test_page_in_a_real_browser(served_app):
             page.wait_for_function("(n) => document.querySelectorAll('#tree-dart .js-plotly-plot .scatterlayer "
                                    ".point').length > n", arg=paper_points, timeout=60_000)
             _screenshot(page, SCREENSHOT_PAPER)
+            # a tall tree scrolls inside its frame, its depth axis and legend at the top
+            frame = page.evaluate("() => { const f = document.querySelector('#tree-dart'); "
+                                  "const svg = f.querySelector('.main-svg'); return {client: f.clientHeight, "
+                                  "scroll: f.scrollHeight, fig: svg ? svg.getBoundingClientRect().height : 0}; }")
+            from dart_core.page.layout import TREE_FRAME_PX
+            assert frame["client"] <= TREE_FRAME_PX + 2, frame
+            if frame["fig"] > TREE_FRAME_PX:
+                assert frame["scroll"] > frame["client"], frame
+                axis_y = page.evaluate("() => document.querySelector('#tree-dart .xtitle').getBoundingClientRect().y")
+                point_y = page.evaluate("() => Math.min(...[...document.querySelectorAll("
+                                        "'#tree-dart .scatterlayer .point')].map(e => e.getBoundingClientRect().y))")
+                assert axis_y < point_y, (axis_y, point_y)
             _no_overlaps_at_every_width(page)
             page.locator("#show-pruned input").uncheck()
 
@@ -180,6 +192,10 @@ def test_page_in_a_real_browser(served_app):
             page.wait_for_function("(s) => document.querySelector('#narration-eagle3').innerText"
                                    ".includes('step ' + s)", arg=step, timeout=60_000)
             assert int(page.locator("#step-slider input[type=number]").input_value()) == token
+            # the clicked token stays outlined (the page's CSS reaches the answer box)
+            clicked = page.locator("#answer-dart .token.dart-selected")
+            assert clicked.count() == 1
+            assert clicked.evaluate("e => getComputedStyle(e).outlineStyle") == "solid"
             # the timing chart marks the selected step
             page.wait_for_function("() => /selected step/.test(document.querySelector('#timing-plot').textContent)",
                                    timeout=60_000)
@@ -197,7 +213,14 @@ def test_page_in_a_real_browser(served_app):
                     linked = True
                     break
             assert linked, "hovering the tree's nodes outlined no answer token"
+            assert page.locator("#answer-dart .token.dart-linked").evaluate(
+                "e => getComputedStyle(e).outlineStyle") == "solid"
             _no_overlaps_at_every_width(page)
+
+            # moving the slider by hand drops the clicked token's outline (the view left its step)
+            slider.focus()
+            page.keyboard.press("Home")
+            page.wait_for_function("() => !document.querySelector('#answer-dart .token.dart-selected')", timeout=30_000)
 
             # one round, stage by stage
             page.locator("#step-btn").click()

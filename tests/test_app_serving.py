@@ -154,6 +154,10 @@ def test_serving_limits_are_chosen_by_mode_applied_and_documented(tiny):
     # applied: upload size (launch), file clean-up (Blocks), queue size
     assert launch_kwargs(args)["max_file_size"] == serving.LOCAL.max_upload_bytes
     assert launch_kwargs(app.parse_args(["--listen"]))["max_file_size"] == serving.HOSTED.max_upload_bytes
+    # the page's CSS is page-wide (a gr.HTML's css_template is scoped to that one component): the hover and click
+    # outlines reach the answers, and the tree plots scroll in a frame
+    css = launch_kwargs(args)["css"]
+    assert ".token.dart-linked" in css and ".token.dart-selected" in css and ".tree-frame" in css
     v = Visualiser(target, args, limits=serving.HOSTED)
     assert v.demo.delete_cache == (h.file_sweep_s, h.file_ttl_s)
     assert v.queued()._queue.max_size == h.queue_max_size

@@ -250,6 +250,44 @@ def test_tree_figure_shows_pruned_candidates_on_request():
     assert len(viz_tree.tree_figure(st, show_pruned=True, max_pruned_per_node=0).data) == len(viz_tree.tree_figure(st).data)
 
 
+def test_tree_figure_caps_pruned_candidates_best_first_and_says_so():
+    st = hand_trace()
+    fig = viz_tree.tree_figure(st, show_pruned=True, max_pruned=1)
+    assert [i for i, _, _ in node_points(fig)["candidate"]] == [6]        # -1.5 beats 16's -2.0
+    assert f"{viz.NODE_STATES['pruned'][0]} (best 1 of 2 shown)" in [t.name for t in fig.data if t.showlegend]
+    full = viz_tree.tree_figure(st, show_pruned=True)
+    assert not any("shown)" in (t.name or "") for t in full.data)
+    assert "candidate" not in node_points(viz_tree.tree_figure(st, show_pruned=True, max_pruned=0))
+
+
+def test_tree_labels_sit_above_a_node_whose_child_is_on_its_row():
+    st = hand_trace()
+    fig = viz_tree.tree_figure(st, decode_fn)
+    where = {}
+    for t in fig.data:
+        if t.customdata is not None and t.textposition is not None:
+            positions = [t.textposition] * len(t.customdata) if isinstance(t.textposition, str) else t.textposition
+            where.update({(cd[0], int(cd[1])): p for cd, p in zip(t.customdata, positions)})
+    # node 2's one child (5) and node 3's bonus token are drawn on their rows: the edge would cross the label
+    assert where[("node", 2)] == where[("node", 3)] == "top center"
+    assert where[("node", 1)] == where[("node", 4)] == "middle right"     # 1 sits between its two children
+    bonus = trace_named(fig, viz.NODE_STATES["bonus"][0])
+    assert bonus.textfont.size > 11 and "<b>" in bonus.text[0]
+
+
+def test_a_tall_tree_puts_its_depth_axis_and_legend_on_top():
+    n = 41
+    tree = DraftTree.from_parents(list(range(100, 100 + n)), [-1] + [0] * (n - 1), [0.0] + [-0.1 * i for i in range(1, n)])
+    st = StepTrace(step=1, position=0, tree=tree, accepted_nodes=[0, 1], emitted_tokens=[101, 99], bonus_token=99,
+                   node_target_prob=[1.0] * n, node_target_argmax=[101] + [99] * (n - 1),
+                   timings={"draft_forward": 0.001, "tree_build": 0.001, "verify": 0.002, "commit": 0.0}, mode="greedy")
+    tall = viz_tree.tree_figure(st)
+    assert tall.layout.height > viz_tree.TALL_TREE_PX
+    assert tall.layout.xaxis.side == "top" and tall.layout.legend.yanchor == "top" and tall.layout.legend.y > 0.9
+    small = viz_tree.tree_figure(hand_trace())
+    assert small.layout.height <= viz_tree.TALL_TREE_PX and small.layout.xaxis.side == "bottom"
+
+
 def test_node_details_of_the_hand_trace():
     d = viz_tree.node_details(hand_trace(), 3, decode_fn)
     assert d["state"] == "accepted" and d["depth"] == 2 and d["text"] == "<13>"

@@ -20,7 +20,14 @@ from .tabs import FRAME_ALL, TAB_TTL_S, TabState
 #: The page's linking script (a gr.HTML's js_on_load, so it runs wherever the page is served): hovering a node of
 #: a draft tree outlines the answer token it stands for (see link.js; Rendering._linked writes what it reads).
 LINK_JS = (Path(__file__).parent / "link.js").read_text(encoding="utf-8")
-LINK_CSS = ".token.dart-linked { outline: 3px solid #E69F00; outline-offset: 1px; }"
+#: The page's own CSS, given to launch() (page/serve.py): a gr.HTML's css_template is scoped to that component, so
+#: the linked-token outline must be page-wide to reach the answers. A tree taller than the frame (the paper's
+#: trees with pruned candidates) scrolls inside it; its depth axis and legend are drawn at its top
+#: (ui/viz_tree.py TALL_TREE_PX).
+TREE_FRAME_PX = 960
+PAGE_CSS = (".token.dart-linked { outline: 3px solid #E69F00; outline-offset: 1px; }\n"
+            ".token.dart-selected { outline: 3px solid #0072B2; outline-offset: 1px; }\n"
+            f".tree-frame {{ max-height: {TREE_FRAME_PX}px; overflow-y: auto; }}")
 
 
 class Layout:
@@ -125,7 +132,7 @@ class Layout:
                 next_btn = gr.Button("Next stage ▶", elem_id="next-frame", scale=1, min_width=140)
                 self.show_pruned = gr.Checkbox(False, label="Show pruned candidates (faded, where they would hang)",
                                                elem_id="show-pruned", scale=2)
-            gr.HTML("", js_on_load=LINK_JS, css_template=LINK_CSS, elem_id="link-script", container=False,
+            gr.HTML("", js_on_load=LINK_JS, elem_id="link-script", container=False,
                     padding=False, apply_default_css=False)
             self.tree_plot: dict[str, gr.Plot] = {}
             self.logits_plot: gr.Plot | None = None
@@ -136,7 +143,7 @@ class Layout:
                     with gr.Column(min_width=420):   # narrower windows stack the engines
                         # plots show no Gradio label: the label's badge would cover the figure's own title
                         self.tree_plot[s] = gr.Plot(show_label=False, label=f"{label_of(s)}: draft tree",
-                                                    elem_id=f"tree-{s}")
+                                                    elem_id=f"tree-{s}", elem_classes=["tree-frame"])
                         self.step_text[s] = gr.Markdown(elem_id=f"narration-{s}")
                         self.scatter_plot[s] = gr.Plot(show_label=False, label=f"{label_of(s)}: candidate scores",
                                                        elem_id=f"scores-{s}")

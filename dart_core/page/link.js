@@ -23,3 +23,18 @@ function bind(gd) {
 function scan() { document.querySelectorAll('[id^="tree-"] .js-plotly-plot').forEach(bind); }
 new MutationObserver(scan).observe(document.body, {childList: true, subtree: true});
 scan();
+
+// A clicked answer token stays outlined while the step view shows its step (the click moves the answer-position
+// slider there); moving the slider by hand, to another step, drops the outline.
+function clearSelected() {
+  document.querySelectorAll('.token.dart-selected').forEach(e => e.classList.remove('dart-selected'));
+}
+document.addEventListener('click', ev => {
+  const t = ev.target.closest && ev.target.closest('[id^="answer-"] .token');
+  if (!t) return;
+  clearSelected();
+  t.classList.add('dart-selected');
+}, true);
+document.addEventListener('input', ev => {
+  if (ev.target.closest && ev.target.closest('#step-slider')) clearSelected();
+}, true);

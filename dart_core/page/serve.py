@@ -11,12 +11,14 @@ from ..ui.serving import serving_limits
 
 
 def launch_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """launch() options: local only unless asked, SSR off (no Node server), nothing fetched from outside,
+    """launch() options: the page's CSS, local only unless asked, SSR off (no Node server), nothing fetched from outside,
     uploads (Replay files) no larger than the serving limit ``max_upload_bytes``, and errors shown to the caller:
     Gradio refuses a value of the wrong type, a wrong number of inputs or a file path nobody uploaded before the
     handler runs, and without show_error an API caller learns only that "the app raised an exception"."""
+    from .layout import PAGE_CSS
+
     limits = serving_limits(listen=args.listen, share=args.share)
-    return dict(server_name="0.0.0.0" if args.listen else "127.0.0.1", server_port=args.server_port,
+    return dict(css=PAGE_CSS, server_name="0.0.0.0" if args.listen else "127.0.0.1", server_port=args.server_port,
                 share=args.share, ssr_mode=False, max_file_size=limits.max_upload_bytes, show_error=True)
 
 

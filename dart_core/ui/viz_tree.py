@@ -264,8 +264,23 @@ def _legend_proxy(state: str, group: str | None = None) -> go.Scatter:
                       hoverinfo="skip", showlegend=True)
 
 
+#: Pruned candidates drawn at most in one tree: the paper's 60-node trees would otherwise add up to 300 rows
+#: (a figure ~8,000 px tall). The accepted path's pruned siblings come first, then the best-scored others.
+MAX_PRUNED_SHOWN = 24
+#: Pixels per sibling row: a label above a node (chains) fits between two rows.
+ROW_PX = 28
+#: A tree figure taller than this puts its depth axis and legend at the top, where the page's scroll frame
+#: (dart_core/page/layout.py TREE_FRAME_CSS) shows them first.
+TALL_TREE_PX = 900
+#: Top margin of a tall tree: the title (TITLE_ROOM_PX), up to three rows of legend, the depth axis's ticks and
+#: title.
+TITLE_ROOM_PX = 44
+SUBTITLE_PX = 24
+TALL_TOP_PX = 200
+
+
 def tree_figure(step: TraceLike, tokenizer: Decoder = None, *, show_pruned: bool = False,
-                max_pruned_per_node: int = 5, score_label: str | None = None,
+                max_pruned_per_node: int = 5, max_pruned: int = MAX_PRUNED_SHOWN, score_label: str | None = None,
                 title: str | Mapping[str, Any] | None = None) -> go.Figure:
     """The verified draft tree of one step, x = depth, best siblings on top. ``title``: its text, or a plotly
     title dict (e.g. with a ``subtitle``).
@@ -273,7 +288,7 @@ def tree_figure(step: TraceLike, tokenizer: Decoder = None, *, show_pruned: bool
     Node fill = the drafter's score (colour bar); border colour and marker symbol = state.
     The accepted path is drawn thick blue, ending in the target's bonus token (purple star).
     ``show_pruned`` adds up to ``max_pruned_per_node`` best pruned candidates under each tree
-    node (faded, grey labels, at their own depth). ``tokenizer``: None (token ids), a callable ids -> text,
+    node (faded, grey labels, at their own depth), ``max_pruned`` in all (the accepted path's first). ``tokenizer``: None (token ids), a callable ids -> text,
     or a tokenizer. Hovers give each scored node's rank by score among all candidates and among its
     parent's candidates.
 
@@ -300,6 +315,7 @@ def tree_figure(step: TraceLike, tokenizer: Decoder = None, *, show_pruned: bool
     parents.append(last)
     rank_scores.append(math.inf)  # the bonus sits on top of its rejected siblings
     pruned: list[int] = []
+    pruned_offered = 0
     if show_pruned and st.candidates is not None and max_pruned_per_node > 0:
         c = st.candidates
         cn = candidate_nodes(st)
@@ -311,12 +327,15 @@ def tree_figure(step: TraceLike, tokenizer: Decoder = None, *, show_pruned: bool
             pnode = 0 if cpar[ci] < 0 else cn[cpar[ci]]
             if pnode >= 0:  # only pruned children of nodes that are drawn
                 by_parent.setdefault(pnode, []).append(ci)
-        for pnode in sorted(by_parent):
-            best = sorted(by_parent[pnode], key=lambda j: (-cscore[j], j))[:max_pruned_per_node]
-            for ci in best:
-                pruned.append(ci)
-                parents.append(pnode)
-                rank_scores.append(cscore[ci])
+        on_path_nodes = set(accepted)
+        offered = [(pnode, ci) for pnode in sorted(by_parent)
+                   for ci in sorted(by_parent[pnode], key=lambda j: (-cscore[j], j))[:max_pruned_per_node]]
+        offered.sort(key=lambda pc: (pc[0] not in on_path_nodes, -cscore[pc[1]], pc[1]))
+        pruned_offered = len(offered)
+        for pnode, ci in sorted(offered[:max(max_pruned, 0)], key=lambda pc: (pc[0], -cscore[pc[1]], pc[1])):
+            pruned.append(ci)
+            parents.append(pnode)
+            rank_scores.append(cscore[ci])
     xs, ys = tree_layout(parents, rank_scores)
 
     score_name = score_name_of(st, score_label)
@@ -343,6 +362,13 @@ def tree_figure(step: TraceLike, tokenizer: Decoder = None, *, show_pruned: bool
     fig.add_trace(edge_lines([(last, bonus_idx)], xs, ys, name="target's own token (bonus)",
                              color=OKABE_ITO["reddish_purple"], width=3.0, dash="dash", legend=True))
 
+    # A label right of a node would sit on the edge to a child drawn on the same row (every link of a chain):
+    # such a node's label goes above it.
+    same_row_child = {parents[i] for i in range(1, len(parents)) if parents[i] >= 0 and ys[i] == ys[parents[i]]}
+
+    def label_position(i: int) -> str:
+        return "top center" if i in same_row_child else "middle right"
+
     coloraxis_used = False
     view = _StepView(st, score_label)
     for state in ("rejected", "accepted", "root"):
@@ -361,7 +387,8 @@ def tree_figure(step: TraceLike, tokenizer: Decoder = None, *, show_pruned: bool
         fig.add_trace(go.Scatter(
             x=[float(xs[i]) for i in idx], y=[float(ys[i]) for i in idx], mode="markers+text",
             name=label, legendgroup=state, showlegend=False, marker=marker,
-            text=[token_label(int(tree.tokens[i]), decode) for i in idx], textposition="middle right",
+            text=[token_label(int(tree.tokens[i]), decode) for i in idx],
+            textposition=[label_position(i) for i in idx],
             textfont=dict(size=11), hovertext=[_node_hover(d, decode) for d in details], hoverinfo="text",
             customdata=[["node", i, d["answer_position"]] for i, d in zip(idx, details)]))
 
@@ -384,7 +411,8 @@ def tree_figure(step: TraceLike, tokenizer: Decoder = None, *, show_pruned: bool
             mode="markers+text", name=label, legendgroup="pruned", showlegend=False,
             marker=dict(color=[cscore[ci] for ci in pruned], coloraxis="coloraxis", symbol=symbol, size=10,
                         opacity=PRUNED_OPACITY, line=dict(color=color, width=1.5)),
-            text=[token_label(ctok[ci], decode) for ci in pruned], textposition="middle right",
+            text=[token_label(ctok[ci], decode) for ci in pruned],
+            textposition=[label_position(n + 1 + k) for k in range(len(pruned))],
             textfont=dict(size=9, color=OKABE_ITO["grey"]), hovertext=hovers, hoverinfo="text",
             customdata=[["candidate", ci, view.answer_position("pruned", cdepth[ci])] for ci in pruned]))
         coloraxis_used = True
@@ -401,25 +429,34 @@ def tree_figure(step: TraceLike, tokenizer: Decoder = None, *, show_pruned: bool
         x=[float(xs[bonus_idx])], y=[float(ys[bonus_idx])], mode="markers+text", name=label,
         legendgroup="bonus", showlegend=False,
         marker=dict(color=color, symbol=symbol, size=20, line=dict(color="#000000", width=1.5)),
-        text=[token_label(int(st.bonus_token), decode)], textposition="middle right",
-        textfont=dict(size=11, color=color), hovertext=[bonus_hover], hoverinfo="text",
+        text=[f"<b>{token_label(int(st.bonus_token), decode)}</b>"], textposition="middle right",
+        textfont=dict(size=13, color=color), hovertext=[bonus_hover], hoverinfo="text",
         customdata=[["bonus", -1, view.answer_position("bonus", int(tree.depths[last]) + 1)]]))
 
     # Legend entries: one per state, coloured by state (the plotted fill is the score).
     for state in ("root", "accepted", "rejected") + (("pruned",) if pruned else ()) + ("bonus",):
         fig.add_trace(_legend_proxy(state))
+    if len(pruned) < pruned_offered:
+        fig.data[-2].name += f" (best {len(pruned)} of {pruned_offered} shown)"
 
     max_x = int(max(xs)) if len(xs) else 1
     rows = float(max(ys)) + 1 if len(ys) else 1
     # Height: the rows, plus the title and (under the plot) the legend, up to five rows of entries when narrow.
+    height = int(max(440, 260 + ROW_PX * rows))
+    tall = height > TALL_TREE_PX
     page_layout(
         fig, title or (f"Step {st.step}: {st.accepted_drafts} of {tree.num_drafted} drafted tokens accepted "
                        f"+ 1 from the target ({st.mode})"),
         left=50, xaxis=dict(title="depth after the root", tickmode="linear", tick0=0, dtick=1,
-                            range=[-0.4, max_x + 0.9], zeroline=False),
+                            range=[-0.4, max_x + 0.9], zeroline=False, side="top" if tall else "bottom"),
         yaxis=dict(title="siblings, best on top", autorange="reversed", showticklabels=False,
                    zeroline=False, showgrid=False),
-        height=int(max(440, 260 + 26 * rows)), hovermode="closest")
+        height=height, hovermode="closest")
+    if tall:
+        # Seen through the page's scroll frame: the depth axis and the legend at the top, under the title.
+        title_px = TITLE_ROOM_PX + (SUBTITLE_PX if isinstance(title, Mapping) and title.get("subtitle") else 0)
+        fig.update_layout(legend=dict(yref="container", y=1 - title_px / height, yanchor="top"),
+                          margin=dict(t=TALL_TOP_PX + title_px - TITLE_ROOM_PX))
     if coloraxis_used:
         fig.update_layout(coloraxis=dict(colorscale=SCORE_COLORSCALE, cmin=cmin, cmax=cmax,
                                          colorbar=dict(title=dict(text=score_name), thickness=14)))
