@@ -35,6 +35,13 @@ last layer. Both are recorded in DIR/run_info.json and the model card.
 runs the target once over the corpus and caches its features (training/feature_cache.py); both
 trainers then find the cache by fingerprint (or take ``--features DIR``) instead of running the
 target at every step. Rerun the same command after a kill: it resumes.
+
+    python -m dart_core.train mix corpus/old.jsonl.gz=1200 corpus/context.jsonl.gz --out corpus/mixed.jsonl.gz
+    python -m dart_core.train eval --data corpus/mixed.jsonl.gz --heldout-permille 150 \\
+        --head assets/dart/smollm2-135m-instruct --head runs/dart-tuned
+
+joins corpora (a seeded sample of each) for a fine-tune on new kinds of prompt, and scores heads per kind
+(category, else source) on the rows a run at that --heldout-permille held out (training/evaluate.py).
 """
 from __future__ import annotations
 
@@ -213,6 +220,28 @@ def _run_features(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_mix(sub) -> None:
+    p = sub.add_parser("mix", help="join corpora into one (a seeded sample of each), e.g. new prompts with the old "
+                                   "corpus for fine-tuning", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("parts", nargs="+", metavar="FILE[=ROWS]",
+                   help="a corpus file, with the number of its rows to keep (a seeded random pick; default all)")
+    p.add_argument("--out", required=True, help="output .jsonl or .jsonl.gz")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_run_mix)
+
+
+def _run_mix(args: argparse.Namespace) -> int:
+    from .data import DataError, mix_corpora
+
+    try:
+        counts = mix_corpora(args.parts, args.out, seed=args.seed)
+    except DataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.out}: " + ", ".join(f"{n} rows of {name}" for name, n in counts))
+    return 0
+
+
 def _report(args: argparse.Namespace, summary: dict, what: str) -> int:
     if os.environ.get("RANK", "0") != "0":
         return 0
@@ -251,6 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
     for method in TRAINERS:
         _add_trainer(sub, method)
     _add_features(sub)
+    _add_mix(sub)
+    from .evaluate import add_eval_parser
+    add_eval_parser(sub)
     return p
 
 

@@ -137,6 +137,54 @@ def load_distill_rows(path: str | Path, limit: int | None = None, vocab_size: in
     return rows
 
 
+def mix_corpora(parts: Sequence[str], out: str | Path, seed: int = 0) -> list[tuple[str, int]]:
+    """Join corpus files into ``out`` (``.jsonl`` or ``.jsonl.gz``): each part ``FILE`` or ``FILE=ROWS`` adds all
+    of its lines or a seeded random ``ROWS`` of them (kept in file order), lines as they are. Ids must be unique
+    across the parts (the trainers' held-out split and resume go by id). Returns (file, rows written) per part."""
+    import os
+
+    picked: list[tuple[str, list[str]]] = []
+    seen: dict[str, str] = {}
+    for k, part in enumerate(parts):
+        name, _, count = part.partition("=")
+        try:
+            want = int(count) if count else None
+        except ValueError:
+            raise DataError(f"{part}: the row count after '=' must be an integer (FILE=ROWS)") from None
+        if want is not None and want < 0:
+            raise DataError(f"{part}: the row count must be >= 0")
+        path = resolve_data(name)
+        with open_text(path) as f:
+            lines = [ln if ln.endswith("\n") else ln + "\n" for ln in f if ln.strip()]
+        if want is not None and want < len(lines):
+            keep = np.sort(np.random.default_rng([seed, k]).permutation(len(lines))[:want])
+            lines = [lines[i] for i in keep.tolist()]
+        for lineno, ln in enumerate(lines, 1):
+            try:
+                row_id = str(json.loads(ln)["id"])
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise DataError(f"{path}: a line without an 'id' (row {lineno} of those kept); mix needs ids") from None
+            if row_id in seen:
+                raise DataError(f"id {row_id!r} is in both {seen[row_id]} and {path}: the trainers split and resume "
+                                "by id, so the parts must not share ids")
+            seen[row_id] = str(path)
+        picked.append((str(path), lines))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    data = "".join(ln for _, lines in picked for ln in lines).encode("utf-8")
+    with open(tmp, "wb") as raw:
+        if out.suffix == ".gz":
+            # No name or time in the header: the same parts give the same bytes, so the feature cache (keyed by
+            # the corpus bytes) is found again after a rerun.
+            with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
+                gz.write(data)
+        else:
+            raw.write(data)
+    os.replace(tmp, out)
+    return [(name, len(lines)) for name, lines in picked]
+
+
 def _bucket(row_id: str) -> int:
     return int.from_bytes(hashlib.sha256(row_id.encode("utf-8")).digest()[:4], "little") % 1000
 

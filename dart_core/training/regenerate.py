@@ -58,11 +58,24 @@ def read_prompts(path: str | Path) -> list[dict]:
     return rows
 
 
-def select_prompts(rows: list[dict], fraction: float = 1.0, limit: int | None = None, seed: int = 0) -> list[dict]:
-    """A seeded random ``fraction`` of the prompts (in file order), then the first ``limit``."""
+def select_prompts(rows: list[dict], fraction: float = 1.0, limit: int | None = None, seed: int = 0,
+                   per_category: int | None = None) -> list[dict]:
+    """A seeded random ``fraction`` of the prompts (in file order), then at most ``per_category`` of each
+    category (a seeded random pick, kept in file order; so a small kind is not drowned by a large one), then the
+    first ``limit``."""
     if fraction < 1.0:
         keep = np.random.default_rng(seed).random(len(rows)) < fraction
         rows = [r for r, k in zip(rows, keep) if k]
+    if per_category is not None:
+        by_kind: dict[str, list[int]] = {}
+        for i, r in enumerate(rows):
+            by_kind.setdefault(str(r.get("category")), []).append(i)
+        rng = np.random.default_rng([seed, 1])
+        picked = set()
+        for kind in sorted(by_kind):
+            idx = by_kind[kind]
+            picked.update(idx[j] for j in rng.permutation(len(idx))[:per_category].tolist())
+        rows = [r for i, r in enumerate(rows) if i in picked]
     return rows[:limit] if limit is not None else rows
 
 
@@ -136,7 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--prompts", required=True, help="JSONL prompts with id, source, category, prompt")
     ap.add_argument("--out", required=True, help="output .jsonl or .jsonl.gz")
     ap.add_argument("--fraction", type=float, default=1.0, help="seeded random share of the prompts to answer")
-    ap.add_argument("--limit", type=int, default=None, help="at most this many prompts (after --fraction)")
+    ap.add_argument("--per-category", type=int, default=None,
+                    help="at most this many prompts of each category (a seeded random pick, after --fraction)")
+    ap.add_argument("--limit", type=int, default=None, help="at most this many prompts (after --per-category)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-prompt-tokens", type=int, default=640)
     ap.add_argument("--max-new-tokens", type=int, default=384)
@@ -156,7 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        prompts = select_prompts(read_prompts(args.prompts), args.fraction, args.limit, args.seed)
+        prompts = select_prompts(read_prompts(args.prompts), args.fraction, args.limit, args.seed,
+                                 per_category=args.per_category)
         target = load_target(args.target, dtype=args.dtype, device=args.device)
         stats = regenerate(target, prompts, args.out, max_prompt_tokens=args.max_prompt_tokens,
                            max_new_tokens=args.max_new_tokens, drafter=args.drafter, progress=args.progress)
