@@ -384,6 +384,50 @@ def test_init_head_fine_tunes_a_head_and_refuses_another_targets(tiny, tmp_path,
     assert "cannot be combined with --init-head" in capsys.readouterr().err
 
 
+def test_rebuild_vocab_gives_a_fine_tuned_head_the_corpus_vocabulary(tiny, tmp_path, capsys):
+    """--rebuild-vocab: the starting head's weights with a draft vocabulary of this corpus's answers; tokens it
+    had keep their LM-head rows, new ones start from the target's; recorded in run_info and the card."""
+    from dart_core.models.heads.dart import save_dart_head
+    from dart_core.models.heads.layers import remap_vocab
+    from dart_core.training.cli import main
+    from dart_core.training.data import truncate
+
+    d, t, data, _ = tiny
+    size = 16
+    odd = torch.arange(1, t.vocab_size, 2)[:size]                     # a vocabulary the corpus did not choose
+    base_head = new_head_for_target(t, odd, draft_length=3, seed=2)
+    base = tmp_path / "base"
+    save_dart_head(base_head, base, dtype=torch.float32)
+    common = ["--target", str(d), "--data", str(data), "--batch-seqs", "4", "--draft-length", "3",
+              "--heldout-permille", "150", "--eval-rows", "2", "--dtype", "float32", "--no-progress",
+              "--max-steps", "1", "--lr", "1e-12", "--save-dtype", "float32"]
+    tuned = tmp_path / "tuned"
+    assert main(["dart", "--out", str(tuned), "--init-head", str(base), "--rebuild-vocab"] + common) == 0
+    train_rows, _ = split_rows([truncate(r, 1024) for r in load_distill_rows(data)], 150)
+    want = build_draft_vocab((r.response_ids for r in train_rows), t.vocab_size, size,
+                             always_include=t.eos_token_ids)
+    h0, h1 = load_dart_head(base, t), load_dart_head(tuned, t)
+    assert torch.equal(h1.draft_ids.cpu(), want.draft_ids)
+    old_row = h0.target_to_draft()
+    out_emb = t.model.get_output_embeddings().weight.float()
+    kept = 0
+    for row, tid in enumerate(h1.draft_ids.tolist()):
+        expect = h0.lm_head.weight[old_row[tid]] if old_row[tid] >= 0 else out_emb[tid]
+        kept += int(old_row[tid] >= 0)
+        assert torch.allclose(h1.lm_head.weight[row], expect, atol=1e-4), tid
+    assert 0 < kept < size
+    info = json.loads((tuned / "run_info.json").read_text())["vocab"]
+    assert info["rebuilt"] and info["kept"] == kept and info["coverage"] > info["start_coverage"]
+    card = (tuned / "README.md").read_text()
+    assert "rebuilt from this corpus (`--rebuild-vocab`)" in card and f"{kept} of them the starting head's" in card
+    # a new head builds its own vocabulary already; a wrong-sized remap is refused
+    capsys.readouterr()
+    assert main(["dart", "--out", str(tmp_path / "x"), "--rebuild-vocab"] + common) == 2
+    assert "drop --rebuild-vocab or give --init-head" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="ids for a draft vocabulary"):
+        remap_vocab(h1, t, want.draft_ids[:-1])
+
+
 def test_init_layer_from_target_starts_the_layer_from_the_targets_last(tiny, tmp_path):
     from dart_core.training.cli import main
 

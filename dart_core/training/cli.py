@@ -101,6 +101,9 @@ def _add_run_tail(p, d) -> None:
     p.add_argument("--save-dtype", default=d.save_dtype, help="dtype of the final head's weights")
     p.add_argument("--no-init-lm-head-from-target", dest="init_lm_head_from_target", action="store_false",
                    help="start lm_head at random instead of the target's output embedding rows")
+    p.add_argument("--rebuild-vocab", action="store_true",
+                   help="with --init-head: build the draft vocabulary from this corpus (--draft-vocab-size tokens); "
+                        "tokens the head had keep their LM-head rows, new ones start from the target's")
     p.add_argument("--init-layer-from-target", action="store_true",
                    help="start the head's decoder layer from the target's last layer (attention, MLP, norms)")
     p.add_argument("--init-head", default=None, metavar="DIR|HUB_ID",

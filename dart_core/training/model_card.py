@@ -21,6 +21,8 @@ SOURCE_LICENCES = {
     "ultrachat_eval": "MIT (thunlp/UltraChat)",
     "glaive_toolcall": "Apache-2.0 (hiyouga/LLaMA-Factory glaive_toolcall_en_demo)",
     "alpaca_seed": "CC-BY-NC-4.0 (tatsu-lab/stanford_alpaca seed tasks)",
+    "multi30k_train": "research use, Flickr30k terms (multi30k/dataset, training split, German and French)",
+    "squad2_dev_b": "CC BY-SA 4.0 (SQuAD 2.0 passages, one half of the official dev set)",
 }
 
 
@@ -52,6 +54,19 @@ def display_target(name: str) -> str:
 METHOD_NAMES = {"dart": "DART", "eagle3": "EAGLE-3"}
 
 
+def _vocab_line(v: dict) -> str:
+    if v.get("rebuilt"):
+        return (f"- draft vocabulary: rebuilt from this corpus (`--rebuild-vocab`): the {v['size']} most frequent "
+                f"response tokens, {v['kept']} of them the starting head's (their LM-head rows carried over, the "
+                f"others from the target's), covering {100 * v['coverage']:.2f}% of training response tokens (the "
+                f"starting head's vocabulary: {100 * v['start_coverage']:.2f}%)")
+    if v.get("from"):
+        return (f"- draft vocabulary: the starting head's {v['size']} tokens (`--init-head`), covering "
+                f"{100 * v['coverage']:.2f}% of training response tokens")
+    return (f"- draft vocabulary: {v['size']} most frequent response tokens, covering {100 * v['coverage']:.2f}% of "
+            "training response tokens")
+
+
 def card_training_lines(s: dict) -> list[str]:
     """The target / data / vocabulary / steps lines every card starts its Training section with."""
     restarts = s.get("lr_restarts") or []
@@ -62,9 +77,7 @@ def card_training_lines(s: dict) -> list[str]:
             f"- data: `{Path(s['data']).name}`: the target's own greedy answers; {s['train_rows']} training rows "
             f"({s['train_tokens']['prompt_tokens']} prompt + {s['train_tokens']['response_tokens']} response tokens), "
             f"{s['heldout_rows']} held out",
-            (f"- draft vocabulary: the starting head's {s['vocab']['size']} tokens (`--init-head`), covering "
-             if s['vocab'].get('from') else f"- draft vocabulary: {s['vocab']['size']} most frequent response tokens, "
-             "covering ") + f"{100 * s['vocab']['coverage']:.2f}% of training response tokens",
+            _vocab_line(s['vocab']),
             f"- steps: {s['steps']} x {s['batch_seqs']} sequences ({s['sequences_seen']} sequences, "
             f"{s['epochs_seen']} epochs); wall time {s['train_wall_s'] / 60:.1f} min "
             f"({s['train_wall_s'] / max(s['steps'], 1):.2f} s/step){schedule}"]
@@ -114,7 +127,8 @@ def card_eval_table(ev: dict) -> list[str]:
 
 def card_sources_lines(s: dict) -> list[str]:
     lines = ["", "## Data sources and licences", "",
-             "Prompts from the project's training prompt set (train/prompts.jsonl of its data collection), "
+             "Prompts from the project's training prompt sets (train/prompts.jsonl and, for translation, passage "
+             "questions and summaries, train/prompts_context.jsonl of its data collection), "
              "answered by the target itself:", "",
              "| source | rows | licence |", "|---|---|---|"]
     for src, n in (s.get("sources") or {}).items():
@@ -128,7 +142,9 @@ def card_start(s: dict) -> str:
     init = s.get("init") or {}
     cfg = s.get("config") or {}
     if init.get("head") or cfg.get("init_head"):
-        return f"`--init-head {init.get('head') or cfg.get('init_head')}` (its weights and draft vocabulary)"
+        what = ("its weights; the draft vocabulary rebuilt, `--rebuild-vocab`" if cfg.get("rebuild_vocab")
+                else "its weights and draft vocabulary")
+        return f"`--init-head {init.get('head') or cfg.get('init_head')}` ({what})"
     parts = []
     if init.get("layer_from_target", cfg.get("init_layer_from_target")):
         parts.append("decoder layer from the target's last layer")

@@ -21,6 +21,9 @@ class BaseTrainConfig:
     init_head        a head of this method for this target (directory or Hub id): the run starts from its
                      weights and its draft vocabulary (fine-tuning, e.g. from the shipped assets/dart/...)
     init_layer_from_target  start a new head's decoder layer from the target's last layer
+    rebuild_vocab    with init_head: build the draft vocabulary from this corpus (--draft-vocab-size most
+                     frequent response tokens) instead of keeping the starting head's; kept tokens keep their
+                     LM-head rows, new ones start from the target's
     """
     method: ClassVar[type]   # the TrainMethod subclass (training/method.py), set by each trainer module
     data: str
@@ -53,6 +56,7 @@ class BaseTrainConfig:
     init_lm_head_from_target: bool = True
     init_head: str | None = None
     init_layer_from_target: bool = False
+    rebuild_vocab: bool = False
     progress: bool = True
     compare_with: str | None = None
     features: str = "auto"
@@ -94,6 +98,9 @@ class BaseTrainConfig:
         if self.compare_with is not None and not (Path(self.compare_with) / "training_summary.json").is_file():
             raise bad("compare_with", "must be a finished run directory (with training_summary.json)",
                       self.compare_with)
+        if self.rebuild_vocab and self.init_head is None:
+            raise TrainError("--rebuild-vocab rebuilds the draft vocabulary of an --init-head head; a new head "
+                             "builds its own from the corpus already: drop --rebuild-vocab or give --init-head")
         if self.init_head is not None and self.init_layer_from_target:
             raise TrainError("--init-layer-from-target cannot be combined with --init-head: the run starts from "
                              "that head's own layer; drop one of them")

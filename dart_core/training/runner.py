@@ -291,9 +291,22 @@ def _start_head(cfg: BaseTrainConfig, method: TrainMethod, target, device: torch
         logger.info("resuming from %s at step %d of %d", existing, state["step"], state["total_steps"])
         return head, state["vocab"]
     if cfg.init_head:
-        # Fine-tuning: the head's own weights and draft vocabulary (--draft-vocab-size does not apply).
+        # Fine-tuning: the head's own weights and draft vocabulary (--draft-vocab-size does not apply), or with
+        # --rebuild-vocab a vocabulary of this corpus's answers (new kinds of prompt bring tokens the head lacks).
         head = method.start_head(cfg.init_head, target, device)
         vocab_info = head_vocab_info(head, vocab_rows)
+        if cfg.rebuild_vocab:
+            from ..models.heads.layers import remap_vocab
+            vocab = build_draft_vocab((r.response_ids for r in vocab_rows), target.vocab_size,
+                                      head.config.draft_vocab_size, always_include=target.eos_token_ids)
+            kept = remap_vocab(head, target, vocab.draft_ids)
+            vocab_info = {"size": vocab.size, "coverage": round(vocab.coverage, 5),
+                          "counted_tokens": vocab.counted_tokens, "from": vocab_info["from"], "rebuilt": True,
+                          "kept": kept, "start_coverage": vocab_info["coverage"]}
+            logger.info("draft vocabulary rebuilt from the corpus: %d tokens (%d of them the starting head's) cover "
+                        "%.2f%% of %d training response tokens (the starting head's: %.2f%%)", vocab.size, kept,
+                        100 * vocab.coverage, vocab.counted_tokens, 100 * vocab_info["start_coverage"])
+            return head, vocab_info
         logger.info("starting from %s: its draft vocabulary of %d tokens covers %.2f%% of %d training response "
                     "tokens", cfg.init_head, vocab_info["size"], 100 * vocab_info["coverage"],
                     vocab_info["counted_tokens"])

@@ -214,6 +214,30 @@ class DraftHeadBase(nn.Module):
         return out
 
 
+@torch.no_grad()
+def remap_vocab(head: DraftHeadBase, target, ids: torch.Tensor) -> int:
+    """Give a trained head the draft vocabulary ``ids`` (sorted target ids, the head's draft vocabulary size):
+    a token it already had keeps its LM-head row, a new one starts from the target's output-embedding row (as a
+    new head's would). Returns how many tokens were kept."""
+    ids = torch.as_tensor(ids, dtype=torch.int64).cpu()
+    if ids.numel() != head.config.draft_vocab_size:
+        raise head.error(f"remap_vocab: {ids.numel()} ids for a draft vocabulary of {head.config.draft_vocab_size}")
+    V, H = target.vocab_size, head.config.hidden_size
+    out_emb = target.model.get_output_embeddings()
+    if out_emb is None or tuple(out_emb.weight.shape) != (V, H):
+        raise head.error("remap_vocab: the target has no output embedding of shape "
+                         f"({V}, {H}) to start the new tokens' rows from")
+    old_row = head.target_to_draft().cpu()[ids]               # -1: not in the old vocabulary
+    weight = out_emb.weight.detach().float().cpu()[ids]
+    kept = old_row >= 0
+    weight[kept] = head.lm_head.weight.detach().float().cpu()[old_row[kept]]
+    head.lm_head.weight.copy_(weight.to(head.lm_head.weight.device, head.lm_head.weight.dtype))
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[ids] = True
+    head.set_vocab_mapping((ids - torch.arange(ids.numel())).to(head.d2t.device), t2d.to(head.t2d.device))
+    return int(kept.sum())
+
+
 # ---------------------------------------------------------------------------------------------- a new head
 def draft_ids_for(target, draft_ids: torch.Tensor | None) -> torch.Tensor:
     """Sorted target ids of a draft vocabulary (None = the target's full vocabulary), int64 on the CPU."""
