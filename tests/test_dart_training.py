@@ -239,6 +239,15 @@ def test_train_cli_writes_a_loadable_head_and_resumes(tiny, tmp_path):
     summary = json.loads((out / "training_summary.json").read_text())
     assert summary["steps"] == 4 and len(summary["eval"]["hit@1"]) == 4
     assert "alpaca" in (out / "README.md").read_text()
+    # other learning settings are refused, each named (the head, the schedule and run_info would disagree)
+    changed = [a if a != "2e-3" else "0.5" for a in common]
+    changed[changed.index("--draft-vocab-size") + 1] = "32"
+    with pytest.raises(TrainError, match=r"--draft-vocab-size was 64, now 32; --lr was 0.002, now 0.5"):
+        train_dart(DartTrainConfig(data=str(data), out=str(out), target=str(d), resume=True, max_steps=5,
+                                   batch_seqs=4, draft_length=3, draft_vocab_size=32, heldout_permille=150,
+                                   eval_rows=3, dtype="float32", lr=0.5, progress=False))
+    assert main(changed + ["--resume", "--gamma", "0.9"]) == 2
+    assert json.loads((out / "training_summary.json").read_text())["steps"] == 4      # nothing ran
 
 
 

@@ -206,7 +206,7 @@ def plan_run(cfg: BaseTrainConfig, method: TrainMethod, ranks: Ranks) -> Run:
     if not train_rows:
         raise TrainError(f"no training rows left in {cfg.data} after the held-out split (--heldout-permille)")
 
-    state = _read_state(existing, method, len(train_rows)) if existing is not None else {}
+    state = _read_state(existing, method, len(train_rows), cfg) if existing is not None else {}
     if state and state.get("world_size", 1) != ranks.world:
         # Nothing in the state depends on the ranks: the batch order, the per-sequence seeds and the optimiser
         # are global, so the run goes on as if the world size had never changed.
@@ -269,8 +269,24 @@ def _split_corpus(cfg: BaseTrainConfig, target) -> tuple[list, list, list]:
     return train_rows, heldout, vocab_rows
 
 
-def _read_state(existing: Path, method: TrainMethod, n_train_rows: int) -> dict[str, Any]:
-    """The checkpoint's trainer state, refused when it belongs to another method or other data flags."""
+#: Flags a resumed run may change: where and how it runs, how long, how it reports. Every other flag shapes what
+#: is learned (data split, batch, optimiser, loss, vocabulary, start), so a resume must repeat it.
+RESUME_MAY_CHANGE = frozenset({"out", "resume", "max_steps", "time_budget_min", "epochs", "threads", "device",
+                               "checkpoint_minutes", "progress", "compare_with", "features", "save_dtype",
+                               "eval_rows", "eval_prefixes", "data", "target"})
+
+
+def _changed_settings(saved: dict[str, Any], cfg: BaseTrainConfig) -> list[str]:
+    """``--flag was X, now Y`` for each learning setting of ``cfg`` that differs from the checkpoint's."""
+    now = asdict(cfg)
+    return [f"--{k.replace('_', '-')} was {saved[k]!r}, now {now[k]!r}" for k in sorted(now)
+            if k not in RESUME_MAY_CHANGE and k in saved and saved[k] != now[k]]
+
+
+def _read_state(existing: Path, method: TrainMethod, n_train_rows: int,
+                cfg: BaseTrainConfig | None = None) -> dict[str, Any]:
+    """The checkpoint's trainer state, refused when it belongs to another method, other data flags or other
+    learning settings (``RESUME_MAY_CHANGE`` lists the flags a resume may change)."""
     state = load_trainer_state(existing / STATE_FILE)
     if state.get("method", "dart") != method.name:
         raise TrainError(f"the checkpoint in {existing} is a {state.get('method', 'dart')} run, not {method.name}; "
@@ -279,6 +295,11 @@ def _read_state(existing: Path, method: TrainMethod, n_train_rows: int) -> dict[
     if state.get("data_rows") != n_train_rows:
         raise TrainError(f"the checkpoint was trained on {state.get('data_rows')} rows but --data/--train-rows "
                          f"now give {n_train_rows}; resume with the same data flags")
+    changed = _changed_settings(state.get("config") or {}, cfg) if cfg is not None else []
+    if changed:
+        raise TrainError(f"the checkpoint in {existing} was trained with other settings: {'; '.join(changed)}. "
+                         "Resume with the same flags (only where and how long it runs may change: --max-steps, "
+                         "--time-budget-min, --threads, --device, ...), or start another --out")
     return state
 
 
