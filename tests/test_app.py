@@ -278,6 +278,19 @@ def test_step_once_export_replay_and_clear(vis, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"hello": 1}')
     assert "not a DART demo trace export" in vis.replay(None, str(bad))[vis.status]
+    # a file's strings are shown as literal text: no code span broken, no image fetched, no link made
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["meta"]["target"] = "a`b <img src=http://example.invalid/x.png>"
+    data["prompt"] = "look *here* <img src=http://example.invalid/y.png> [x](http://example.invalid)"
+    hostile = tmp_path / "hostile.json"
+    hostile.write_text(json.dumps(data), encoding="utf-8")
+    status = vis.replay(TabState(), str(hostile))[vis.status]
+    assert status.startswith("**Replaying") and "<img" not in status and "](http" not in status
+    assert "a\\`b &lt;img" in status and "\\*here\\*" in status
+    data["engines"]["dart"]["variant"] = "<b>DART</b>"          # only the page's own method names are read
+    hostile.write_text(json.dumps(data), encoding="utf-8")
+    status = vis.replay(TabState(), str(hostile))[vis.status]
+    assert "Cannot replay" in status and "must be one of" in status and "<b>" not in status
     cleared = vis.clear(tab)
     assert tab.step_session is None and tab.record is None and cleared[vis.prompt] == ""
     tab.release()

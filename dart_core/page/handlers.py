@@ -21,6 +21,7 @@ from ..config import ConfigError, dtype_name
 from ..models.templates import encode_chat
 from ..ui.record import MEMORY_LIMIT, STOPPED, TIME_LIMIT, RunRecord, label_of, save_export
 from ..ui.session import Comparison, RunSettings, check_prompt_length
+from ..ui.viz import md_text
 from .controls import FRAME_KEYS, SETTING_NAMES, SIZE_KNOBS
 from .tabs import FRAME_ALL, StepSession, TabState, fmt_bytes
 
@@ -167,7 +168,7 @@ class Handlers:
             names = " and ".join(r.label for r in failed)
             rest = ("no engine finished; " if len(failed) == len(cmp.record.runs)
                     else "the other engines' answers are complete; " if head == "✓ **Done.**" else "")
-            fail = (f"⚠ **{names} failed** ({'; '.join(f'{r.label}: {r.error}' for r in failed)}): {rest}"
+            fail = (f"⚠ **{names} failed** ({'; '.join(f'{r.label}: {md_text(r.error)}' for r in failed)}): {rest}"
                     "press **Run** to try again; if it fails again, try other settings (a fixed tree size, fewer "
                     "new tokens); the server log has the details.")
             head = fail if head == "✓ **Done.**" else f"{head} {fail}"
@@ -313,19 +314,20 @@ class Handlers:
         try:
             record = RunRecord.from_export(path)
         except (OSError, ValueError) as exc:
-            return {self.tab: tab, self.status: f"⚠ **Cannot replay {path.name}:** {exc}"}
+            return {self.tab: tab, self.status: f"⚠ **Cannot replay {md_text(path.name)}:** {md_text(exc)}"}
         too_big = self.limits.replay_problem(record)
         if too_big:
-            return {self.tab: tab, self.status: f"⚠ **Cannot replay {path.name}:** {too_big}."}
+            return {self.tab: tab, self.status: f"⚠ **Cannot replay {md_text(path.name)}:** {md_text(too_big)}."}
         tab.request_stop()
         tab.close_step_session()
         tab.record = record
         self.tabs.touch(tab)
         self.tabs.fit_memory(self.limits.session_memory_bytes, tab)
         meta = record.meta
-        status = (f"**Replaying** a recorded run: target `{meta.get('target', '?')}` ({meta.get('dtype', '?')} on "
-                  f"{meta.get('device', '?')}), recorded {meta.get('recorded_at', '?')}. Prompt: "
-                  f"*{record.prompt[:200]}*")
+        # every string from the file is shown as literal text: a backtick or an <img> in it stays what it is
+        t = {k: md_text(meta.get(k, "?"), 120) for k in ("target", "dtype", "device", "recorded_at")}
+        status = (f"**Replaying** a recorded run: target {t['target']} ({t['dtype']} on {t['device']}), recorded "
+                  f"{t['recorded_at']}. Prompt: *{md_text(record.prompt, 200)}*")
         missing = [label_of(s) for s in record.runs if s not in self.shown]
         if missing:
             status += f" (engines this page has no column for: {', '.join(missing)})"

@@ -13,6 +13,7 @@ from ..engine.trace_stats import step_for_token
 from ..ui import teaching_round, viz, viz_steps, viz_tree
 from ..ui.narration import narrate_step
 from ..ui.record import RunRecord, label_of
+from ..ui.viz import md_text
 from .controls import FRAME_KEYS
 from .tabs import FRAME_ALL, TabState
 
@@ -26,7 +27,7 @@ _ENDINGS = {"eos": "ended at the end-of-answer token", "max_new_tokens": "reache
 
 def _fmt_metrics(m, name: str, run, baseline: str) -> str:
     if run.error:
-        return f"⚠ **{label_of(name)} failed:** {run.error}"
+        return f"⚠ **{label_of(name)} failed:** {md_text(run.error)}"
     tps = f"**{m.tokens_per_s:.1f} tok/s**" if m.tokens_per_s else "— tok/s"
     tau = f"τ {m.tau:.2f}" if m.tau is not None else "τ —"
     if name == baseline:

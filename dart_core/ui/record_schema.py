@@ -332,7 +332,7 @@ ENGINE_FIELDS: dict[str, tuple[bool, Check, Any]] = {
     "done": (False, _bool, True),
     "stop_reason": (False, _optional(_str), None),
     "error": (False, _optional(_str), None),
-    "variant": (False, _optional(_str), None),
+    "variant": (False, _optional(_choice("paper", "+ context")), None),   # ui/session.py engine_variant's
     "spans": (False, _optional(_spans), None),
     "traces": (False, _list(lambda v, w: v), []),   # each trace is checked by _trace, with its step in the place
 }

@@ -15,6 +15,7 @@ bonus (the target's own token) = purple star, root = black square.
 from __future__ import annotations
 
 import html
+import re
 from typing import Any, Callable, Mapping, Union
 
 import numpy as np
@@ -83,6 +84,19 @@ def token_label(tok: int, decode: Callable[[list[int]], str] | None, limit: int 
         return f"#{tok}"
     text = text if len(text) <= limit else text[: limit - 1] + "\u2026"
     return html.escape(text, quote=False)  # plotly reads labels as pseudo-HTML: "<|im_end|>" would vanish
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>])")
+
+
+def md_text(text: Any, limit: int | None = None) -> str:
+    """``text`` as literal Markdown text (a replayed file's strings, an error message): HTML escaped, Markdown's
+    punctuation backslash-escaped, line breaks as spaces; at most ``limit`` characters of it."""
+    text = str(text)
+    if limit is not None and len(text) > limit:
+        text = text[: max(limit - 1, 0)] + "\u2026"
+    text = html.escape(text.replace("\r", " ").replace("\n", " "), quote=True)
+    return _MD_SPECIAL.sub(r"\\\1", text)
 
 
 def token_hover(tok: int, decode: Callable[[list[int]], str] | None) -> str:
