@@ -135,6 +135,43 @@ def test_a_damaged_cache_is_refused_where_it_is_read(tiny, tmp_path):
         cache.features(rows[5], torch.arange(t.vocab_size))
 
 
+def _truncate_aux(path):
+    raw = (path / "aux.bin").read_bytes()
+    (path / "aux.bin").write_bytes(raw[: len(raw) // 2])
+
+
+def _drop_last_record(path):
+    prog = json.loads((path / "progress.json").read_text())
+    prog["chunks"] = prog["chunks"][:-1]                      # "complete": true stays
+    (path / "progress.json").write_text(json.dumps(prog))
+
+
+def _rank_file_out_of_range(path):
+    prog = json.loads((path / "progress.json").read_text())
+    rec = dict(prog["chunks"][0], rows=[400, 404])
+    (path / "progress.rank1.json").write_text(json.dumps({"chunks": [rec]}))
+
+
+@pytest.mark.parametrize("damage,expect", [
+    (_truncate_aux, "aux.bin holds .* bytes, not the"),
+    (lambda p: (p / "aux.bin").unlink(), "aux.bin is missing"),
+    (lambda p: (p / "progress.json").write_text("{garbage"), "progress.json is not JSON"),
+    (lambda p: (p / "progress.rank1.json").write_text("[1, 2"), "progress.rank1.json is not JSON"),
+    (lambda p: (p / "meta.json").write_text("[]"), "meta.json is not a JSON object"),
+    (_drop_last_record, "is incomplete"),
+    (_rank_file_out_of_range, r"records rows \[400, 404\], not a chunk"),
+])
+def test_a_damaged_cache_names_the_damage_and_the_rebuild(tiny, tmp_path, damage, expect):
+    """Whatever part of a cache is damaged, reading it is a FeatureCacheError that says what and how to rebuild
+    (never a raw mmap, JSON or index error); the trainers' automatic lookup then runs without it."""
+    _, t, data, _ = tiny
+    path = build(t, data, tmp_path / "c", chunk_rows=4)
+    damage(path)
+    with pytest.raises(fc.FeatureCacheError, match=expect) as info:
+        fc.FeatureCache(path, t, data)
+    assert "python -m dart_core.train features" in str(info.value)
+
+
 @pytest.mark.parametrize("id_dtype,bad", [(np.int32, -3), (np.int32, 10**6), (np.uint16, 65535)])
 def test_ids_outside_the_vocabulary_are_refused_even_with_matching_checksums(tiny, tmp_path, monkeypatch,
                                                                              id_dtype, bad):

@@ -155,14 +155,24 @@ def _open_arrays(path: Path, meta: dict, mode: str) -> dict[str, np.ndarray]:
     out = {}
     for name, (shape, dtype) in shapes.items():
         f = path / f"{name}.bin"
+        size = int(np.prod(shape)) * np.dtype(dtype).itemsize
         if mode == "w+" and not f.exists():
             with open(f, "wb") as fh:  # sparse until written
-                fh.truncate(int(np.prod(shape)) * np.dtype(dtype).itemsize)
-        if int(np.prod(shape)) == 0:
+                fh.truncate(size)
+        if size == 0:
             out[name] = np.zeros(shape, dtype=dtype)
             continue
+        if not f.is_file():
+            raise _damaged(path, f"{f.name} is missing")
+        if f.stat().st_size != size:
+            raise _damaged(path, f"{f.name} holds {f.stat().st_size} bytes, not the {size} its meta.json expects")
         out[name] = np.memmap(f, dtype=dtype, mode="r+" if mode == "w+" else "r", shape=shape)
     return out
+
+
+def _damaged(path: Path, what: str) -> "FeatureCacheError":
+    return FeatureCacheError(f"the feature cache {path} is damaged: {what}. Delete that directory and rebuild it "
+                             "with `python -m dart_core.train features` (or drop --features / use --features none)")
 
 
 # ---------------------------------------------------------------------------------------------- the pass
@@ -201,7 +211,7 @@ def build_feature_cache(target, data: str | Path, out: str | Path | None = None,
             "chunk_rows": int(chunk_rows), "ids": [r.id for r in rows], "table": table.tolist()}
     meta_path = path / "meta.json"
     if meta_path.exists():   # every rank checks, so that each names the problem itself
-        old = json.loads(meta_path.read_text(encoding="utf-8"))
+        old = _read_json(meta_path)
         if old.get("fingerprint") != fp or old.get("chunk_rows") != chunk_rows:
             raise FeatureCacheError(f"{path} holds a feature cache of another target, corpus or layout "
                                     f"({_describe(old)}); choose another --features directory or delete it")
@@ -214,7 +224,7 @@ def build_feature_cache(target, data: str | Path, out: str | Path | None = None,
         barrier()
     if rank != 0:
         arrays = _open_arrays(path, meta, "w+")
-    done = _recorded_chunks(path, chunk_rows)
+    done = _recorded_chunks(path, chunk_rows, len(rows))
     n_chunks = -(-len(rows) // chunk_rows)
     if len(done) == n_chunks and _read_json(path / "progress.json").get("complete"):
         logger.info("feature cache %s is complete (%d rows)", path, len(rows))
@@ -222,7 +232,7 @@ def build_feature_cache(target, data: str | Path, out: str | Path | None = None,
     mine = [c for c in range(n_chunks) if c % world == rank and c not in done]
     own_path = path / ("progress.json" if world == 1 else f"progress.rank{rank}.json")
     # A rank's file keeps what it held (an earlier run's records), plus, on one rank, every record found.
-    own = done if world == 1 else _chunk_records(own_path, chunk_rows)
+    own = done if world == 1 else _chunk_records(own_path, chunk_rows, len(rows))
     dev = target.device
     w = target.model.get_output_embeddings().weight
     bar = tqdm(total=sum(_chunk_tokens(table, c, chunk_rows) for c in mine), unit="tok", unit_scale=True,
@@ -272,25 +282,48 @@ def _chunk_tokens(table: np.ndarray, c: int, chunk_rows: int) -> int:
 
 
 def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    """A cache's JSON file ({} when absent); a file that is not a JSON object is a damaged cache."""
+    if not path.is_file():
+        return {}
+    try:
+        out = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _damaged(path.parent, f"{path.name} is not JSON ({exc})") from None
+    if not isinstance(out, dict):
+        raise _damaged(path.parent, f"{path.name} is not a JSON object")
+    return out
 
 
-def _chunk_records(path: Path, chunk_rows: int) -> dict[int, dict]:
+def _chunk_records(path: Path, chunk_rows: int, n_rows: int | None = None) -> dict[int, dict]:
     """chunk index -> record, from one progress file. Files of format 1 before shards kept the mass and the
-    seconds as run totals only: they go to the first chunk, so that the sums stay right."""
+    seconds as run totals only: they go to the first chunk, so that the sums stay right. A record that is not
+    one whole chunk of the corpus (``n_rows`` rows) is a damaged file."""
     prog = _read_json(path)
     chunks = prog.get("chunks", [])
+    if not isinstance(chunks, list) or not all(isinstance(r, dict) for r in chunks):
+        raise _damaged(path.parent, f"{path.name}'s chunks are not a list of records")
     if chunks and "kept_mass" not in chunks[0]:
         chunks = [{**r, "kept_mass": 0.0, "elapsed_s": 0.0} for r in chunks]
         chunks[0].update(kept_mass=float(prog.get("kept_mass_sum", 0.0)), elapsed_s=float(prog.get("elapsed_s", 0.0)))
-    return {int(r["rows"][0]) // chunk_rows: r for r in chunks}
+    out = {}
+    for r in chunks:
+        rows = r.get("rows")
+        ok = (isinstance(rows, list) and len(rows) == 2 and all(isinstance(x, int) for x in rows)
+              and 0 <= rows[0] < rows[1] and rows[0] % chunk_rows == 0 and rows[1] - rows[0] <= chunk_rows
+              and (n_rows is None or rows[1] == min(n_rows, rows[0] + chunk_rows))
+              and isinstance(r.get("sha256"), dict))
+        if not ok:
+            raise _damaged(path.parent, f"{path.name} records rows {rows!r}, not a chunk of the corpus's "
+                                        f"{n_rows if n_rows is not None else '?'} rows in steps of {chunk_rows}")
+        out[rows[0] // chunk_rows] = r
+    return out
 
 
-def _recorded_chunks(path: Path, chunk_rows: int) -> dict[int, dict]:
+def _recorded_chunks(path: Path, chunk_rows: int, n_rows: int | None = None) -> dict[int, dict]:
     """Every chunk recorded done: in progress.json and in the ranks' files of a sharded build."""
     done: dict[int, dict] = {}
     for f in [path / "progress.json", *sorted(path.glob("progress.rank*.json"))]:
-        done.update(_chunk_records(f, chunk_rows))
+        done.update(_chunk_records(f, chunk_rows, n_rows))
     return done
 
 
@@ -311,6 +344,21 @@ def _describe(meta: dict) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- the reader
+def _read_meta(path: Path) -> dict:
+    meta = _read_json(path / "meta.json")
+    need = ("table", "rows", "chunk_rows", "tokens", "answer_rows", "top_k", "aux_dim", "id_dtype", "ids")
+    missing = [k for k in need if k not in meta]
+    if missing:
+        raise _damaged(path, f"meta.json lacks {', '.join(missing)}")
+    try:
+        table = np.asarray(meta["table"], dtype=np.int64)
+    except (TypeError, ValueError):
+        raise _damaged(path, "meta.json's row table is not a table of integers") from None
+    if table.size != 4 * int(meta["rows"]) or len(meta["ids"]) != int(meta["rows"]) or int(meta["chunk_rows"]) < 1:
+        raise _damaged(path, "meta.json's row table, ids and row count disagree")
+    return meta
+
+
 @dataclass
 class CacheStatus:
     path: Path
@@ -328,10 +376,14 @@ def cache_status(path: str | Path) -> CacheStatus:
     if not meta_path.is_file():
         raise FeatureCacheError(f"{path} is not a feature cache (no meta.json); build one with "
                                 "`python -m dart_core.train features --data FILE`")
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    meta = _read_meta(path)
     table = np.asarray(meta["table"], dtype=np.int64).reshape(-1, 4)
-    prog = _progress(_recorded_chunks(path, int(meta["chunk_rows"])), table, int(meta["rows"]))
-    complete = bool(_read_json(path / "progress.json").get("complete", False))
+    prog = _progress(_recorded_chunks(path, int(meta["chunk_rows"]), int(meta["rows"])), table, int(meta["rows"]))
+    # complete: the flag and every row in a record of progress.json itself (a record removed under a "complete"
+    # flag would otherwise be read past)
+    final = _progress(_chunk_records(path / "progress.json", int(meta["chunk_rows"]), int(meta["rows"])), table,
+                      int(meta["rows"]))
+    complete = bool(_read_json(path / "progress.json").get("complete", False)) and final["complete"]
     return CacheStatus(path, int(meta["rows"]), int(prog["rows_done"]), complete,
                        float(prog["kept_mass_sum"]) / max(int(prog["answer_rows_done"]), 1), float(prog["elapsed_s"]))
 
@@ -342,7 +394,7 @@ class FeatureCache:
     def __init__(self, path: str | Path, target, data: str | Path, *, expected_fingerprint: str | None = None):
         self.path = Path(path)
         status = cache_status(self.path)
-        self.meta = json.loads((self.path / "meta.json").read_text(encoding="utf-8"))
+        self.meta = _read_meta(self.path)
         if self.meta.get("format") != FORMAT or self.meta.get("version") != VERSION:
             raise FeatureCacheError(f"{self.path} is a feature cache of format {self.meta.get('format')!r} version "
                                     f"{self.meta.get('version')!r}; this code reads {FORMAT} version {VERSION}: "
@@ -357,7 +409,8 @@ class FeatureCache:
                                     f"{target.name!r} with corpus {str(data)!r} (fingerprint "
                                     f"{expected_fingerprint[:16]}); rebuild it with `python -m dart_core.train "
                                     "features` for this target and corpus, or drop --features")
-        self.prog = json.loads((self.path / "progress.json").read_text(encoding="utf-8"))
+        self.chunks = _chunk_records(self.path / "progress.json", int(self.meta["chunk_rows"]),
+                                     int(self.meta["rows"]))
         self.table = np.asarray(self.meta["table"], dtype=np.int64).reshape(-1, 4)
         self.index = {rid: i for i, rid in enumerate(self.meta["ids"])}
         self.arrays = _open_arrays(self.path, self.meta, "r")
@@ -372,7 +425,7 @@ class FeatureCache:
     def _verify_chunk(self, c: int) -> None:
         if c in self._verified:
             return
-        rec = self.prog["chunks"][c]
+        rec = self.chunks[c]
         a, b = rec["rows"]
         got = _digests(_chunk_bytes(self.arrays, self.table, a, b))
         bad = [name for name in FILES if got[name] != rec["sha256"][name]]
