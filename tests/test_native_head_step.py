@@ -275,7 +275,9 @@ def test_bad_inputs_are_refused_and_leave_the_cache_as_it_was(tiny):
         (lambda: kern.dart_step(aux.numpy(), ids.numpy(), k, v, cache.capacity - 2, 2, 3), "reserve it first"),
         (lambda: kern.dart_step(aux.numpy(), ids.numpy(), k, v, -1, 2, 3), "out of range"),
         (lambda: kern.dart_step(aux.numpy(), ids.numpy(), k[:, :, :2].copy(), v, 0, 2, 3), "cache buffers"),
-        (lambda: kern.dart_step(aux.numpy(), ids.numpy(), k, k, 0, 2, 3), "different buffers"),
+        (lambda: kern.dart_step(aux.numpy(), ids.numpy(), k, k, 0, 2, 3), "non-overlapping buffers"),
+        # two views of one buffer, one row apart: different pointers, shared bytes
+        (lambda: kern.dart_step(aux.numpy(), ids.numpy(), *_overlapping_views(k), 0, 2, 3), "non-overlapping"),
         (lambda: kern.dart_step(aux.numpy(), ids.numpy(), k, v, 0, 2, 3, 0), "threads"),
         (lambda: kern.dart_step(aux.double().numpy(), ids.numpy(), k, v, 0, 2, 3), "aux must be"),
         (lambda: kern.eagle3_real(aux.numpy(), ids.numpy(), k, v, 0, 3), None),   # a DART kernel runs EAGLE-3's step
@@ -293,6 +295,16 @@ def test_bad_inputs_are_refused_and_leave_the_cache_as_it_was(tiny):
     with pytest.raises(ValueError, match="0 <= real <= tree_start"):
         eagle.kernel.eagle3_tree(np.zeros((2, t.hidden_size), np.float32), np.array([1, 2]), k, v, 3, 4, 3,
                                  np.ones((2, 1), bool), 2)
+    with pytest.raises(ValueError, match="lies past any cache"):
+        eagle.kernel.eagle3_tree(np.zeros((2, t.hidden_size), np.float32), np.array([1, 2]), k, v, 3, 3, 2**62,
+                                 np.ones((2, 1), bool), 2)
+
+
+def _overlapping_views(like: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Two C-contiguous arrays shaped like ``like`` over one buffer, the second starting one row later."""
+    row = like.shape[-1]
+    flat = np.zeros(like.size + row, np.float32)
+    return flat[: like.size].reshape(like.shape), flat[row:].reshape(like.shape)
 
 
 def test_kernel_construction_checks_every_array(tiny):

@@ -253,6 +253,9 @@ def test_native_decoder_checks_its_inputs():
     dec.run(h, cs, cs, None, 0, cache, 0, 1, 1)                          # fits: positions 0..1
     with pytest.raises(ValueError, match="does not fit"):
         dec.run(h, cs, cs, None, 5, cache, 0, 1, 1)
+    for start in (2**63 - 1, 2**63 - 2, 7):         # start + q would wrap (or just overrun): refused, nothing written
+        with pytest.raises(ValueError, match="does not fit"):
+            dec.run(h, cs, cs, None, start, cache, 0, 1, 1)
     with pytest.raises(ValueError, match="another model"):
         dec.run(h, cs, cs, None, 0, _native.DecoderCache([f(2, 6, 4)], [f(2, 6, 4)]), 0, 1, 1)
     with pytest.raises(ValueError, match="allowed"):
@@ -577,4 +580,37 @@ def test_keep_rows_edges_and_errors():
         cache.keep_rows(2, [4], 0)
     with pytest.raises(ValueError, match=">= 0"):
         cache.keep_rows(-1, [0], 0)
+    # sums of huge values must not wrap negative and pass the bound (they wrote outside the buffer)
+    for prefix, offsets, first in ((2**62 + 10**7, [2**62], 0), (0, [5], 2**62), (0, [2**63 - 1], 2**63 - 2),
+                                   (2, [2**63 - 2], 0), (7, [], 0)):
+        with pytest.raises(ValueError, match="outside the cache|do not fit"):
+            cache.keep_rows(prefix, offsets, first)
+    cache.keep_rows(6, [], 0)                       # a full cache keeps nothing: fine
     assert np.array_equal(keys[0, 2:], before[0, 2:])   # refused calls moved nothing
+
+
+def test_a_nan_key_gives_nan_on_every_path_unless_masked(gemm_path):
+    """One rule for non-finite keys on every kernel path: a NaN key row a query attends to makes that query's
+    output NaN (as float math and torch give; the SIMD paths used to drop it as if masked), and a masked one
+    changes nothing."""
+    hidden, heads, D, inter, start = 16, 2, 8, 24, 12
+    rng = np.random.default_rng(3)
+    f32 = lambda *shape: (rng.standard_normal(shape) * 0.3).astype(np.float32)   # noqa: E731
+    dec = _native.Decoder(hidden, heads, 1, D, inter, 1e-6, False)
+    dec.add_layer({"q": f32(heads * D, hidden), "k": f32(D, hidden), "v": f32(D, hidden), "o": f32(hidden, heads * D),
+                   "gate": f32(inter, hidden), "up": f32(inter, hidden), "down": f32(hidden, inter),
+                   "in_norm": np.ones(hidden, np.float32), "post_norm": np.ones(hidden, np.float32)})
+    cos = np.ones((1, D), np.float32)
+    sin = np.zeros((1, D), np.float32)
+    keys, values = np.zeros((1, start + 1, D), np.float32), np.zeros((1, start + 1, D), np.float32)
+    keys[0, :start], values[0, :start] = f32(start, D), f32(start, D)
+    keys[0, 5] = np.nan
+    x = f32(1, hidden)
+    h = x.copy()
+    dec.run(h, cos, sin, None, start, _native.DecoderCache([keys.copy()], [values.copy()]), 0, 1, 1)
+    assert np.isnan(h).all(), f"{gemm_path}: a NaN key was dropped"
+    allowed = np.ones((1, start + 1), np.bool_)
+    allowed[0, 5] = False
+    h = x.copy()
+    dec.run(h, cos, sin, allowed, start, _native.DecoderCache([keys.copy()], [values.copy()]), 0, 1, 1)
+    assert np.isfinite(h).all(), f"{gemm_path}: a masked NaN key leaked"

@@ -121,12 +121,7 @@ dart::GemmPath path_named(const std::string& name, const char* caller) {
 using dart_bindings::c_contig;
 using dart_bindings::is_f32;
 
-// Whether two C-contiguous arrays share a byte (an empty array shares none).
-bool overlaps(const py::array& a, const py::array& b) {
-  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
-  const auto a0 = reinterpret_cast<uintptr_t>(a.data()), b0 = reinterpret_cast<uintptr_t>(b.data());
-  return a0 < b0 + static_cast<uintptr_t>(b.nbytes()) && b0 < a0 + static_cast<uintptr_t>(a.nbytes());
-}
+using dart_bindings::overlaps;
 
 void small_gemm_checked(const py::array& x, const py::array& w, py::array& y, int threads) {
   if (x.ndim() != 2 || w.ndim() != 2 || y.ndim() != 2)
@@ -228,13 +223,20 @@ struct PyDecoderCache {
   // accepted path made contiguous). offsets are strictly increasing and offsets[k] >= first + k, so copying in
   // order never overwrites a slot still to be read.
   void keep_rows(int64_t prefix, const std::vector<int64_t>& offsets, int64_t first) {
+    // Every bound is checked against the capacity before any sum is formed: prefix + offsets[k] (or first + k)
+    // of two huge values must not wrap negative and pass a "< capacity" test.
     require(prefix >= 0 && first >= 0, "keep_rows: prefix and first must be >= 0");
+    require(prefix <= capacity, "keep_rows: prefix " + std::to_string(prefix) + " is outside the cache of " +
+                                   std::to_string(capacity));
     const int64_t n = static_cast<int64_t>(offsets.size());
+    require(n <= capacity && first <= capacity - prefix - n,
+            "keep_rows: " + std::to_string(n) + " rows from slot " + std::to_string(first) + " after the prefix do "
+            "not fit the cache of " + std::to_string(capacity));
     for (int64_t k = 0; k < n; ++k) {
       require(k == 0 || offsets[k] > offsets[k - 1], "keep_rows: offsets must be strictly increasing");
       require(offsets[k] >= first + k, "keep_rows: offset " + std::to_string(offsets[k]) + " lies before its "
                                        "destination " + std::to_string(first + k));
-      require(prefix + offsets[k] < capacity, "keep_rows: slot " + std::to_string(prefix + offsets[k]) +
+      require(offsets[k] < capacity - prefix, "keep_rows: slot prefix + " + std::to_string(offsets[k]) +
                                                   " is outside the cache of " + std::to_string(capacity));
     }
     const size_t row = static_cast<size_t>(head_dim) * sizeof(float);
@@ -326,7 +328,8 @@ struct PyDecoder {
               "cos and sin must be C-contiguous float32 [q, head_dim]");
     require(cache.layers.size() == layers.size() && cache.kv_heads == shape.kv_heads && cache.head_dim == D,
             "the cache was made for another model");
-    require(start >= 0 && start + q <= cache.capacity, "the step does not fit the cache");
+    require(start >= 0 && start <= cache.capacity && q <= cache.capacity - start,   // no start + q: it can wrap
+            "the step does not fit the cache");
     require(threads >= 1, "threads must be >= 1");
     py::array mask;
     const uint8_t* mp = nullptr;

@@ -94,7 +94,10 @@ __attribute__((target("avx2,fma"))) inline __m256 exp8(__m256 x) {
 // reduced in a fixed order. Lanes by cache slot would put an ancestor in a different lane in the tree.
 __attribute__((target("avx2,fma"))) inline __m256 numerators8(const float* src, __m256 m) {
   const __m256 v = _mm256_loadu_ps(src), ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-  return _mm256_and_ps(exp8(_mm256_sub_ps(v, m)), _mm256_cmp_ps(v, ninf, _CMP_NEQ_OQ));
+  const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(v, m)), _mm256_cmp_ps(v, ninf, _CMP_NEQ_OQ));
+  // A NaN score stays NaN (as std::exp gives on the portable path): a NaN key must show in the output, on every
+  // path, not be dropped as if masked.
+  return _mm256_or_ps(e, _mm256_and_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q), v));
 }
 // Adds one 8-wide step of numerators v (p[0, len) holds the same values; lanes past len are 0) into the 8 lane sums
 // acc: 8 nonzero ones by one permute (element i to lane (rank + i) % 8), otherwise each nonzero one in order; rank
@@ -175,7 +178,8 @@ __attribute__((target("avx512f,avx2,fma"))) void softmax_numerator_lanes_avx512(
     const int64_t len = std::min<int64_t>(16, n - j);
     const __mmask16 live = static_cast<__mmask16>(len == 16 ? 0xFFFFu : (1u << len) - 1u);
     const __m512 v = _mm512_mask_loadu_ps(ninf, live, s + j);   // the tail padded with -inf (numerator 0)
-    const __m512 e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, ninf, _CMP_NEQ_OQ), exp16(_mm512_sub_ps(v, m)));
+    __m512 e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, ninf, _CMP_NEQ_OQ), exp16(_mm512_sub_ps(v, m)));
+    e = _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), v);   // NaN stays NaN, as on every path
     _mm512_mask_storeu_ps(p + j, live, e);
     acc = add_numerators8(acc, _mm512_castps512_ps256(e), p + j, std::min<int64_t>(8, len), &rank);
     if (len > 8)   // the masked tail's upper lanes are 0, as add_numerators8 expects
@@ -593,7 +597,7 @@ void decoder_layers(const DecoderShape& s, const std::vector<LayerWeights>& laye
                     int threads) {
   if (begin < 0 || end > static_cast<int64_t>(layers.size()) || begin > end || caches.size() != layers.size())
     throw std::invalid_argument("decoder_layers: layer range or cache count does not match the model");
-  if (q < 0 || start < 0 || start + q > capacity)
+  if (q < 0 || start < 0 || start > capacity || q > capacity - start)   // no start + q: it can wrap
     throw std::invalid_argument("decoder_layers: positions outside the cache");
   if (q == 0 || begin == end) return;   // nothing to run (an empty prompt chunk)
   if (s.head_dim % 2 != 0) throw std::invalid_argument("decoder_layers: RoPE needs an even head_dim");

@@ -138,7 +138,7 @@ struct PyDraftHeadKernel {
     require(keys.shape(1) == values.shape(1), "keys and values must have the same capacity");
     require(end <= keys.shape(1), "the step needs cache slots up to " + std::to_string(end) + " but the cache holds " +
                                       std::to_string(keys.shape(1)) + " (reserve it first)");
-    require(keys.data() != values.data(), "keys and values must be different buffers");
+    require(!dart_bindings::overlaps(keys, values), "keys and values must be different, non-overlapping buffers");
     return {static_cast<float*>(keys.mutable_data()), static_cast<float*>(values.mutable_data()), keys.shape(1)};
   }
 
@@ -217,9 +217,11 @@ struct PyDraftHeadKernel {
     const int64_t* ids = ids_of(ids_arr, "ids");
     const int64_t n = ids_arr.shape(0);
     require(n >= 1, "a tree step needs n >= 1 frontier nodes");
-    require(position >= 0 && real >= 0 && tree_start >= real &&
-                tree_start <= std::numeric_limits<int64_t>::max() / 4 - n,
+    require(position >= 0 && real >= 0 && tree_start >= real,
             "position, real and tree_start must satisfy 0 <= real <= tree_start");
+    require(tree_start <= std::numeric_limits<int64_t>::max() / 4 - n,
+            "tree_start " + std::to_string(tree_start) + " lies past any cache: the step needs slots up to "
+            "tree_start + n");
     require(threads >= 1, "threads must be >= 1");
     const float* hp = rows_of(h, n, shape.hidden, "h");
     const int64_t width = tree_start - real + n;
