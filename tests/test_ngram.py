@@ -376,6 +376,40 @@ def test_builder_at_edge_orders_and_vocabularies(tmp_path, order, vocab):
     assert store.vocab_size == vocab and store.order == order and b.total_tokens == 3
 
 
+def test_a_vocabulary_past_the_dense_root_index_answers_as_a_small_one(tmp_path):
+    """Past 2^24 tokens the store bisects its 1-grams instead of holding an index per vocabulary id (2^32 - 1
+    ids took 17 GB): the same documents give the same answers and continuations under either vocabulary, and
+    opening the table stays small (resident memory follows the tokens counted, not the vocabulary)."""
+    small, big = 50, 2**32 - 1
+    rng = np.random.default_rng(4)
+    docs = [rng.integers(0, small, 40).tolist() for _ in range(3)] + [[3, 7, 3, 7, 9]]
+    stores = []
+    for vocab in (small, big):
+        b = native.TableBuilder(3, vocab, str(tmp_path), 1 << 10)
+        b.add_documents(np.array([t for d in docs for t in d], np.int64), np.array([len(d) for d in docs]), vocab)
+        b.finish(str(tmp_path / f"t{vocab}.dngram"))
+        stores.append(NgramStore.open(tmp_path / f"t{vocab}.dngram", verify=True))
+    # in a fresh process (this one's peak counts every earlier test): the big vocabulary's table opens small
+    script = ("import resource, sys; from dart_core.ngram.store import NgramStore; "
+              f"s = NgramStore.open(sys.argv[1], verify=True); s.query([3, 7], [9]); "
+              "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / f"t{big}.dngram")], capture_output=True,
+                         text=True, check=True)
+    assert int(out.stdout.split()[-1]) < 1 << 20, out.stdout        # KiB: under 1 GB (it took 17 GB)
+    ref = ReferenceNgram.from_sequences(docs, 3, vocab_size=small)
+    for ctx in ([3, 7], [7], [49, 0], [], [12, 13]):
+        candidates = list(range(small))
+        p_small, m_small = stores[0].query(ctx, candidates)
+        p_big, m_big = stores[1].query(ctx, candidates)
+        assert np.array_equal(p_small, p_big) and np.array_equal(m_small, m_big)
+        p_ref, m_ref = ref.query(ctx, candidates)
+        assert np.allclose(p_big, p_ref) and np.array_equal(m_big, m_ref)
+        assert [np.asarray(x).tolist() for x in stores[0].continuations(ctx)] == \
+            [np.asarray(x).tolist() for x in stores[1].continuations(ctx)]
+
+
 @pytest.mark.parametrize("order,vocab,match", [(0, 4, "order"), (9, 4, "order"), (2, 0, "vocab_size")])
 def test_builder_refuses_edge_orders_and_vocabularies(tmp_path, order, vocab, match):
     with pytest.raises(ValueError, match=match):

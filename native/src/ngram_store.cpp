@@ -79,7 +79,10 @@ NgramStore::~NgramStore() {
 }
 
 void NgramStore::build_root_index() {
-  // O(vocab_size), independent of the table's size; the 1-grams are nodes [1, level_start[2]).
+  // O(vocab_size), independent of the table's size; the 1-grams are nodes [1, level_start[2]). Past
+  // kDenseRootTokens the index would outweigh any table (2^32 - 1 tokens: 17 GB): root_child() bisects instead.
+  root_child_.clear();
+  if (header_.vocab_size > kDenseRootTokens) return;
   root_child_.assign(header_.vocab_size, 0);
   const uint64_t first = header_.level_start[1], last = header_.level_start[2];
   if (last > 0xFFFFFFFFull) return;  // cannot happen: at most vocab_size 1-grams; keep reads in range
@@ -91,6 +94,15 @@ void NgramStore::build_root_index() {
 
 std::string NgramStore::metadata() const {
   return std::string(reinterpret_cast<const char*>(data_ + header_.meta_offset), header_.meta_length);
+}
+
+template <class Tok>
+uint64_t NgramStore::root_child(uint32_t token) const {
+  if (!root_child_.empty()) return root_child_[token];
+  const Tok* tokens = reinterpret_cast<const Tok*>(data_ + header_.tokens_offset);
+  const uint64_t first = header_.level_start[1], last = header_.level_start[2];
+  const Tok* hit = find_token(tokens + first, tokens + last, token);
+  return hit == tokens + last ? 0 : static_cast<uint64_t>(hit - tokens);
 }
 
 uint32_t NgramStore::token_at(uint64_t node) const {
@@ -167,7 +179,7 @@ template <class Tok>
 int64_t NgramStore::find_context(const uint32_t* context, size_t n) const {
   const Tok* tokens = reinterpret_cast<const Tok*>(data_ + header_.tokens_offset);
   if (n == 0) return 0;
-  uint64_t node = root_child_[context[0]];  // ids were range-checked by the caller
+  uint64_t node = root_child<Tok>(context[0]);  // ids were range-checked by the caller
   if (node == 0) return -1;
   for (size_t i = 1; i < n; ++i) {
     uint64_t b, e;
@@ -205,7 +217,7 @@ void NgramStore::query_impl(const uint32_t* context, size_t n_context, const uin
   // node[len] = node of the last `len` context tokens, 0 = absent (0 is the root, never a suffix).
   uint64_t node[kMaxOrder + 1] = {};
   const uint32_t* tail = context + n_context;
-  for (size_t len = longest; len > 0; --len) node[len] = root_child_[tail[-static_cast<ptrdiff_t>(len)]];
+  for (size_t len = longest; len > 0; --len) node[len] = root_child<Tok>(tail[-static_cast<ptrdiff_t>(len)]);
   for (size_t step = 1; step < longest; ++step) {
     for (size_t len = longest; len > step; --len) {
       if (node[len] == 0) continue;

@@ -66,11 +66,15 @@ class NgramStore {
   uint32_t count_at(uint64_t node) const;
 
   void build_root_index();
+  template <class Tok>
+  uint64_t root_child(uint32_t token) const;   // the 1-gram's node, 0 when absent
 
   std::string path_;
   TableHeader header_;
   // root_child_[token] = node of the 1-gram `token`, 0 when absent: every query starts at the
-  // root, whose children are the whole vocabulary, so one load replaces a bisection there.
+  // root, whose children are the whole vocabulary, so one load replaces a bisection there. Empty for
+  // vocabularies over kDenseRootTokens (64 MB of index), which bisect the 1-grams instead.
+  static constexpr uint32_t kDenseRootTokens = 1u << 24;
   std::vector<uint32_t> root_child_;
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
