@@ -341,7 +341,11 @@ def render(report: dict) -> str:
 
 # ---------------------------------------------------------------------------------------------- main
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.engine_run is not None and (args.json is None or args.engine_out is None):
+        parser.error("--engine-run is internal (one engine in a child process): it needs --json SETTINGS and "
+                     "--engine-out PATH")
     if args.engine_run is not None:                       # the child: one engine
         settings = json.loads(Path(args.json).read_text())
         Path(args.engine_out).write_text(json.dumps(run_engine(args.engine_run, settings)))

@@ -101,7 +101,8 @@ def _resolve_ngram_file(name: str, is_small: bool) -> Path:
         if found is None:
             raise FileNotFoundError(f"N-gram directory {p} holds no .dngram table (nor an original .trie)")
         return found
-    if name.startswith((".", "/", "~")) or name.count("/") != 1:
+    # A name ending like a table file is a path that is missing, never a Hub repo id ("typo/x.dngram").
+    if name.startswith((".", "/", "~")) or name.count("/") != 1 or name.endswith((".dngram", ".trie")):
         raise FileNotFoundError(f"N-gram table {name!r} is not a file, a directory or a Hub repo id; check "
                                 "ngram_model_name_or_path (or pass 'none')")
     from huggingface_hub import hf_hub_download

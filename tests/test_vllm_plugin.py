@@ -153,12 +153,21 @@ def run_check(*args, hide_vllm=False):
     (["--limit", "0"], "--limit must be >= 1"),
     (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must lie in"),
     (["--dart-model", "/nonexistent", "--methods", "dart"], "--dart-model: /nonexistent holds no config.json"),
+    (["--engine-run", "dart"], "--engine-run is internal"),
 ])
 def test_vllm_check_flag_errors_come_first(tmp_path, args, message):
     q = tmp_path / "q.jsonl"
     q.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["hi"]}) + "\n")
     r = run_check("--questions", str(q), *args)
     assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_a_missing_table_file_is_never_taken_for_a_hub_repo():
+    """DART_VLLM_NGRAM=typo/x.dngram (one slash, like owner/name) is a missing file, said so before any download."""
+    from dart_core.loading import _resolve_ngram_file
+    for name in ("typo/x.dngram", "typo/x.trie"):
+        with pytest.raises(FileNotFoundError, match="is not a file, a directory or a Hub repo id"):
+            _resolve_ngram_file(name, is_small=False)
 
 
 def test_vllm_check_names_a_missing_question_file():
