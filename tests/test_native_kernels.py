@@ -614,3 +614,87 @@ def test_a_nan_key_gives_nan_on_every_path_unless_masked(gemm_path):
     h = x.copy()
     dec.run(h, cos, sin, allowed, start, _native.DecoderCache([keys.copy()], [values.copy()]), 0, 1, 1)
     assert np.isfinite(h).all(), f"{gemm_path}: a masked NaN key leaked"
+
+
+# ---------------------------------------------------------------------------------------------- any int64 argument
+from hypothesis import given, settings, strategies as st   # noqa: E402
+
+INT64 = st.one_of(st.integers(-2**63, 2**63 - 1), st.integers(-3, 12),
+                  st.sampled_from([2**62, 2**63 - 1, 2**63 - 2, 2**62 + 10**7, -2**63]))
+
+
+def _guarded(shape, guard_rows=4):
+    """A C-contiguous float32 array of ``shape`` inside a larger buffer whose rows before and after hold a
+    sentinel: a write outside the array changes them."""
+    row = int(np.prod(shape[1:]))
+    buf = np.full(((shape[0] + 2 * guard_rows) * row,), 7.0, np.float32)
+    inner = buf[guard_rows * row:(guard_rows + shape[0]) * row].reshape(shape)
+    inner[...] = np.arange(inner.size, dtype=np.float32).reshape(shape)
+    return buf, inner
+
+
+@settings(max_examples=300, deadline=None)
+@given(prefix=INT64, offsets=st.lists(INT64, max_size=4), first=INT64)
+def test_keep_rows_takes_any_int64_and_never_writes_outside(prefix, offsets, first):
+    kbuf, keys = _guarded((6, 4))
+    vbuf, values = _guarded((6, 4))
+    cache = _native.DecoderCache([keys.reshape(1, 6, 4)], [values.reshape(1, 6, 4)])
+    before = keys.copy()
+    valid = (0 <= prefix <= 6 and 0 <= first and all(b > a for a, b in zip(offsets, offsets[1:]))
+             and all(o >= first + k and prefix + o < 6 for k, o in enumerate(offsets)) and prefix + first + len(offsets) <= 6)
+    try:
+        cache.keep_rows(prefix, offsets, first)
+        accepted = True
+    except (ValueError, OverflowError):
+        accepted = False
+        assert np.array_equal(keys, before)                     # a refused call moves nothing
+    assert accepted == valid
+    for buf, arr in ((kbuf, keys), (vbuf, values)):
+        outside = np.concatenate([buf[:16], buf[16 + arr.size:]])
+        assert (outside == 7.0).all()
+
+
+@settings(max_examples=200, deadline=None)
+@given(start=INT64, q=st.integers(0, 3))
+def test_decoder_run_takes_any_start_and_never_writes_outside(start, q):
+    dec = _native.Decoder(hidden=8, heads=2, kv_heads=1, head_dim=4, intermediate=16, eps=1e-6, bf16_weights=False)
+    f = lambda *shape: np.full(shape, 0.1, np.float32)   # noqa: E731
+    dec.add_layer({"q": f(8, 8), "k": f(4, 8), "v": f(4, 8), "o": f(8, 8), "gate": f(16, 8), "up": f(16, 8),
+                   "down": f(8, 16), "in_norm": f(8), "post_norm": f(8)})
+    kbuf, keys = _guarded((6, 4))
+    vbuf, values = _guarded((6, 4))
+    cache = _native.DecoderCache([keys.reshape(1, 6, 4)], [values.reshape(1, 6, 4)])
+    h, cs = f(q, 8), f(q, 4)
+    try:
+        dec.run(h, cs, cs, None, start, cache, 0, 1, 1)
+        accepted = True
+    except (ValueError, OverflowError):
+        accepted = False
+    assert accepted == (0 <= start and start + q <= 6)
+    for buf, arr in ((kbuf, keys), (vbuf, values)):
+        outside = np.concatenate([buf[:16], buf[16 + arr.size:]])
+        assert (outside == 7.0).all()
+
+
+@pytest.mark.parametrize("call", [
+    "c.keep_rows(2**62 + 10**7, [2**62], 0)",
+    "c.keep_rows(0, [5], 2**62)",
+    "d.run(np.zeros((2, 8), np.float32), z, z, None, 2**63 - 1, c, 0, 1, 1)",
+])
+def test_the_reported_repros_are_clear_errors_in_a_fresh_process(call):
+    """issue 43's repros, each in its own process (they crashed it: SIGSEGV, heap corruption): a ValueError."""
+    import subprocess
+    import sys
+    code = ("import numpy as np; from dart_core import _native\n"
+            "f = lambda *s: np.zeros(s, np.float32)\n"
+            "c = _native.DecoderCache([f(1, 16, 64)], [f(1, 16, 64)])\n"
+            "d = _native.Decoder(64, 1, 1, 64, 16, 1e-6, False)\n"
+            "d.add_layer({'q': f(64, 64), 'k': f(64, 64), 'v': f(64, 64), 'o': f(64, 64), 'gate': f(16, 64), "
+            "'up': f(16, 64), 'down': f(64, 16), 'in_norm': f(64), 'post_norm': f(64)})\n"
+            "z = f(2, 64)\n"
+            "try:\n"
+            f"    {call}\n"
+            "except ValueError as e:\n"
+            "    print('refused:', e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "refused:" in r.stdout, (r.returncode, r.stdout, r.stderr)
