@@ -120,6 +120,7 @@ def test_row_groups_take_the_trainers_held_out_rows_by_kind(tiny_heads, tmp_path
     _, held = split_rows(load_distill_rows(corpus), 500)
     assert sorted(r.id for g in row_groups(corpus, 500).values() for r in g) == sorted(r.id for r in held)
     assert all(len(g) <= 2 for g in row_groups(corpus, 1000, max_rows=2).values())
+    assert sorted(row_groups(corpus, 1000, kinds=["passage_qa", "alpaca"])) == ["alpaca", "passage_qa"]
 
 
 def test_eval_scores_both_kinds_of_head_on_every_kind(tiny_heads, tmp_path):

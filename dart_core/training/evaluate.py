@@ -56,22 +56,26 @@ def head_method(path: str | Path) -> str:
 
 
 def row_groups(data: str | Path, heldout_permille: int, max_rows: int | None = None,
-               vocab_size: int | None = None) -> dict[str, list]:
+               vocab_size: int | None = None, kinds: Sequence[str] | None = None) -> dict[str, list]:
     """The held-out rows of ``data`` (the trainers' split) by kind: category, else source, else '-';
-    at most ``max_rows`` per kind (the first in file order)."""
+    at most ``max_rows`` per kind (the first in file order); only ``kinds`` when given."""
     from .data import load_distill_rows, open_text, resolve_data, split_rows
 
     rows = load_distill_rows(data, vocab_size=vocab_size)
-    kinds: dict[str, str] = {}
+    wanted = set(kinds) if kinds else None
+    kind_of: dict[str, str] = {}
     with open_text(resolve_data(data)) as f:
         for lineno, line in enumerate(f, 1):
             if line.strip():
                 d = json.loads(line)
-                kinds[str(d.get("id", f"line{lineno}"))] = str(d.get("category") or d.get("source") or "-")
+                kind_of[str(d.get("id", f"line{lineno}"))] = str(d.get("category") or d.get("source") or "-")
     _, heldout = split_rows(rows, heldout_permille) if heldout_permille < 1000 else ([], rows)
     groups: dict[str, list] = defaultdict(list)
     for r in heldout:
-        g = groups[kinds.get(r.id, "-")]
+        kind = kind_of.get(r.id, "-")
+        if wanted is not None and kind not in wanted:
+            continue
+        g = groups[kind]
         if max_rows is None or len(g) < max_rows:
             g.append(r)
     return dict(sorted(groups.items()))
@@ -79,7 +83,8 @@ def row_groups(data: str | Path, heldout_permille: int, max_rows: int | None = N
 
 def evaluate_heads(heads: Sequence[str], data: str, *, target: str | None = None, heldout_permille: int = 20,
                    max_rows: int | None = None, max_seq_len: int = 1024, features: str = "auto",
-                   dtype: str = "auto", device: str = "auto", progress: bool = False) -> list[HeadScore]:
+                   dtype: str = "auto", device: str = "auto", progress: bool = False,
+                   kinds: Sequence[str] | None = None) -> list[HeadScore]:
     """Every head scored on every kind of ``data``'s held-out rows (see the module doc)."""
     from ..models.loader import load_target
     from .dart_trainer import DartTrainConfig
@@ -106,7 +111,7 @@ def evaluate_heads(heads: Sequence[str], data: str, *, target: str | None = None
         rt = resolve_runtime(cfg, Ranks({}), method)
         if target_model is None:
             target_model = load_target(target, dtype=rt.dtype, device=str(rt.device))
-            groups = row_groups(data, heldout_permille, max_rows, vocab_size=target_model.vocab_size)
+            groups = row_groups(data, heldout_permille, max_rows, vocab_size=target_model.vocab_size, kinds=kinds)
             groups = {k: [truncate(r, max_seq_len) for r in v] for k, v in groups.items()}
             if not any(groups.values()):
                 raise TrainError(f"{data} holds no held-out rows at --heldout-permille {heldout_permille}")
@@ -148,6 +153,7 @@ def add_eval_parser(sub) -> None:
     p.add_argument("--heldout-permille", type=int, default=20,
                    help="the trainer's held-out split to score (1000: every row)")
     p.add_argument("--max-rows", type=int, default=None, help="at most this many rows of each kind")
+    p.add_argument("--kinds", default=None, metavar="A,B", help="only these kinds (categories, else sources)")
     p.add_argument("--max-seq-len", type=int, default=1024, help="tokens per row at most (the trainers' cut)")
     p.add_argument("--features", default="auto", metavar="auto|none|DIR")
     p.add_argument("--positions", type=int, default=3, help="future positions shown in the table")
@@ -172,7 +178,8 @@ def run_eval(args) -> int:
     try:
         scores = evaluate_heads(args.head, args.data, target=args.target, heldout_permille=args.heldout_permille,
                                 max_rows=args.max_rows, max_seq_len=args.max_seq_len, features=args.features,
-                                dtype=args.dtype, device=args.device, progress=args.progress)
+                                dtype=args.dtype, device=args.device, progress=args.progress,
+                                kinds=args.kinds.split(",") if args.kinds else None)
     except (TrainError, DataError, HeadError, ModelLoadError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
