@@ -243,3 +243,20 @@ def test_features_cli_reports_errors(tiny, tmp_path, capsys):
 
 def test_id_dtype_fits_the_vocabulary():
     assert fc._id_dtype(49152) == np.uint16 and fc._id_dtype(151936) == np.int32
+
+
+def test_the_bundled_targets_names_share_one_cache(tiny, tmp_path):
+    """`--target bundled` and no --target load the same model under two names: one fingerprint (a cache built
+    under one was not found under the other, and the trainer ran the target at every step)."""
+    _, t, data, _ = tiny
+    name = t.name
+    try:
+        prints = set()
+        for alias in ("bundled", "bundled:SmolLM2-135M-Instruct", "default"):
+            t.name = alias
+            prints.add(fc.fingerprint(fc.fingerprint_parts(t, data, 8)))
+        assert len(prints) == 1
+        t.name = "someone/else"
+        assert fc.fingerprint(fc.fingerprint_parts(t, data, 8)) not in prints
+    finally:
+        t.name = name

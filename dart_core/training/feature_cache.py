@@ -89,7 +89,11 @@ def target_digest(target) -> str:
 
 
 def fingerprint_parts(target, data: str | Path, top_k: int) -> dict:
-    return {"format": FORMAT, "version": VERSION, "target": target.name,
+    from ..models.bundled import BUNDLED_ALIASES
+    # One name per target: `--target bundled` and no --target load the same model under two names, and a cache
+    # built under one must be found under the other (the weights' digest below is what identifies a target).
+    name = "bundled" if target.name in BUNDLED_ALIASES else target.name
+    return {"format": FORMAT, "version": VERSION, "target": name,
             "target_config": target.model.config.to_json_string(use_diff=False),
             "target_dtype": dtype_name(target.dtype), "target_weights": target_digest(target),
             "corpus_sha256": file_sha256(resolve_data(data)), "aux_layers": list(target.aux_layer_ids), "top_k": int(top_k)}
