@@ -14,6 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import app  # noqa: E402
 from dart_core.page.controls import EXAMPLES, FRAME_KEYS, SETTING_NAMES, SIZE_KNOBS  # noqa: E402
+from dart_core.page.layout import PAGE_CSS  # noqa: E402
 from dart_core.page.serve import launch_kwargs  # noqa: E402
 from dart_core.page.tabs import TAB_TTL_S, TabState  # noqa: E402
 from dart_core.page.visualiser import Visualiser  # noqa: E402
@@ -87,8 +88,8 @@ def test_cli_defaults_are_the_bundled_model():
     args = app.parse_args([])
     assert args.base_model_name_or_path is None and args.dart_model_name_or_path is None
     assert args.device == "auto" and args.dtype == "auto" and args.server_port == 7860 and not args.compare_eagle3
-    assert launch_kwargs(args) == dict(server_name="127.0.0.1", server_port=7860, share=False, ssr_mode=False,
-                                           max_file_size=serving.LOCAL.max_upload_bytes, show_error=True)
+    assert launch_kwargs(args) == dict(css=PAGE_CSS, server_name="127.0.0.1", server_port=7860, share=False,
+                                       ssr_mode=False, max_file_size=serving.LOCAL.max_upload_bytes, show_error=True)
 
 
 def test_help_documents_every_flag(capsys):
