@@ -317,7 +317,8 @@ class Handlers:
             return {self.tab: tab, self.status: f"⚠ **Cannot replay {md_text(path.name)}:** {md_text(exc)}"}
         too_big = self.limits.replay_problem(record)
         if too_big:
-            return {self.tab: tab, self.status: f"⚠ **Cannot replay {md_text(path.name)}:** {md_text(too_big)}."}
+            # too_big is this page's own sentence (limits and counts), not the file's text
+            return {self.tab: tab, self.status: f"⚠ **Cannot replay {md_text(path.name)}:** {too_big}."}
         tab.request_stop()
         tab.close_step_session()
         tab.record = record
