@@ -86,7 +86,9 @@ def token_label(tok: int, decode: Callable[[list[int]], str] | None, limit: int 
     return html.escape(text, quote=False)  # plotly reads labels as pseudo-HTML: "<|im_end|>" would vanish
 
 
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>])")
+#: What can make structure mid-line in Markdown: code spans, emphasis, links and images, strike-through, table
+#: cells, a backslash (intraword underscores, dots and parentheses cannot, and stay readable in tests and logs).
+_MD_SPECIAL = re.compile(r"([\\`*\[\]~|])")
 
 
 def md_text(text: Any, limit: int | None = None) -> str:
@@ -95,7 +97,7 @@ def md_text(text: Any, limit: int | None = None) -> str:
     text = str(text)
     if limit is not None and len(text) > limit:
         text = text[: max(limit - 1, 0)] + "\u2026"
-    text = html.escape(text.replace("\r", " ").replace("\n", " "), quote=True)
+    text = html.escape(text.replace("\r", " ").replace("\n", " "), quote=False)
     return _MD_SPECIAL.sub(r"\\\1", text)
 
 
