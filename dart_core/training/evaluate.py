@@ -102,6 +102,7 @@ def evaluate_heads(heads: Sequence[str], data: str, *, target: str | None = None
     scores: list[HeadScore] = []
     target_model = None
     groups = None
+    features_fn = None
     for head_dir, method_name in zip(heads, methods):
         config_class = DartTrainConfig if method_name == "dart" else Eagle3TrainConfig
         cfg = config_class(data=str(data), out="", target=target, features=features, dtype=dtype,
@@ -115,12 +116,12 @@ def evaluate_heads(heads: Sequence[str], data: str, *, target: str | None = None
             groups = {k: [truncate(r, max_seq_len) for r in v] for k, v in groups.items()}
             if not any(groups.values()):
                 raise TrainError(f"{data} holds no held-out rows at --heldout-permille {heldout_permille}")
-        rt.features, _ = feature_source(cfg, target_model, rt)
+        if features_fn is None:   # one lookup (it hashes the corpus and every target weight) for all heads
+            features_fn, _ = feature_source(cfg, target_model, rt)
+        rt.features = features_fn
         head = method.load_head(head_dir, target_model, rt.device, source=f"--head {head_dir}")
         if method_name == "dart":
             cfg.draft_length = head.config.draft_length
-        else:
-            cfg.ttt_steps = min(cfg.ttt_steps, 7)
         for kind, rows in groups.items():
             ev = method.evaluate(head, target_model, [r for r in rows if len(r.response_ids) >= 2], rt)
             scores.append(HeadScore(head=str(head_dir), method=method_name, group=kind, rows=len(rows),
