@@ -22,7 +22,9 @@ this script does not run. ``--lm-head`` also times the LM head alone by row coun
 ``--prefill N`` also times the prefill of an N-token prompt (e.g. 2000: RAG, summaries) and gives its rate in
 multiply-adds per second (the decoder layers' weights times N, plus causal attention), beside the rate torch's own
 large float32 GEMM reaches in the same run (``--gemm-rows`` x K @ K x N at the target's hidden sizes): the ratio
-says how close the prompt runs to this machine's GEMM speed.
+says how close the prompt runs to this machine's GEMM speed. ``--many-rows off,12`` times the native prefill once
+per arm of the small GEMM's many-rows threshold (from how many rows a call widens its bf16 weights once for all of
+them; off = never), interleaved, with each arm's per-pair speed against the first.
 
 ``--bandwidth`` measures how close the plain step runs to the memory floor, per small-GEMM path (``--paths``,
 default every vector path this CPU runs) and with the one-row kernel's software prefetch on and off (the row the
@@ -107,27 +109,43 @@ def prefill_macs(target, n: int) -> float:
 
 
 def measure_prefill(model: str | None, dtype: str, device: str, n: int, reps: int, seed: int,
-                    backends: list[str], gemm_rows: int) -> list[dict]:
+                    backends: list[str], gemm_rows: int, many_rows: list[str] | None = None) -> list[dict]:
     """The prefill of one random ``n``-token prompt per backend, median of ``reps`` (interleaved), and torch's
-    large float32 GEMM at the target's hidden sizes in the same run (``gemm_rows`` rows)."""
+    large float32 GEMM at the target's hidden sizes in the same run (``gemm_rows`` rows). ``many_rows`` (the native
+    backend): the small-GEMM row counts from which the kernel widens a call's weights once for all rows, each an
+    arm of the same interleaved loop ("off": never), with each arm's per-pair ratio to the first."""
+    from dart_core import _native
     target = load_target(model, dtype=dtype, device=device)
     cfg = target.model.config
     gemm = {"shape": f"{gemm_rows}x{cfg.hidden_size} @ {cfg.hidden_size}x{cfg.intermediate_size}",
             "macs_per_s": large_gemm_rate(cfg.hidden_size, cfg.intermediate_size, gemm_rows)}
     prompt = np.random.default_rng(seed).integers(0, target.vocab_size, size=n).tolist()
-    times: dict[str, list[float]] = {b: [] for b in backends}
-    for rep in range(reps + 1):          # the first round warms up
-        for b in backends:
-            target.set_fast_forward(b == "native")
-            session = target.new_session(n + 1)
-            t0 = time.perf_counter()
-            session.prefill(prompt)
-            if rep:
-                times[b].append(time.perf_counter() - t0)
-            del session
+    arms = [(b, None) for b in backends if b != "native" or not many_rows]
+    if "native" in backends and many_rows:
+        arms += [("native", m) for m in many_rows]
+    before = _native._small_gemm_many_rows()
+    times: dict[tuple, list[float]] = {a: [] for a in arms}
+    try:
+        for rep in range(reps + 1):          # the first round warms up
+            for arm in (arms if rep % 2 else arms[::-1]):
+                b, m = arm
+                target.set_fast_forward(b == "native")
+                _native._small_gemm_set_many_rows(before if m is None else 1 << 40 if m == "off" else int(m))
+                session = target.new_session(n + 1)
+                t0 = time.perf_counter()
+                session.prefill(prompt)
+                if rep:
+                    times[arm].append(time.perf_counter() - t0)
+                del session
+    finally:
+        _native._small_gemm_set_many_rows(before)
     macs = prefill_macs(target, n)
-    return [{"dtype": dtype_name(target.dtype), "backend": b, "tokens": n, "median_s": statistics.median(times[b]),
-             "macs": macs, "macs_per_s": macs / statistics.median(times[b]), "gemm": gemm} for b in backends]
+    first = times[arms[0]]
+    return [{"dtype": dtype_name(target.dtype), "backend": b if m is None else f"{b} (many rows: {m})", "tokens": n,
+             "median_s": statistics.median(times[(b, m)]), "macs": macs,
+             "macs_per_s": macs / statistics.median(times[(b, m)]), "gemm": gemm,
+             "pair_ratio_to_first": statistics.median(a / t for a, t in zip(first, times[(b, m)]))}
+            for b, m in arms]
 
 
 def measure(model: str | None, dtype: str, device: str, prefix: int, sizes: list[int], max_depth: int,
@@ -299,6 +317,9 @@ def main(argv=None) -> int:
     p.add_argument("--prefill", type=int, default=0,
                    help="also time the prefill of a prompt of this many tokens (e.g. 2000; 0 = skip)")
     p.add_argument("--prefill-reps", type=int, default=3)
+    p.add_argument("--many-rows", default=None,
+                   help="--prefill: comma-separated arms of the small GEMM's many-rows threshold (a row count, or "
+                        "off), interleaved, e.g. off,12: the speed of widening a call's bf16 weights once")
     p.add_argument("--gemm-rows", type=int, default=2048, help="rows of torch's large reference GEMM")
     p.add_argument("--bandwidth", action="store_true",
                    help="only measure the plain step against the memory read bandwidth, per small-GEMM path")
@@ -311,6 +332,9 @@ def main(argv=None) -> int:
     p.add_argument("--read-mib", type=int, default=512, help="--bandwidth: MiB of the plain read (default 512)")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
+    for arm in (args.many_rows or "").split(","):
+        if arm.strip() and arm.strip() != "off" and not (arm.strip().isdigit() and int(arm.strip()) >= 1):
+            p.error(f"--many-rows {arm.strip()!r}: each arm is a row count >= 1 or off (e.g. --many-rows off,12)")
     try:
         sizes = sorted({int(x) for x in args.nodes.split(",") if x.strip()})
     except ValueError:
@@ -383,16 +407,17 @@ def main(argv=None) -> int:
         path = _native.small_gemm_path() if hasattr(_native, "small_gemm_path") else "?"
         print(f"\n# prefill of {args.prefill} tokens beside torch's float32 GEMM (same run); native GEMM path {path}")
         print("| dtype | backend | prefill s | tokens/s | G multiply-adds/s | torch GEMM | its G multiply-adds/s "
-              "| share of the large GEMM's rate |")
-        print("|---|---|---:|---:|---:|---|---:|---:|")
+              "| share of the large GEMM's rate | speed vs the first arm (per pair) |")
+        print("|---|---|---:|---:|---:|---|---:|---:|---:|")
+        many_rows = [m.strip() for m in args.many_rows.split(",") if m.strip()] if args.many_rows else None
         for dtype in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
             for r in measure_prefill(args.base_model_name_or_path, dtype, args.device, args.prefill,
-                                     args.prefill_reps, args.seed, backends, args.gemm_rows):
+                                     args.prefill_reps, args.seed, backends, args.gemm_rows, many_rows):
                 prefills.append(r)
                 gemm = r["gemm"]["macs_per_s"]
                 print(f"| {r['dtype']} | {r['backend']} | {r['median_s']:.2f} | {r['tokens'] / r['median_s']:.0f} | "
                       f"{r['macs_per_s'] / 1e9:.1f} | {r['gemm']['shape']} | {gemm / 1e9:.1f} | "
-                      f"{r['macs_per_s'] / gemm:.0%} |", flush=True)
+                      f"{r['macs_per_s'] / gemm:.0%} | {r['pair_ratio_to_first']:.2f}x |", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": machine, "results": results, "lm_head_ms": heads,
                                                "prefill": prefills}, indent=1) + "\n")

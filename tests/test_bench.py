@@ -386,6 +386,27 @@ def test_tree_cost_times_each_lm_head_setting(tiny_dir, tmp_path, capsys):
         assert needle in capsys.readouterr().err
 
 
+def test_tree_cost_prefill_times_each_many_rows_arm(tiny_dir, tmp_path, capsys):
+    """benchmarks/tree_cost.py --prefill --many-rows: one interleaved arm per threshold (off = never widen once), each
+    with its speed against the first, the kernel's threshold restored after; a bad arm is a usage error."""
+    from dart_core import _native
+
+    tree_cost = _bench_script("tree_cost")
+    out = tmp_path / "prefill.json"
+    before = _native._small_gemm_many_rows()
+    assert tree_cost.main(["--base-model-name-or-path", str(tiny_dir), "--dtypes", "float32", "--nodes", "3",
+                           "--prefix", "4", "--reps", "1", "--warmup", "0", "--prefill", "40", "--prefill-reps", "1",
+                           "--many-rows", "off,12", "--json", str(out)]) == 0
+    assert _native._small_gemm_many_rows() == before
+    arms = json.loads(out.read_text())["prefill"]
+    assert [a["backend"] for a in arms] == ["native (many rows: off)", "native (many rows: 12)"]
+    assert arms[0]["pair_ratio_to_first"] == 1.0 and all(a["median_s"] > 0 for a in arms)
+    assert "native (many rows: 12)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        tree_cost.main(["--base-model-name-or-path", str(tiny_dir), "--prefill", "8", "--many-rows", "0"])
+    assert "row count >= 1 or off" in capsys.readouterr().err
+
+
 def test_tree_cost_bandwidth_reports_every_path(tiny_dir, tmp_path, capsys):
     """benchmarks/tree_cost.py --bandwidth: per small-GEMM path, with the one-row kernel's prefetch on and off (the
     load-time choice marked), the read bandwidth, the one-row GEMV over the decoder weights and the one-token step,

@@ -137,6 +137,35 @@ def test_on_every_path_a_row_does_not_depend_on_the_call(gemm_path, weights, K):
         assert np.array_equal(one[:, 0], alone[:, j]), f"{gemm_path}: weight row {j} alone differs"
 
 
+@pytest.mark.parametrize("weights", ["float32", "bfloat16"])
+@pytest.mark.parametrize("M,N,K", [(11, 1539, 577), (12, 1539, 577), (13, 30, 1536), (257, 1539, 64), (300, 5, 16)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_many_rows_loop_gives_the_same_bits(gemm_path, weights, M, N, K, threads):
+    """From 12 rows the AVX-512 kernel widens a call's bf16 weights once for all rows (a prompt's chunk); below, or
+    with the threshold moved past M, each group of rows widens them again. Both are the same sums in the same order:
+    the same bits at every threshold, and each row equals itself computed alone (M around the threshold, weight row
+    tails, several 96 KiB passes in one thread's range, one-thread calls over every row)."""
+    g = torch.Generator().manual_seed(M + N + K)
+    w_array, _ = gemm_weights(torch.randn(N, K, generator=g), weights)
+    x = torch.randn(M, K, generator=g).numpy()
+    before = _native._small_gemm_many_rows()
+    outs = []
+    try:
+        for threshold in (1, 12, M, M + 1, 1 << 40):
+            _native._small_gemm_set_many_rows(threshold)
+            y = np.full((M, N), np.nan, dtype=np.float32)
+            _native.small_gemm(x, w_array, y, threads)
+            outs.append(y)
+    finally:
+        _native._small_gemm_set_many_rows(before)
+    for y in outs[1:]:
+        assert np.array_equal(y, outs[0]), f"{gemm_path}: the many-rows threshold changed the bits"
+    for m in (0, M // 2, M - 1):
+        alone = np.empty((1, N), dtype=np.float32)
+        _native.small_gemm(np.ascontiguousarray(x[m:m + 1]), w_array, alone, 1)
+        assert np.array_equal(alone[0], outs[0][m])
+
+
 @pytest.mark.skipif("avx2" not in PATHS, reason="no AVX2 on this CPU")
 @pytest.mark.parametrize("weights", ["float32", "bfloat16"])
 def test_the_portable_loop_repeats_the_avx2_kernel_bit_for_bit(weights):

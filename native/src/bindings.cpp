@@ -470,6 +470,10 @@ PYBIND11_MODULE(_native, m) {
   m.def("_small_gemm_set_legacy", &dart::small_gemm_set_legacy, py::arg("on"),
         "Benchmarks only: run the small-GEMM calls as before the thread pool (OpenMP region per call, equal "
         "ranges; one row with 256-bit blocks). The same results either way.");
+  m.def("_small_gemm_set_many_rows", &dart::small_gemm_set_many_rows, py::arg("rows"),
+        "Benchmarks only: the AVX-512 path's row count from which a call widens each bf16 weight block once for all "
+        "its rows (default 12). The same results at any value.");
+  m.def("_small_gemm_many_rows", &dart::small_gemm_many_rows);
   m.def("gemv_sweep", &gemv_sweep, py::arg("ws"), py::arg("threads") = 1, py::arg("reps") = 1,
         "Benchmarks: one float32 row through each weight matrix of `ws` in turn (the small-GEMM kernel at M = 1, "
         "the current path), `reps` times; the seconds of each sweep.");

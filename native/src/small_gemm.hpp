@@ -83,6 +83,12 @@ void parallel_for_items(int threads, int64_t total, F&& f) {
 // region per call, equal contiguous ranges; one row with 256-bit blocks on every CPU). Same results either way.
 void small_gemm_set_legacy(bool on);
 
+// The AVX-512 path's row count from which a call widens each bf16 weight block once for all its activation rows
+// (default 12; see rows_avx512_many in small_gemm.cpp). Benchmarks only (tree_cost.py --prefill --many-rows): the
+// same results at any value.
+void small_gemm_set_many_rows(int64_t rows);
+int64_t small_gemm_many_rows();
+
 // Whether the one-row kernel of `path` (M = 1: the plain decoding step's GEMV) prefetches the next block of weight
 // rows in software (default true). Only the speed depends on it, never a result. Which is faster differs by CPU and
 // path: on a Zen 5 EPYC the avx512bf16 kernel streamed 88-93% of the read bandwidth without and 81-83% with it, while
