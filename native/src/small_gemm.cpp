@@ -440,13 +440,14 @@ DART_AVX512 void row_block512(const float* x, int64_t ldx, const W* w, float* y,
 
 // Many activation rows (a prompt's chunk of up to 256 rows, a large tree): the thread's weight rows are widened to
 // float32 once per call, about 96 KiB at a time (in L2), and every group of 6 x rows passes every 4-row block of
-// them. The groups-of-6 loop in rows_avx512 widens each block again for every
-// group (8 of every 32 vector operations, on the FMA ports) and walks all M rows per weight block, so a prompt chunk
-// of the MLP's down projection (256 x 1536 floats, 1.5 MiB) came from L3 once per 4 weight rows; here a group's rows
-// stay in L1 while the weights pass. Each output is the same FMAs in the same order as block512 with bf16 loads (a
-// widened bf16 value is exact): the same bits, and a row still equals itself computed alone. Measured on an Ice Lake
-// Xeon VM (avx512 path, 2 threads, bundled SmolLM2 in bf16, a 700-token prompt, interleaved in one process): prefill
-// 1.10-1.20x faster (482 -> 567 tokens/s in one run; AVX2 1.10x). From 12 rows: the threshold below, where the groups-of-6 loop widens twice.
+// them. The groups-of-6 loop in rows_avx512 widens each block again for every group (8 of every 32 vector
+// operations, on the FMA ports) and walks all M rows per weight block, so a prompt chunk of the MLP's down
+// projection (256 x 1536 floats, 1.5 MiB) came from L3 once per 4 weight rows; here a group's rows stay in L1 while
+// the weights pass. Each output is the same FMAs in the same order as block512 with bf16 loads (a widened bf16 value
+// is exact): the same bits, and a row still equals itself computed alone. Measured on an Ice Lake Xeon VM (2
+// threads, bundled SmolLM2 in bf16, a 700-token prompt, interleaved in one process): prefill 1.10-1.20x faster
+// (482 -> 567 tokens/s in one run; the AVX2 version 1.10x). From 12 rows (many_rows), where the groups-of-6 loop
+// widens twice.
 template <typename W>
 DART_AVX512 void rows_avx512_many(const float* x, int64_t ldx, const W* w, float* y, int64_t M, int64_t N,
                                   int64_t K, int64_t n0, int64_t n1) {
