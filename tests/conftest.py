@@ -23,6 +23,38 @@ atexit.register(shutil.rmtree, os.environ["DART_DEMO_CACHE"], True)
 
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _release_apps_after_each_module():
+    """Frees what a module's Gradio apps held (their targets, heads and engines: 0.2-1.5 GB a module) once it ends.
+    FastAPI (0.165) keeps the route functions it classified in lru_caches of up to a few thousand entries
+    (fastapi.dependencies.models' ``*_cached`` functions); a Gradio app's routes close over its Blocks, so every app
+    a test built stayed alive to the end of the session (the suite's peak resident memory grew past 4 GB). One app
+    per process, as the product runs, is unaffected."""
+    yield
+    import gc
+    import sys
+
+    models = sys.modules.get("fastapi.dependencies.models")
+    for name in dir(models) if models is not None else ():
+        cached = getattr(models, name)
+        if name.endswith("_cached") and hasattr(cached, "cache_clear"):
+            cached.cache_clear()
+    gc.collect()
+    _return_free_heap()
+
+
+def _return_free_heap() -> None:
+    """glibc keeps freed heap pages for reuse; give them back so one module's peak does not stay resident beside the
+    next one's (other C libraries: nothing to do)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _shared_data() -> Path | None:
     """The shared data folder (train/, distill/, eval/), found as the benchmark finds its named sets: from
     ``DART_DATA_DIR`` (dart_core.data_sources), which ``.ci/run`` points at the shared ``data/eval`` folder
