@@ -255,6 +255,26 @@ def test_stop_takes_effect_within_a_step(vis):
     assert sum(len(r.tokens) for r in tab.record.runs.values()) < 3 * 32
 
 
+def test_every_step_frame_says_what_it_will_show_before_a_run(vis):
+    """Before a run (and after Clear) no plot frame is a blank box: each tree, score, parallel-logits, timing and
+    acceptance frame holds a figure saying what it will show."""
+    import json as _json
+
+    frames = (list(vis.tree_plot.values()) + list(vis.scatter_plot.values()) + [vis.logits_plot, vis.timing_plot]
+              + [p for ps in vis.acc_plots.values() for p in ps])
+    assert len(frames) == 5 * len(vis.view_slots) + 2
+    for frame in frames:
+        assert frame.value is not None, frame.label
+        text = " ".join(a["text"] for a in _json.loads(frame.value["plot"])["layout"]["annotations"])
+        assert "Run a prompt" in text, (frame.label, text)
+    assert "draft tree" in _json.dumps(vis.tree_plot["dart"].value) and "parallel logits" in _json.dumps(
+        vis.logits_plot.value)
+    cleared = vis.clear(None)   # Clear draws the same frames again
+    for frame in frames:
+        fig = cleared[frame]
+        assert "Run a prompt" in " ".join(a.text for a in fig.layout.annotations), frame.label
+
+
 def test_step_once_export_replay_and_clear(vis, tmp_path):
     out = vis.step_once(None, PROMPT, *VALUES)
     tab = out[vis.tab]

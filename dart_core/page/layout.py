@@ -15,6 +15,7 @@ from ..ui import viz
 from ..ui.record import label_of
 from .controls import (EXAMPLES, FRAMES, INTRO, LEGEND, PRESETS, SIZE_KNOBS, TREE_CHOICES, Controls,
                        knob_slider)
+from .render import placeholder, step_placeholders
 from .tabs import FRAME_ALL, TAB_TTL_S, TabState
 
 #: The page's linking script (a gr.HTML's js_on_load, so it runs wherever the page is served): hovering a node of
@@ -141,18 +142,24 @@ class Layout:
             with gr.Row(equal_height=False):
                 for s in self.view_slots:
                     with gr.Column(min_width=420):   # narrower windows stack the engines
-                        # plots show no Gradio label: the label's badge would cover the figure's own title
-                        self.tree_plot[s] = gr.Plot(show_label=False, label=f"{label_of(s)}: draft tree",
+                        # plots show no Gradio label: the label's badge would cover the figure's own title;
+                        # each frame says what it will show until there is a step to draw (render.PLACEHOLDERS)
+                        empty = step_placeholders(s, s in self.factory.unavailable)
+                        self.tree_plot[s] = gr.Plot(empty["tree"], show_label=False,
+                                                    label=f"{label_of(s)}: draft tree",
                                                     elem_id=f"tree-{s}", elem_classes=["tree-frame"])
                         self.step_text[s] = gr.Markdown(elem_id=f"narration-{s}")
-                        self.scatter_plot[s] = gr.Plot(show_label=False, label=f"{label_of(s)}: candidate scores",
+                        self.scatter_plot[s] = gr.Plot(empty["scores"], show_label=False,
+                                                       label=f"{label_of(s)}: candidate scores",
                                                        elem_id=f"scores-{s}")
                         if s == "dart":    # DART's levels come from one head forward: its parallel logits
-                            self.logits_plot = gr.Plot(show_label=False, label="DART: parallel logits",
+                            self.logits_plot = gr.Plot(empty["logits"], show_label=False,
+                                                       label="DART: parallel logits",
                                                        elem_id="logits-dart")
             gr.Markdown("### Stage timings\nEngine work only (draft forward, tree build, verify, commit). "
                         "Acceptance is not speedup: compare tokens per step with the cost of each step.")
-            self.timing_plot = gr.Plot(show_label=False, label="Stage timings", elem_id="timing-plot")
+            self.timing_plot = gr.Plot(placeholder("timing"), show_label=False, label="Stage timings",
+                                       elem_id="timing-plot")
             gr.Markdown("### Cost of a tree\nWhat verifying a tree costs on this machine (measured at start, refined "
                         "by every step) and what the automatic chooser expects each DART budget to earn: the "
                         "reason *auto* picks the tree sizes it picks. Drawn again after each run.")
@@ -184,7 +191,8 @@ class Layout:
             self.acc_plots: dict[str, list[gr.Plot]] = {}
             for s in self.view_slots:
                 with gr.Row():
-                    self.acc_plots[s] = [gr.Plot(show_label=False, label=f"{label_of(s)}: {what}",
+                    self.acc_plots[s] = [gr.Plot(placeholder("acc", label_of(s), what), show_label=False,
+                                                 label=f"{label_of(s)}: {what}",
                                                  elem_id=f"acc-{s}-{i}", min_width=380)
                                          for i, what in enumerate(("acceptance length per step", "histogram",
                                                                    "acceptance per depth"))]

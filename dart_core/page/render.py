@@ -18,6 +18,34 @@ from .controls import FRAME_KEYS
 from .tabs import FRAME_ALL, TabState
 
 
+#: What each plot frame will show, said inside it until there is a step to draw (the page's first view, and after
+#: Clear), so an empty frame is never a blank box. Lines short enough for the narrowest frame (380 px).
+PLACEHOLDERS = {
+    "tree": "{label}: the draft tree of the step<br>behind the chosen answer token<br>(kept, accepted and rejected "
+            "nodes).<br>Run a prompt or step once.",
+    "scores": "{label}: each candidate's scores<br>at that step, kept or pruned.<br>Run a prompt or step once.",
+    "logits": "DART's parallel logits: each level's<br>top candidates from the step's one<br>head forward, "
+              "before pruning.<br>Run a prompt or step once.",
+    "timing": "Stage timings of every step: draft forward,<br>tree build, verify and commit.<br>Run a prompt.",
+    "acc": "{label}: {what}.<br>Run a prompt.",
+}
+
+
+def placeholder(kind: str, label: str = "", what: str = ""):
+    """The empty figure a plot frame starts with: what it will show (PLACEHOLDERS)."""
+    return viz.empty_fig(PLACEHOLDERS[kind].format(label=label, what=what))
+
+
+def step_placeholders(slot: str, unavailable: bool) -> dict:
+    """An engine slot's tree, scores and logits frames before it has a step: what each will show, or why the
+    engine is unavailable."""
+    if unavailable:
+        why = viz.empty_fig(f"{label_of(slot)} is unavailable: see the note at the top of the page.")
+        return {"tree": why, "scores": why, "logits": why}
+    return {"tree": placeholder("tree", label_of(slot)), "scores": placeholder("scores", label_of(slot)),
+            "logits": placeholder("logits")}
+
+
 #: How each stop reason reads after a run's figures (the engine's own endings, then the ones that cut a run short).
 _ENDINGS = {"eos": "ended at the end-of-answer token", "max_new_tokens": "reached *Max new tokens*",
             "max_length": "reached the length limit", "stopped": "stopped by **Stop** (partial run)",
@@ -78,9 +106,10 @@ class Rendering:
             if run is None or not run.traces:
                 why = (f"{label_of(s)} is unavailable: see the note at the top of the page."
                        if s in self.factory.unavailable else "Run a prompt (or step once) to see its steps.")
-                out[self.tree_plot[s]] = viz.empty_fig(why)
-                out[self.scatter_plot[s]] = viz.empty_fig("no step yet")
-                self._logits(out, s, viz.empty_fig("no step yet"))
+                empty = step_placeholders(s, s in self.factory.unavailable)
+                out[self.tree_plot[s]] = empty["tree"]
+                out[self.scatter_plot[s]] = empty["scores"]
+                self._logits(out, s, empty["logits"])
                 out[self.step_text[s]] = why
                 continue
             pos = int(position or 0)
@@ -167,10 +196,10 @@ class Rendering:
     def render_summary(self, record: RunRecord | None, position: int | None = None, latest: bool = False) -> dict:
         out: dict = {}
         if record is None or not any(r.traces for r in record.runs.values()):
-            out[self.timing_plot] = viz.empty_fig("run a prompt to see stage timings")
+            out[self.timing_plot] = placeholder("timing")
             for s in self.view_slots:
                     for p in self.acc_plots[s]:
-                        out[p] = viz.empty_fig("run a prompt to see acceptance")
+                        out[p] = placeholder("acc", label_of(s), p.label.split(": ", 1)[-1])
             out[self.slider] = gr.Slider(minimum=0, maximum=1, value=0)
             return out
         out[self.timing_plot] = self.render_timing(record, self._marks(record, position, latest))
