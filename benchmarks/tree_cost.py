@@ -332,9 +332,10 @@ def main(argv=None) -> int:
     p.add_argument("--read-mib", type=int, default=512, help="--bandwidth: MiB of the plain read (default 512)")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
-    for arm in (args.many_rows or "").split(","):
-        if arm.strip() and arm.strip() != "off" and not (arm.strip().isdigit() and int(arm.strip()) >= 1):
-            p.error(f"--many-rows {arm.strip()!r}: each arm is a row count >= 1 or off (e.g. --many-rows off,12)")
+    many_rows = [m.strip() for m in args.many_rows.split(",") if m.strip()] if args.many_rows else None
+    for arm in many_rows or ():
+        if arm != "off" and not (arm.isdigit() and int(arm) >= 1):
+            p.error(f"--many-rows {arm!r}: each arm is a row count >= 1 or off (e.g. --many-rows off,12)")
     try:
         sizes = sorted({int(x) for x in args.nodes.split(",") if x.strip()})
     except ValueError:
@@ -409,7 +410,6 @@ def main(argv=None) -> int:
         print("| dtype | backend | prefill s | tokens/s | G multiply-adds/s | torch GEMM | its G multiply-adds/s "
               "| share of the large GEMM's rate | speed vs the first arm (per pair) |")
         print("|---|---|---:|---:|---:|---|---:|---:|---:|")
-        many_rows = [m.strip() for m in args.many_rows.split(",") if m.strip()] if args.many_rows else None
         for dtype in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
             for r in measure_prefill(args.base_model_name_or_path, dtype, args.device, args.prefill,
                                      args.prefill_reps, args.seed, backends, args.gemm_rows, many_rows):

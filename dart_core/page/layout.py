@@ -15,7 +15,7 @@ from ..ui import viz
 from ..ui.record import label_of
 from .controls import (EXAMPLES, FRAMES, INTRO, LEGEND, PRESETS, SIZE_KNOBS, TREE_CHOICES, Controls,
                        knob_slider)
-from .render import placeholder, step_placeholders
+from .render import ACCEPTANCE_VIEWS, placeholder, step_placeholders
 from .tabs import FRAME_ALL, TAB_TTL_S, TabState
 
 #: The page's linking script (a gr.HTML's js_on_load, so it runs wherever the page is served): hovering a node of
@@ -194,8 +194,7 @@ class Layout:
                     self.acc_plots[s] = [gr.Plot(placeholder("acc", label_of(s), what), show_label=False,
                                                  label=f"{label_of(s)}: {what}",
                                                  elem_id=f"acc-{s}-{i}", min_width=380)
-                                         for i, what in enumerate(("acceptance length per step", "histogram",
-                                                                   "acceptance per depth"))]
+                                         for i, what in enumerate(ACCEPTANCE_VIEWS)]
             with gr.Accordion("Export and replay", open=False):
                 with gr.Row():
                     export_btn = gr.Button("Export traces (JSON)", elem_id="export-btn")

@@ -36,11 +36,20 @@ def placeholder(kind: str, label: str = "", what: str = ""):
     return viz.empty_fig(PLACEHOLDERS[kind].format(label=label, what=what))
 
 
+#: The acceptance frames of each engine, in the page's order (their labels and placeholders).
+ACCEPTANCE_VIEWS = ("acceptance length per step", "histogram", "acceptance per depth")
+
+
+def unavailable_text(slot: str) -> str:
+    """What an unavailable engine's step frames and narration say."""
+    return f"{label_of(slot)} is unavailable: see the note at the top of the page."
+
+
 def step_placeholders(slot: str, unavailable: bool) -> dict:
     """An engine slot's tree, scores and logits frames before it has a step: what each will show, or why the
     engine is unavailable."""
     if unavailable:
-        why = viz.empty_fig(f"{label_of(slot)} is unavailable: see the note at the top of the page.")
+        why = viz.empty_fig(unavailable_text(slot))
         return {"tree": why, "scores": why, "logits": why}
     return {"tree": placeholder("tree", label_of(slot)), "scores": placeholder("scores", label_of(slot)),
             "logits": placeholder("logits")}
@@ -104,8 +113,8 @@ class Rendering:
         for s in self.view_slots:
             run = record.runs.get(s) if record is not None else None
             if run is None or not run.traces:
-                why = (f"{label_of(s)} is unavailable: see the note at the top of the page."
-                       if s in self.factory.unavailable else "Run a prompt (or step once) to see its steps.")
+                why = (unavailable_text(s) if s in self.factory.unavailable
+                       else "Run a prompt (or step once) to see its steps.")
                 empty = step_placeholders(s, s in self.factory.unavailable)
                 out[self.tree_plot[s]] = empty["tree"]
                 out[self.scatter_plot[s]] = empty["scores"]
@@ -198,8 +207,8 @@ class Rendering:
         if record is None or not any(r.traces for r in record.runs.values()):
             out[self.timing_plot] = placeholder("timing")
             for s in self.view_slots:
-                    for p in self.acc_plots[s]:
-                        out[p] = placeholder("acc", label_of(s), p.label.split(": ", 1)[-1])
+                    for p, what in zip(self.acc_plots[s], ACCEPTANCE_VIEWS):
+                        out[p] = placeholder("acc", label_of(s), what)
             out[self.slider] = gr.Slider(minimum=0, maximum=1, value=0)
             return out
         out[self.timing_plot] = self.render_timing(record, self._marks(record, position, latest))

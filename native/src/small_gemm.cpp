@@ -61,6 +61,9 @@ std::atomic<bool> legacy_mode{false};
 // The row count from which the AVX-512 and AVX2 kernels widen a call's bf16 weights once for all rows
 // (rows_avx512_many, rows_avx2_many); small_gemm_set_many_rows moves it (benchmarks).
 std::atomic<int64_t> many_rows{12};
+// Weight rows the many-rows kernels widen per pass: about 96 KiB of float32, a multiple of 4 (a thread's range may
+// be every row of a single-threaded call).
+int64_t many_rows_pass(int64_t K) { return std::max<int64_t>(4, (96 << 10) / std::max<int64_t>(1, K * 4) / 4 * 4); }
 
 // Per path (indexed by GemmPath): whether the one-row kernel (the plain decoding step's GEMV) prefetches the next
 // block of weight rows in software (small_gemm_set_gemv_prefetch). Only the speed depends on it, never a result.
@@ -161,7 +164,7 @@ __attribute__((target("avx2,fma"))) void rows_avx2_many(const float* x, const W*
                                                         int64_t K, int64_t n0, int64_t n1) {
   constexpr bool bf16_weights = std::is_same<W, uint16_t>::value;
   const int64_t n4 = n0 + (n1 - n0) / 4 * 4;
-  const int64_t step = std::max<int64_t>(4, (96 << 10) / std::max<int64_t>(1, K * 4) / 4 * 4);
+  const int64_t step = many_rows_pass(K);
   thread_local std::vector<float> wide_buf;
   if constexpr (bf16_weights) wide_buf.resize(static_cast<size_t>(std::min(step, n4 - n0) * K + 8));
   for (int64_t a = n0; a < n4; a += step) {
@@ -453,8 +456,7 @@ DART_AVX512 void rows_avx512_many(const float* x, int64_t ldx, const W* w, float
                                   int64_t K, int64_t n0, int64_t n1) {
   constexpr bool bf16_weights = std::is_same<W, uint16_t>::value;
   const int64_t n4 = n0 + (n1 - n0) / 4 * 4;
-  // Weight rows per pass: about 96 KiB of float32 (a whole range may be a single-threaded call's every row).
-  const int64_t step = std::max<int64_t>(4, (96 << 10) / std::max<int64_t>(1, K * 4) / 4 * 4);
+  const int64_t step = many_rows_pass(K);
   thread_local std::vector<float> wide_buf;
   float* wide = nullptr;
   if constexpr (bf16_weights) {
