@@ -30,7 +30,7 @@ them; off = never), interleaved, with each arm's per-pair speed against the firs
 default every vector path this CPU runs) and with the one-row kernel's software prefetch on and off (the row the
 load-time measurement chose is marked; dart_core/models/gemv_prefetch.py), interleaved rep by rep in one process: (a) a plain read of a 512 MiB
 buffer by the native streaming loop (``_native.stream_read``, the same threads), (b) one row (M = 1) through every
-decoder weight matrix of the target in turn (``_native.gemv_sweep``, timed natively: bytes / time), (c) the whole
+decoder weight matrix of the target in turn (``_native.gemm_sweep``, timed natively: bytes / time), (c) the whole
 one-token step (the decoder weights and the LM head's bytes / the step's time, prefix ``--prefix``). Each as GB/s
 (1e9 bytes/s) and as a share of (a).
 """
@@ -264,7 +264,7 @@ def measure_bandwidth(model: str | None, dtype: str, device: str, prefix: int, r
                 t0 = time.perf_counter()
                 _native.stream_read(buf, threads)
                 dt_read = time.perf_counter() - t0
-                dt_gemv = _native.gemv_sweep(ws, threads, 1)[0]
+                dt_gemv = _native.gemm_sweep(ws, threads, 1)[0]
                 dt_step = time_verify(session, root, prefix, target.device)
                 if rep >= warmup:
                     read.append(dt_read)

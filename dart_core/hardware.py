@@ -10,6 +10,7 @@ loop runs to the hardware limit.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import platform
@@ -33,6 +34,27 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown"
+
+
+def machine_id() -> str:
+    """The CPU's model name and a short hash of its feature flags: what a per-machine cache (the cost model, the
+    kernel path) is keyed by. Two VMs of one model name with other flags (AVX-512 masked off) get other ids."""
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = hashlib.sha256(line.encode()).hexdigest()[:8]
+                break
+    except OSError:
+        pass
+    return f"{cpu_model()} {flags}".strip()
+
+
+def cache_dir() -> Path:
+    """Where measurements of this machine are kept between processes: ``$DART_DEMO_CACHE``, else
+    ``~/.cache/dart-demo``."""
+    base = os.environ.get("DART_DEMO_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "dart-demo")
+    return Path(base)
 
 
 def cpu_supports_bf16() -> bool:

@@ -193,7 +193,8 @@ def render_markdown(report: dict) -> str:
         f"max_new_tokens {s['max_new_tokens']}, temperature {s['temperature']}"
         + (f", seed {s['seed']}" if s["temperature"] > 0 else " (greedy)") + ".  ",
         f"Machine: {m['cpu_model']}" + (f", GPU {m['gpu']}" if m.get("gpu") else "")
-        + (f", CPU kernels' path {m['gemm_path']}" if m.get("gemm_path") else "")
+        + (f", CPU {t['gemm_path_choice']}" if t.get("gemm_path_choice")
+           else f", CPU kernels' path {m['gemm_path']}" if m.get("gemm_path") else "")
         + f", {m['torch_threads']} torch threads"
         + (f" (idle OpenMP threads: {m['openmp_wait']})" if m.get("openmp_wait") else "")
         + ", load average at start "

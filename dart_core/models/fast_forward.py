@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..openmp import warn_if_spinning
-from . import gemv_prefetch
+from . import gemv_prefetch, kernel_path
 from .huge_pages import move_to_huge_pages
 from .kv_cache import CacheFullError, PreallocatedCache
 from .native_linear import KERNEL_DTYPES, kernel_array
@@ -135,8 +135,13 @@ class FastForward:
                 "k_norm": _float_vector(attn.k_norm.weight) if hasattr(attn, "k_norm") else None,
             })
         self.decoder_matrices = matrices   # views of the weights (benchmarks sweep them)
-        # The plain step's kernel: with or without software prefetch, whichever streams these weights faster here.
-        self.gemv_prefetch = gemv_prefetch.choose(matrices, torch.get_num_threads())
+        threads = torch.get_num_threads()
+        # The kernels' path (timed on these weights on a machine's first load, then cached), and the plain step's
+        # kernel on it: with or without software prefetch, whichever streams these weights faster here.
+        model_id = (f"{getattr(model, 'name_or_path', '') or cfg.model_type} {self.num_layers}x{cfg.hidden_size}"
+                    f" {sum(m.nbytes for m in matrices)}B")
+        self.gemm_path = kernel_path.choose(matrices, threads, model_id, str(self.lm_head_array.dtype))
+        self.gemv_prefetch = gemv_prefetch.choose(matrices, threads)
 
     @torch.inference_mode()
     def forward(self, cache: PreallocatedCache, input_ids: torch.Tensor, position_ids: torch.Tensor,

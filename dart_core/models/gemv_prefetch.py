@@ -105,7 +105,7 @@ def measure(weights: Sequence[np.ndarray], threads: int, reps: int = REPS) -> tu
         for rep in range(WARMUP + reps):
             for on in ((True, False) if rep % 2 else (False, True)):
                 _native.small_gemm_set_gemv_prefetch(path, on)
-                dt = _native.gemv_sweep(weights, threads, 1)[0]
+                dt = _native.gemm_sweep(weights, threads, 1)[0]
                 if rep >= WARMUP:
                     times[on].append(dt)
     finally:

@@ -166,7 +166,9 @@ class TargetModel:
         from .gemv_prefetch import chosen
         choice = chosen(path)
         prefetch = f"; {choice.describe()}" if choice is not None else ""
-        return f"native small-GEMM ({dtype_name(self.dtype)} weights, {acts}; kernel path {path}{prefetch})"
+        how = self.fast.gemm_path
+        where = f"{how.describe()}" if how.path == path else f"kernel path {path}"
+        return f"native small-GEMM ({dtype_name(self.dtype)} weights, {acts}; {where}{prefetch})"
 
     @property
     def device(self) -> torch.device:

@@ -177,16 +177,8 @@ def _machine_key(target) -> dict:
     if dev.type == "cuda":
         machine = torch.cuda.get_device_name(dev)
     else:
-        from ..hardware import cpu_model
-        flags = ""
-        try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                if line.startswith("flags"):
-                    flags = hashlib.sha256(line.encode()).hexdigest()[:8]
-                    break
-        except OSError:
-            pass
-        machine = f"{cpu_model()} {flags}".strip()
+        from ..hardware import machine_id
+        machine = machine_id()
     from .. import __version__
     from ..hardware import gemm_paths
     return {"machine": machine, "device": dev.type, "target": str(target.name),
@@ -199,8 +191,8 @@ def _machine_key(target) -> dict:
 
 
 def cost_cache_dir() -> Path:
-    base = os.environ.get("DART_DEMO_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "dart-demo")
-    return Path(base) / "costs"
+    from ..hardware import cache_dir
+    return cache_dir() / "costs"
 
 
 def measure_verify_curve(target, sizes: Sequence[int] = VERIFY_SIZES, budget_s: float = 1.5,

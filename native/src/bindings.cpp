@@ -157,28 +157,32 @@ void small_gemm_checked(const py::array& x, const py::array& w, py::array& y, in
   }
 }
 
-// Benchmarks: one row (M = 1) through each weight matrix of `ws` in turn, `reps` times; the seconds of each
-// sweep, timed here (no Python call between the matrices, as in the decoder).
-std::vector<double> gemv_sweep(const std::vector<py::array>& ws, int threads, int reps) {
-  if (threads < 1 || reps < 1) throw py::value_error("gemv_sweep: threads and reps must be >= 1");
+// Benchmarks and the load-time kernel choice (dart_core/models/kernel_path.py): `rows` rows (1: the plain step's
+// GEMV; a few: a tree's verify) through each weight matrix of `ws` in turn, `reps` times; the seconds of each sweep,
+// timed here (no Python call between the matrices, as in the decoder).
+std::vector<double> gemm_sweep(const std::vector<py::array>& ws, int threads, int reps, int rows) {
+  if (threads < 1 || reps < 1 || rows < 1) throw py::value_error("gemm_sweep: threads, reps and rows must be >= 1");
   int64_t kmax = 1, nmax = 1;
   for (const auto& w : ws) {
-    if (w.ndim() != 2 || !c_contig(w)) throw py::value_error("gemv_sweep: every w must be 2-D and C-contiguous");
+    if (w.ndim() != 2 || !c_contig(w)) throw py::value_error("gemm_sweep: every w must be 2-D and C-contiguous");
     if (!is_f32(w) && !w.dtype().is(py::dtype::of<uint16_t>()))
-      throw py::type_error("gemv_sweep: w must be float32 or uint16 (bfloat16 bit patterns)");
+      throw py::type_error("gemm_sweep: w must be float32 or uint16 (bfloat16 bit patterns)");
     nmax = std::max<int64_t>(nmax, w.shape(0));
     kmax = std::max<int64_t>(kmax, w.shape(1));
   }
-  std::vector<float> x(static_cast<size_t>(kmax)), y(static_cast<size_t>(nmax));
-  for (int64_t k = 0; k < kmax; ++k) x[k] = 0.01f * static_cast<float>(k % 97) - 0.5f;
+  const int64_t M = rows;
+  // x [M, kmax] and y [M, nmax]: a matrix of K columns reads the first M * K values as its [M, K] rows
+  std::vector<float> x(static_cast<size_t>(dart_bindings::checked_mul(M, kmax, "gemm_sweep: ", "rows x K")));
+  std::vector<float> y(static_cast<size_t>(dart_bindings::checked_mul(M, nmax, "gemm_sweep: ", "rows x N")));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 0.01f * static_cast<float>(i % 97) - 0.5f;
   std::vector<double> out;
   py::gil_scoped_release release;
   for (int r = 0; r < reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     for (const auto& w : ws) {
       const int64_t N = w.shape(0), K = w.shape(1);
-      if (is_f32(w)) dart::small_gemm_f32(x.data(), static_cast<const float*>(w.data()), y.data(), 1, N, K, threads);
-      else dart::small_gemm_bf16(x.data(), static_cast<const uint16_t*>(w.data()), y.data(), 1, N, K, threads);
+      if (is_f32(w)) dart::small_gemm_f32(x.data(), static_cast<const float*>(w.data()), y.data(), M, N, K, threads);
+      else dart::small_gemm_bf16(x.data(), static_cast<const uint16_t*>(w.data()), y.data(), M, N, K, threads);
     }
     out.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
@@ -474,9 +478,10 @@ PYBIND11_MODULE(_native, m) {
         "Benchmarks only: the AVX-512 path's row count from which a call widens each bf16 weight block once for all "
         "its rows (default 12). The same results at any value.");
   m.def("_small_gemm_many_rows", &dart::small_gemm_many_rows);
-  m.def("gemv_sweep", &gemv_sweep, py::arg("ws"), py::arg("threads") = 1, py::arg("reps") = 1,
-        "Benchmarks: one float32 row through each weight matrix of `ws` in turn (the small-GEMM kernel at M = 1, "
-        "the current path), `reps` times; the seconds of each sweep.");
+  m.def("gemm_sweep", &gemm_sweep, py::arg("ws"), py::arg("threads") = 1, py::arg("reps") = 1, py::arg("rows") = 1,
+        "Benchmarks and the load-time kernel choice: `rows` float32 rows through each weight matrix of `ws` in turn "
+        "(the small-GEMM kernel on the current path; rows = 1 is the plain step's GEMV), `reps` times; the seconds of "
+        "each sweep.");
   m.def("small_gemm_has_avx2", &dart::small_gemm_has_avx2, "True when this CPU runs the AVX2+FMA small-GEMM kernel.");
   m.def("small_gemm_path", []() { return std::string(dart::small_gemm_path_name(dart::small_gemm_path())); },
         "The small-GEMM kernel calls run now: 'amx', 'avx512bf16', 'avx512', 'avx2' or 'portable' (the default, unless "
@@ -496,15 +501,19 @@ PYBIND11_MODULE(_native, m) {
     return std::string(dart::small_gemm_path_name(dart::small_gemm_default_path_for(p, amd)));
   }, py::arg("best"), py::arg("amd"),
         "Tests: the path 'auto' runs on a CPU whose best path is `best` (AMD or not).");
+  m.def("small_gemm_path_source", []() { return std::string(dart::small_gemm_path_source()); },
+        "Who chose the path calls run now: 'set' (small_gemm_set_path), 'DART_GEMM_PATH' (the variable names a "
+        "path) or 'default' (neither; the load-time measurement may choose another).");
   m.def("small_gemm_set_path", [](const std::string& name) {
     dart::GemmPath p;
     if (dart::small_gemm_path_from_name(name, &p)) return dart::small_gemm_set_path(p);
-    if (name == "auto") return dart::small_gemm_set_path(dart::small_gemm_default_path());
+    if (name == "auto") return dart::small_gemm_release_path();   // nothing forced: DART_GEMM_PATH or the default
     throw py::value_error("small_gemm_set_path: '" + name + "' is not one of amx, avx512bf16, avx512, avx2, portable, auto");
   }, py::arg("path"),
         "Force the small-GEMM path of later calls (the decoder's included): 'amx', 'avx512bf16', 'avx512', 'avx2', "
-        "'portable' or 'auto' (the default: the best, amx included, except that avx512bf16 is the default on AMD CPUs only). ValueError when this CPU cannot run it. For tests and benchmarks; not thread-safe against "
-        "calls in flight.");
+        "'portable', or 'auto' to force none (DART_GEMM_PATH's path, else the default: the best, except that "
+        "avx512bf16 is the default on AMD CPUs only; a model's load then times the paths, models/kernel_path.py). "
+        "ValueError when this CPU cannot run it. For tests and benchmarks; not thread-safe against calls in flight.");
   m.def("small_gemm_set_gemv_prefetch", [](const std::string& name, bool on) {
     dart::small_gemm_set_gemv_prefetch(path_named(name, "small_gemm_set_gemv_prefetch"), on);
   }, py::arg("path"), py::arg("on"),

@@ -1144,6 +1144,16 @@ GemmPath small_gemm_path() {
   return f >= 0 ? static_cast<GemmPath>(f) : env_path();
 }
 
+const char* small_gemm_path_source() {
+  if (forced_path.load(std::memory_order_relaxed) >= 0) return "set";
+  const char* v = std::getenv("DART_GEMM_PATH");
+  const std::string name = v ? v : "";
+  GemmPath ignored;
+  return small_gemm_path_from_name(name, &ignored) ? "DART_GEMM_PATH" : "default";
+}
+
+void small_gemm_release_path() { forced_path.store(-1, std::memory_order_relaxed); }
+
 void small_gemm_set_path(GemmPath path) {
   if (static_cast<int>(path) > static_cast<int>(small_gemm_best_path()))
     throw std::invalid_argument(std::string("small_gemm: this CPU cannot run the ") + small_gemm_path_name(path) +

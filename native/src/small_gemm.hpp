@@ -56,9 +56,14 @@ GemmPath small_gemm_default_path_for(GemmPath best, bool amd);
 // "amx" | "avx512bf16" | "avx512" | "avx2" | "portable" | "auto") or small_gemm_set_path chose another. A request for a
 // path the CPU lacks runs the best path below it; an unknown name is ignored (a warning on stderr).
 GemmPath small_gemm_path();
+// Who chose the path calls run now: "set" (small_gemm_set_path), "DART_GEMM_PATH" (the variable names a path) or
+// "default" (neither: small_gemm_default_path, which a caller measuring the paths may replace).
+const char* small_gemm_path_source();
 // Forces a path for all later calls (tests, benchmarks); throws std::invalid_argument when this
 // CPU cannot run it. Not meant to be changed while another thread is inside a call.
 void small_gemm_set_path(GemmPath path);
+// Drops a path small_gemm_set_path forced: calls run DART_GEMM_PATH's or the default again.
+void small_gemm_release_path();
 const char* small_gemm_path_name(GemmPath path);
 // The path of that name ('amx', 'avx512bf16', 'avx512', 'avx2', 'portable') into *out; false for any other name.
 bool small_gemm_path_from_name(const std::string& name, GemmPath* out);
