@@ -10,10 +10,12 @@ import torch
 from dart_core.config import GenerationConfig
 from dart_core.drafters import PromptLookupDrafter
 from dart_core.drafters.dart import DartDrafter
+from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3TreeConfig
 from dart_core.drafters.pruning import PruningConfig
 from dart_core.engine.decoding import SpeculativeEngine
 from dart_core.engine.tree import DraftTree
 from dart_core.models.heads.dart import new_head_for_target
+from dart_core.models.heads.eagle3 import new_eagle3_head_for_target
 from dart_core.models.loader import load_target
 from dart_core.sizing.costs import CostModel, DraftCost, VerifyCurve
 from dart_core.sizing.replay import FrozenCosts, follow, key_of, record, step_seconds, walk_chooser, walk_fixed
@@ -85,6 +87,41 @@ def test_a_fixed_trees_walk_is_the_real_run(tiny, context_weight):
     assert recorder.tree_settings()["budget"] == 8       # the recorder's own settings come back
 
 
+def eagle3(t, context_weight=0.0, **tree):
+    tc = Eagle3TreeConfig(**{"total_token": 8, "depth": 2, "top_k": 2, "context_weight": context_weight, **tree})
+    return Eagle3Drafter(new_eagle3_head_for_target(t, seed=2), tc,
+                         name="eagle3_context" if context_weight else "eagle3")
+
+
+@pytest.mark.parametrize("context_weight", [0.0, 1.0])
+def test_eagle3_settings_are_replayed_from_one_head_state(tiny, context_weight):
+    """EAGLE-3 drafts every setting at a position from one expansion per top-k (the head rewound between them): each
+    fixed setting's
+    walk takes the steps, with the accepted lengths, that the engine takes running it, every tree is the one a fresh
+    run drafts there, and the recorder is left as one proposal leaves it (its answer is vanilla's)."""
+    t = tiny
+    recorder = eagle3(t, context_weight)
+    space = [c for c in tree_space(recorder) if not c.plain]
+    choices = [c for c in space if (c.settings["depth"], c.settings["top_k"]) in ((0, 1), (1, 2), (2, 3))][::3]
+    assert len({(c.settings["depth"], c.settings["top_k"]) for c in choices}) == 3
+    cfg = GenerationConfig(max_new_tokens=MAX_NEW, max_length=120)
+    vanilla = SpeculativeEngine(t)
+    for prompt in PROMPTS[:2]:
+        log = record(t, {"e": recorder}, prompt, MAX_NEW, "k", choices={"e": choices})["e"]
+        assert log.answer == vanilla.generate(prompt, cfg).tokens
+        for c in choices:
+            real = SpeculativeEngine(t, eagle3(t, context_weight, **c.settings)).generate(prompt, cfg)
+            assert walk_fixed([log], c, costs(), "eagle3").steps == real.stats.steps, (prompt, c.label)
+            i = 0
+            for trace in real.traces:   # the recorded tree at each of the run's positions is the run's tree
+                d = log.positions[i].trees[key_of(c)]
+                if len(log.positions) - i > c.max_depth:    # (near the end the engine cuts its trees short)
+                    assert d.tokens.tolist() == trace.tree.tokens.tolist(), (prompt, c.label, i)
+                    assert d.parents.tolist() == trace.tree.parents.tolist()
+                i += len(trace.accepted_nodes)
+    assert recorder.tree_settings()["total_token"] == 8
+
+
 def test_the_chooser_walk_emits_each_token_once_and_prices_its_steps(tiny):
     t = tiny
     d = dart(t, 1.0)
@@ -135,10 +172,19 @@ def test_step_price_and_bad_input(tiny):
         record(tiny, {"x": object()}, [1, 2], 4)
 
 
+def test_a_stateful_drafter_without_a_rewind_is_refused(tiny):
+    class NoRewind:
+        needs_aux, tree_kind, name = True, "eagle3", "x"
+
+    from dart_core.sizing.replay import _proposals
+    with pytest.raises(TypeError, match="has no propose_each"):
+        _proposals(NoRewind(), [1, 2], [])
+
+
 def test_regret_cli_refuses_what_it_cannot_replay(capsys):
     from dart_core.bench.regret import main
     with pytest.raises(SystemExit) as e:
-        main(["--questions", "x.jsonl", "--methods", "eagle3"])
+        main(["--questions", "x.jsonl", "--methods", "hybrid"])
     assert e.value.code == 2
     assert "not replayed" in capsys.readouterr().err
     with pytest.raises(SystemExit):

@@ -29,8 +29,9 @@ from .runners import METHODS, tree_costs
 logger = logging.getLogger(__name__)
 
 #: Methods whose every setting can be drafted at one position (sizing/replay.py): DART's budgets from one head
-#: forward, prompt lookup's lengths from the context alone. EAGLE-3's tree forwards per setting are not replayed.
-REPLAYABLE = ("dart", "dart_context", "dart_no_ngram", "prompt_lookup")
+#: forward, EAGLE-3's settings one after another from the same head state (rewound between them), prompt lookup's
+#: lengths from the context alone. The hybrid switches drafters by the context match and is not replayed.
+REPLAYABLE = ("dart", "dart_context", "dart_no_ngram", "eagle3", "eagle3_context", "prompt_lookup")
 GROUPS = ("set", "category")
 
 
@@ -64,8 +65,8 @@ def parse_methods(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     bad = [n for n in names if n not in REPLAYABLE]
     if not names or bad:
-        raise BenchInputError(f"--methods {text!r}: choose among {', '.join(REPLAYABLE)} (EAGLE-3 and the hybrid "
-                              "are not replayed: their settings cannot all be drafted at one position)")
+        raise BenchInputError(f"--methods {text!r}: choose among {', '.join(REPLAYABLE)} (the hybrid is not "
+                              "replayed: it switches drafters by the context match)")
     return list(dict.fromkeys(names))
 
 

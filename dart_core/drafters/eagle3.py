@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -125,17 +125,54 @@ class Eagle3Drafter(TreeHolder, FeatureDrafter):
 
     @torch.inference_mode()
     def propose(self, context: Sequence[int]) -> Proposal:
-        head, cache, tc = self.head, self._cache, self._tree_config
+        tc = self._tree_config
+        t_begin = time.perf_counter()
+        k = min(int(tc.top_k), self.head.config.draft_vocab_size)
+        levels, fwd_s = self._expand(context, k, int(tc.depth))
+        tree, cands = self._select(context, levels, int(tc.total_token))
+        total = time.perf_counter() - t_begin
+        return Proposal(tree=tree, candidates=cands, draft_forward_s=fwd_s, tree_build_s=max(total - fwd_s, 0.0))
+
+    @torch.inference_mode()
+    def propose_each(self, context: Sequence[int], settings: Sequence[Mapping[str, int]]) -> list[Proposal]:
+        """One proposal per tree setting (``total_token``, ``depth``, ``top_k``), as ``propose`` makes each: one
+        expansion per top-k at the deepest depth asked (the head rewound between them, ``mark`` / ``rewind``); a
+        shallower tree's candidates are the first levels of a deeper one's (the frontier a level expands does not
+        depend on how deep the tree goes), and a smaller total keeps fewer of them by the same ranking. The tree
+        chooser's offline replay (sizing/replay.py) reads every setting this way. Each proposal carries its
+        top-k's forward time."""
+        if not settings:
+            return []
+        vocab = self.head.config.draft_vocab_size
+        by_k: dict[int, list[int]] = {}
+        for i, st in enumerate(settings):
+            by_k.setdefault(min(int(st["top_k"]), vocab), []).append(i)
+        out: list[Proposal | None] = [None] * len(settings)
+        for n, (k, idx) in enumerate(by_k.items()):
+            state = self.mark()
+            levels, fwd_s = self._expand(context, k, max(int(settings[i]["depth"]) for i in idx))
+            for i in idx:
+                t0 = time.perf_counter()
+                tree, cands = self._select(context, levels[:int(settings[i]["depth"]) + 1],
+                                           int(settings[i]["total_token"]))
+                out[i] = Proposal(tree=tree, candidates=cands, draft_forward_s=fwd_s,
+                                  tree_build_s=time.perf_counter() - t0)
+            if n + 1 < len(by_k):
+                self.rewind(state)
+        return out
+
+    def _expand(self, context: Sequence[int], k: int, depth: int) -> tuple[list[tuple], float]:
+        """The head's real forward over the waiting positions, then ``depth`` tree forwards over a frontier of
+        ``k`` nodes: each level's candidates as (tokens, parents, log-probs, cumulative scores, depths), level 0
+        the real forward's, each later level parent-major, then by rank; and the forwards' seconds."""
+        head, cache = self.head, self._cache
         dev = head.fc.weight.device
         sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
         start = cache.length
         pending = self.take_pending(context)
-        n = int(pending.shape[0])
-        k = min(int(tc.top_k), head.config.draft_vocab_size)
-        T = start + n                                        # real positions after this step's real forward
-        cache.reserve(T + tc.depth * k)
+        T = start + int(pending.shape[0])                    # real positions after this step's real forward
+        cache.reserve(T + depth * k)
         fwd_s = 0.0
-        t_begin = time.perf_counter()
 
         # 1. Real forward: the new positions persist in the head cache.
         t0 = time.perf_counter()
@@ -146,9 +183,7 @@ class Eagle3Drafter(TreeHolder, FeatureDrafter):
         # The bookkeeping is numpy on every device (a few dozen values a depth): torch ops would cost more in
         # dispatch than the head's native forward.
         vals = np.minimum(vals, 0.0)       # a log-prob; keeps scores non-increasing along every path
-        # Candidate arrays, level by level; a level's candidates are parent-major, then by rank.
-        c_tok, c_par, c_lp, c_score = [toks], [np.full(k, -1, dtype=np.int64)], [vals], [vals]
-        c_depth = [np.ones(k, dtype=np.int64)]
+        levels = [(toks, np.full(k, -1, dtype=np.int64), vals, vals, np.ones(k, dtype=np.int64))]
         n_cands = k
         frontier = np.arange(k)                                                  # candidate indices
         f_h, f_tok, f_score = self._parent_rows(g, np.zeros(k, dtype=np.int64)), toks, vals
@@ -156,7 +191,7 @@ class Eagle3Drafter(TreeHolder, FeatureDrafter):
         slots = 0
 
         # 2. Tree forwards: expand the frontier depth by depth.
-        for i in range(tc.depth):
+        for i in range(depth):
             t0 = time.perf_counter()
             g, vals, toks = self._tree(f_h, f_tok, T + i, T + slots, tree_allowed, k)   # [k, H], [k, k], [k, k]
             sync()
@@ -165,14 +200,10 @@ class Eagle3Drafter(TreeHolder, FeatureDrafter):
 
             cu = (f_score[:, None] + np.minimum(vals, 0.0)).reshape(-1)              # [k*k] cumulative
             toks = toks.reshape(-1)
-            c_tok.append(toks)
-            c_par.append(np.repeat(frontier, k))
-            c_lp.append(vals.reshape(-1))
-            c_score.append(cu)
-            c_depth.append(np.full(k * k, i + 2, dtype=np.int64))
+            levels.append((toks, np.repeat(frontier, k), vals.reshape(-1), cu, np.full(k * k, i + 2, dtype=np.int64)))
             base = n_cands
             n_cands += k * k
-            if i + 1 == tc.depth:
+            if i + 1 == depth:
                 break
             # All children of one frontier share a depth: rank by score, ties to the lower index.
             sel = np.argsort(-cu, kind="stable")[:k]                                 # [k]
@@ -180,16 +211,21 @@ class Eagle3Drafter(TreeHolder, FeatureDrafter):
             frontier = base + sel
             f_h, f_tok, f_score = self._parent_rows(g, out_ids), toks[sel], cu[sel]
             tree_allowed = np.concatenate([tree_allowed[out_ids], np.eye(k, dtype=bool)], axis=1)
+        return levels, fwd_s
 
-        # 3. Rerank every candidate; keep the best total_token - 1 in candidate (topological) order.
-        tok, par, lp = np.concatenate(c_tok), np.concatenate(c_par), np.concatenate(c_lp)
-        score, depth = np.concatenate(c_score), np.concatenate(c_depth)
+    def _select(self, context: Sequence[int], levels: list[tuple], total_token: int):
+        """Rerank every candidate of ``levels`` (with the live context's, when on); keep the best
+        ``total_token - 1`` in candidate (topological) order: the tree and the scored candidates."""
+        tc = self._tree_config
+        tok, par, lp, score, depth = (np.concatenate(column) for column in zip(*levels))
+        n_cands = len(tok)
         ctx_term, source = np.zeros(n_cands), None
         if tc.context_weight > 0 and tc.context_top_k > 0:
             self.live.sync(context)
-            tok, par, lp, score, depth, ctx_term, source = self._graft_context(context, tok, par, lp, depth)
+            tok, par, lp, score, depth, ctx_term, source = self._graft_context(context, tok, par, lp, depth,
+                                                                               total_token)
             n_cands = len(tok)
-        keep_n = min(int(tc.total_token) - 1, n_cands)
+        keep_n = min(int(total_token) - 1, n_cands)
         kept_idx = np.sort(rank_candidates(score, depth)[:keep_n])
         node = np.full(n_cands, -1, dtype=np.int64)
         node[kept_idx] = np.arange(1, keep_n + 1)
@@ -204,10 +240,9 @@ class Eagle3Drafter(TreeHolder, FeatureDrafter):
         cands = ScoredCandidates(token=tok.astype(np.int64), parent=par, depth=depth, logit_term=lp.astype(np.float64),
                                  ngram_term=ctx_term, score=score.astype(np.float64), kept=kept, node=node,
                                  source=[] if source is None else source)
-        total = time.perf_counter() - t_begin
-        return Proposal(tree=tree, candidates=cands, draft_forward_s=fwd_s, tree_build_s=max(total - fwd_s, 0.0))
+        return tree, cands
 
-    def _graft_context(self, context: Sequence[int], tok, par, lp, depth):
+    def _graft_context(self, context: Sequence[int], tok, par, lp, depth, total_token: int):
         """The live context's candidates in EAGLE-3's tree, by DART's rule (section 5a): at the root and at every
         expanded node whose path the context has seen (``mix_weight``), the context's continuations join the
         children, each child's probability becomes ``(1 - lam) p_head + lam P_ctx`` (0 for p_head of a token the
@@ -217,7 +252,7 @@ class Eagle3Drafter(TreeHolder, FeatureDrafter):
         (the trace's N-gram column) and each candidate's SOURCE_* bits."""
         tc, index = self._tree_config, self.live.index
         w, top_k = float(tc.context_weight), int(tc.context_top_k)
-        max_depth = int(tc.total_token) - 1
+        max_depth = int(total_token) - 1
         tok, par, depth = [int(t) for t in tok], [int(p) for p in par], [int(d) for d in depth]
         lp = [float(x) for x in lp]
         kids: dict[int, list[int]] = {}

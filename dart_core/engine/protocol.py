@@ -159,6 +159,15 @@ class FeatureDrafter:
         self._proposed = True
         return pending
 
+    def mark(self) -> tuple:
+        """The head's state before a proposal (positions cached, features waiting): :meth:`rewind` returns to it, so
+        one position can be drafted at several tree settings (the chooser's offline replay, sizing/replay.py). A
+        proposal after a rewind writes the waiting features' K/V into the same slots again, with the same values."""
+        return self._cache.length, self._pending, self._proposed
+
+    def rewind(self, mark: tuple) -> None:
+        self._cache.length, self._pending, self._proposed = mark
+
     def skip(self, context: Sequence[int]) -> Proposal:
         """A plain target step (the root only): the head does not run; its features wait for the next draft."""
         if self._proposed or self._pending is None:

@@ -82,14 +82,16 @@ def follow(tree: DraftTree, continuation: Sequence[int]) -> list[int]:
 
 def _proposals(drafter: Any, context: list[int], choices: Sequence[TreeChoice]) -> list[Proposal]:
     """Every choice's proposal at this position, leaving the drafter as one proposal would: DART drafts every budget
-    from one head forward (``propose_each``); a drafter without state between steps (prompt lookup) is asked once
-    per setting."""
+    from one head forward, EAGLE-3 every setting from one expansion per top-k (``propose_each``); a drafter without
+    state between steps (prompt lookup) is asked once per setting."""
     each = getattr(drafter, "propose_each", None)
     if each is not None and drafter.tree_kind == "dart":
         return each(context, [int(c.settings["budget"]) for c in choices])
+    if each is not None and drafter.tree_kind == "eagle3":
+        return each(context, [c.settings for c in choices])
     if getattr(drafter, "needs_aux", False):
         raise TypeError(f"{type(drafter).__name__} keeps state between steps and has no propose_each(): its settings "
-                        "cannot all be drafted at one position (the replay covers DART and prompt lookup)")
+                        "cannot all be drafted at one position (the replay covers DART, EAGLE-3 and prompt lookup)")
     out = []
     for c in choices:
         apply_choice(drafter, c)
