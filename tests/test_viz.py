@@ -641,6 +641,10 @@ def test_tree_cost_sentence_follows_the_measured_curve(curve, words, small):
     assert words in viz_cost.tree_cost_text(costs) and "chooser" not in viz_cost.tree_cost_text(costs)
     # the kernels' path, when given, is named (a figure says what ran)
     assert "*avx2* path" in viz_cost.tree_cost_text(costs, kernel="avx2") and "path" not in viz_cost.tree_cost_text(costs)
+    # and how it was chosen: timed here, or fixed by the variable
+    assert "timed on this model's weights" in viz_cost.tree_cost_text(costs, kernel="amx", kernel_source="cached")
+    assert "as DART_GEMM_PATH sets it" in viz_cost.tree_cost_text(costs, kernel="avx2", kernel_source="DART_GEMM_PATH")
+    assert "*avx2* path (vanilla" in viz_cost.tree_cost_text(costs, kernel="avx2", kernel_source="set by the caller")
 
 
 def test_verify_cost_figure_shows_measured_points_and_the_curve():

@@ -11,6 +11,7 @@ from typing import Any
 
 from .. import space
 from ..hardware import gemm_paths
+from ..models import kernel_path
 from ..ui import teaching_whatif, viz, viz_cost
 from ..ui.record import RunRecord, label_of
 from ..ui.session import RunSettings
@@ -57,8 +58,10 @@ class CostViews:
                 self._dart_rates = rates
                 others = {label_of(s): autos[s].rates()[0]["label"] for s in self.view_slots
                           if s != "dart" and s in autos}
+                choice = kernel_path.chosen()
                 out = {self.cost_text: viz_cost.tree_cost_text(costs, rates, others=others,
-                                                               kernel=gemm_paths()["gemm_path"]),
+                                                               kernel=gemm_paths()["gemm_path"],
+                                                               kernel_source=choice.source if choice else None),
                        self.cost_verify_plot: viz_cost.verify_cost_figure(costs),
                        self.cost_rate_plot: (viz_cost.budget_rate_figure(rates) if rates
                                              else viz.empty_fig("DART is not loaded: no budget to weigh")),

@@ -114,14 +114,24 @@ def budget_rate_figure(rates: Sequence[Mapping[str, Any]], *, paper_budget: int 
     return fig
 
 
+#: How the kernels' path was chosen (models/kernel_path.py's sources), as the cost view says it.
+KERNEL_SOURCES = {
+    "measured": ", the fastest of every path this CPU runs, timed on this model's weights at its first load here",
+    "cached": ", the fastest of every path this CPU runs, timed on this model's weights at its first load here",
+    "DART_GEMM_PATH": ", as DART_GEMM_PATH sets it",
+    "the only vector path": ", the only vector path this CPU runs",
+}
+
+
 def tree_cost_text(costs: Any, rates: Sequence[Mapping[str, Any]] | None = None, *,
                    paper_budget: int = PAPER_BUDGET, others: Mapping[str, str] | None = None,
-                   kernel: str | None = None) -> str:
+                   kernel: str | None = None, kernel_source: str | None = None) -> str:
     """Why this machine picks the trees it picks, from the measured verify curve: verify(33)/verify(1) near 1
     means the verify is memory-bound (as on a GPU) and big trees are almost free; well above 1, compute-bound
     (a few CPU cores) and small trees win. With DART's ``rates()``: what it picks and at what expected rate;
     ``others``: other engines' chosen settings by label (e.g. {"EAGLE-3": "total_token 8, depth 2, top_k 3"});
-    ``kernel``: the CPU kernels' path every engine ran (``hardware.gemm_paths()``), named so a figure says what ran."""
+    ``kernel``: the CPU kernels' path every engine ran (``hardware.gemm_paths()``), named so a figure says what ran;
+    ``kernel_source``: how it was chosen (``models.kernel_path``'s sources), said in words."""
     v1, vn = 1e3 * float(costs.verify_s(1)), 1e3 * float(costs.verify_s(RATIO_NODES))
     ratio = vn / max(v1, 1e-9)
     if ratio < MEMORY_BOUND_RATIO:
@@ -153,6 +163,7 @@ def tree_cost_text(costs: Any, rates: Sequence[Mapping[str, Any]] | None = None,
     for name, label in (others or {}).items():
         text += f" {name}'s chooser picks **{'plain steps' if label == 'plain step' else label}**."
     if kernel:
-        text += (f" Every engine here runs the CPU kernels' *{kernel}* path (vanilla included, so their answers stay "
-                 "comparable token for token).")
+        how = KERNEL_SOURCES.get(kernel_source or "", "")
+        text += (f" Every engine here runs the CPU kernels' *{kernel}* path{how} (vanilla included, so their answers "
+                 "stay comparable token for token).")
     return text
