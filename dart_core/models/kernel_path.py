@@ -92,8 +92,8 @@ def measure(weights: Sequence[np.ndarray], threads: int, paths: Sequence[str], r
             ) -> tuple[dict[str, float], dict[str, float]]:
     """Median seconds per path of a one-row and a ``TREE_ROWS``-row sweep of ``weights``, each path with its own
     GEMV prefetch (measured by :func:`gemv_prefetch.choose` when first needed). Interleaved: each round times
-    every path once, the order rotating. Leaves the path as it found it only when it fails: the caller sets the
-    chosen one."""
+    every path once, the order rotating. Leaves the last path timed set: :func:`choose` sets the chosen one (or,
+    when the timing fails, the one it found)."""
     for p in paths:    # each path's prefetch, before any path is timed
         _native.small_gemm_set_path(p)
         gemv_prefetch.choose(weights, threads)

@@ -167,7 +167,7 @@ class TargetModel:
         choice = chosen(path)
         prefetch = f"; {choice.describe()}" if choice is not None else ""
         how = self.fast.gemm_path
-        where = f"{how.describe()}" if how.path == path else f"kernel path {path}"
+        where = how.describe() if how.path == path else f"kernel path {path}"
         return f"native small-GEMM ({dtype_name(self.dtype)} weights, {acts}; {where}{prefetch})"
 
     @property
