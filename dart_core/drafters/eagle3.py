@@ -151,12 +151,21 @@ class Eagle3Drafter(TreeHolder, FeatureDrafter):
         for n, (k, idx) in enumerate(by_k.items()):
             state = self.mark()
             levels, fwd_s = self._expand(context, k, max(int(settings[i]["depth"]) for i in idx))
+            by_depth: dict[int, list[int]] = {}
             for i in idx:
+                by_depth.setdefault(int(settings[i]["depth"]), []).append(i)
+            for depth, same in by_depth.items():
+                # The context's candidates once, grafted as deep as the largest total reaches: a smaller total's
+                # tree is the same (a node deeper than total - 1 ranks after its ancestors, past what it keeps),
+                # its candidate list may hold those deeper context candidates too.
                 t0 = time.perf_counter()
-                tree, cands = self._select(context, levels[:int(settings[i]["depth"]) + 1],
-                                           int(settings[i]["total_token"]))
-                out[i] = Proposal(tree=tree, candidates=cands, draft_forward_s=fwd_s,
-                                  tree_build_s=time.perf_counter() - t0)
+                pool = self._candidates(context, levels[:depth + 1], max(int(settings[i]["total_token"]) for i in same))
+                shared_s = time.perf_counter() - t0
+                for i in same:
+                    t1 = time.perf_counter()
+                    tree, cands = self._keep(context, pool, int(settings[i]["total_token"]))
+                    out[i] = Proposal(tree=tree, candidates=cands, draft_forward_s=fwd_s,
+                                      tree_build_s=shared_s + time.perf_counter() - t1)
             if n + 1 < len(by_k):
                 self.rewind(state)
         return out
@@ -216,15 +225,24 @@ class Eagle3Drafter(TreeHolder, FeatureDrafter):
     def _select(self, context: Sequence[int], levels: list[tuple], total_token: int):
         """Rerank every candidate of ``levels`` (with the live context's, when on); keep the best
         ``total_token - 1`` in candidate (topological) order: the tree and the scored candidates."""
+        return self._keep(context, self._candidates(context, levels, total_token), total_token)
+
+    def _candidates(self, context: Sequence[int], levels: list[tuple], total_token: int) -> tuple:
+        """Every candidate of ``levels``, with the live context's grafted when it is on (no deeper than a tree of
+        ``total_token`` nodes reaches): tokens, parents, log-probs, scores, depths, the context's added score and
+        each candidate's source bits (None: all the head's)."""
         tc = self._tree_config
         tok, par, lp, score, depth = (np.concatenate(column) for column in zip(*levels))
-        n_cands = len(tok)
-        ctx_term, source = np.zeros(n_cands), None
         if tc.context_weight > 0 and tc.context_top_k > 0:
             self.live.sync(context)
-            tok, par, lp, score, depth, ctx_term, source = self._graft_context(context, tok, par, lp, depth,
-                                                                               total_token)
-            n_cands = len(tok)
+            return self._graft_context(context, tok, par, lp, depth, total_token)
+        return tok, par, lp, score, depth, np.zeros(len(tok)), None
+
+    def _keep(self, context: Sequence[int], pool: tuple, total_token: int):
+        """The best ``total_token - 1`` candidates of ``pool`` (:meth:`_candidates`) by score, in candidate
+        (topological) order: the tree and the scored candidates."""
+        tok, par, lp, score, depth, ctx_term, source = pool
+        n_cands = len(tok)
         keep_n = min(int(total_token) - 1, n_cands)
         kept_idx = np.sort(rank_candidates(score, depth)[:keep_n])
         node = np.full(n_cands, -1, dtype=np.int64)
