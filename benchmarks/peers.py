@@ -29,6 +29,7 @@ A measurement, not a test; run it on a quiet machine.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -99,7 +100,6 @@ def build_llama_cpp(version: str, jobs: int) -> Path:
     if not archive.is_file():
         print(f"downloading {sdist['url']}", flush=True)
         urllib.request.urlretrieve(sdist["url"], archive)
-    import hashlib
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()
     if digest != sdist["digests"]["sha256"]:
         archive.unlink()

@@ -11,6 +11,7 @@ loop runs to the hardware limit.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import platform
@@ -55,6 +56,22 @@ def cache_dir() -> Path:
     ``~/.cache/dart-demo``."""
     base = os.environ.get("DART_DEMO_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "dart-demo")
     return Path(base)
+
+
+def keyed_file(folder: Path, key: dict) -> Path:
+    """The JSON file in ``folder`` that a measurement made under ``key`` (machine, target, ...) is kept in: named by
+    a hash of the key, so another machine's or version's measurement never reads as this one's."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(folder) / f"{digest}.json"
+
+
+def write_json(path: Path, record: dict) -> None:
+    """Writes ``record`` to ``path`` whole or not at all (another process may read it meanwhile); OSError as
+    raised (a read-only home: the caller decides what that costs)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, path)
 
 
 def cpu_supports_bf16() -> bool:

@@ -21,10 +21,8 @@ load, and vanilla and every drafter run it.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -34,7 +32,7 @@ from typing import Sequence
 import numpy as np
 
 from . import gemv_prefetch
-from ..hardware import cache_dir, machine_id
+from ..hardware import cache_dir, keyed_file, machine_id, write_json
 
 logger = logging.getLogger(__name__)
 
@@ -78,8 +76,7 @@ def candidates() -> list[str]:
 
 
 def cache_file(key: dict) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_dir() / "kernels" / f"{digest}.json"
+    return keyed_file(cache_dir() / "kernels", key)
 
 
 def cache_key(target_name: str, dtype: str, threads: int) -> dict:
@@ -128,10 +125,7 @@ def _read_cache(path: Path, key: dict) -> dict | None:
 
 def _write_cache(path: Path, record: dict) -> None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(record, indent=1))
-        os.replace(tmp, path)   # whole or not at all: another process may read it now
+        write_json(path, record)
     except OSError as e:   # a read-only home: the choice holds for this process
         logger.warning("could not keep the kernel path choice in %s (%s): it is timed again next time", path, e)
 

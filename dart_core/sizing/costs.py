@@ -19,10 +19,8 @@ forwards it runs, how many rows they hold and how many candidates its tree build
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -326,11 +324,9 @@ class CostModel:
         and the next start reads the corrected curve. Returns whether it wrote."""
         if self.path is None or self.steps_observed < min_steps:
             return False
+        from ..hardware import write_json
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(self.to_dict(), indent=1))
-            tmp.replace(self.path)
+            write_json(self.path, self.to_dict())
         except OSError as exc:   # a read-only home still runs: the model is just measured again next time
             logger.warning("could not cache the cost model in %s: %s", self.path, exc)
             return False
@@ -369,9 +365,8 @@ class CostModel:
                         refresh: bool = False) -> "CostModel":
         """The cached model for this machine/target/dtype/threads/code, else measured now (and cached)."""
         key = _machine_key(target)
-        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-        path = Path(cache_dir) if cache_dir is not None else cost_cache_dir()
-        path = path / f"{digest}.json"
+        from ..hardware import keyed_file
+        path = keyed_file(Path(cache_dir) if cache_dir is not None else cost_cache_dir(), key)
         if not refresh:
             try:
                 cached = cls.read_cache(path, key)

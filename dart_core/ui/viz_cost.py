@@ -115,9 +115,10 @@ def budget_rate_figure(rates: Sequence[Mapping[str, Any]], *, paper_budget: int 
 
 
 #: How the kernels' path was chosen (models/kernel_path.py's sources), as the cost view says it.
+_TIMED = ", the fastest of every path this CPU runs, timed on this model's weights at its first load here"
 KERNEL_SOURCES = {
-    "measured": ", the fastest of every path this CPU runs, timed on this model's weights at its first load here",
-    "cached": ", the fastest of every path this CPU runs, timed on this model's weights at its first load here",
+    "measured": _TIMED,
+    "cached": _TIMED,      # the same timing, read back by a later process
     "DART_GEMM_PATH": ", as DART_GEMM_PATH sets it",
     "the only vector path": ", the only vector path this CPU runs",
 }

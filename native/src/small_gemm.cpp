@@ -1038,18 +1038,26 @@ GemmPath clamp_to_cpu(GemmPath want) {
   return static_cast<GemmPath>(std::min(static_cast<int>(want), static_cast<int>(small_gemm_best_path())));
 }
 
-GemmPath env_path() {
-  static const GemmPath p = [] {
+// DART_GEMM_PATH, read once: the path it names (clamped to this CPU), or the default when it names none.
+struct EnvPath {
+  GemmPath path;
+  bool named;   // the variable named a path (not unset, "auto" or unknown)
+};
+
+const EnvPath& env_choice() {
+  static const EnvPath e = [] {
     const char* v = std::getenv("DART_GEMM_PATH");
     const std::string name = v ? v : "";
-    if (name.empty() || name == "auto") return small_gemm_default_path();
+    if (name.empty() || name == "auto") return EnvPath{small_gemm_default_path(), false};
     GemmPath q;
-    if (small_gemm_path_from_name(name, &q)) return clamp_to_cpu(q);
+    if (small_gemm_path_from_name(name, &q)) return EnvPath{clamp_to_cpu(q), true};
     std::fprintf(stderr, "DART_GEMM_PATH=%s is not one of amx, avx512bf16, avx512, avx2, portable, auto: ignored\n", v);
-    return small_gemm_default_path();
+    return EnvPath{small_gemm_default_path(), false};
   }();
-  return p;
+  return e;
 }
+
+GemmPath env_path() { return env_choice().path; }
 
 }  // namespace
 
@@ -1146,10 +1154,7 @@ GemmPath small_gemm_path() {
 
 const char* small_gemm_path_source() {
   if (forced_path.load(std::memory_order_relaxed) >= 0) return "set";
-  const char* v = std::getenv("DART_GEMM_PATH");
-  const std::string name = v ? v : "";
-  GemmPath ignored;
-  return small_gemm_path_from_name(name, &ignored) ? "DART_GEMM_PATH" : "default";
+  return env_choice().named ? "DART_GEMM_PATH" : "default";
 }
 
 void small_gemm_release_path() { forced_path.store(-1, std::memory_order_relaxed); }
