@@ -66,6 +66,38 @@ def test_value_curve_is_the_sum_of_the_likeliest_nodes():
     assert m.value_curve(0, 3, 3)[0] == 0 and not m.value_curve(5, 0, 3).any()
 
 
+
+def test_the_seed_rates_give_the_held_out_top1_chain():
+    """A position's own hit@1 rates, multiplied along a path, understate deep trees (hits come in runs): seeded
+    with the held-out mean top-1 chain, the rank-0 rates past depth 1 rise until the product gives that chain,
+    between the independent and the nested extremes, and the head's eval.json chain is read."""
+    from dart_core.sizing.acceptance import chain_conditional
+
+    def chain_of(rates):
+        return float(np.sum(np.cumprod(rates)))
+    hit1 = [0.714, 0.461, 0.332, 0.243, 0.174]
+    independent, nested = chain_of(hit1), chain_of([hit1[0]] + [b / a for a, b in zip(hit1, hit1[1:])])
+    for chain in (1.25, 1.3471, 1.6):
+        assert independent < chain < nested
+        rates = chain_conditional(hit1, chain)
+        assert rates[0] == hit1[0] and chain_of(rates) == pytest.approx(chain, abs=1e-5)
+        assert all(h <= r <= 1.0 for h, r in zip(hit1, rates))
+    assert chain_conditional(hit1, 0.5) == pytest.approx(hit1)              # below the independent extreme
+    assert chain_of(chain_conditional(hit1, 9.0)) == pytest.approx(nested)  # above the nested one
+    assert chain_conditional([0.5], 0.9) == [0.5]                           # one level: nothing to condition
+    plain = AcceptanceModel.from_hit_rates(hit1, [0.93, 0.82, 0.74, 0.67, 0.60])
+    seeded = AcceptanceModel.from_hit_rates(hit1, [0.93, 0.82, 0.74, 0.67, 0.60], chain=1.3471)
+    assert seeded.rate(1, 0) == plain.rate(1, 0) and seeded.rate(1, 1) == plain.rate(1, 1)
+    assert seeded.rate(3, 0) > plain.rate(3, 0) and seeded.rate(3, 1) > plain.rate(3, 1)
+    assert (seeded.seed_rates[:, :10].sum(axis=1) <= 1.0 + 1e-9).all()      # one child at most is the target's
+    assert seeded.value_curve(8, max_depth=5, width=1)[5] == pytest.approx(1.3471, abs=1e-4)
+    from pathlib import Path
+    bundled = Path(__file__).resolve().parents[1] / "assets" / "dart" / "smollm2-135m-instruct"
+    m = AcceptanceModel.for_head_dir(bundled)
+    assert "top-1 chain" in m.source
+    chain = json.loads((bundled / "eval.json").read_text())["mean_top1_chain"]
+    assert m.value_curve(8, max_depth=5, width=1)[5] == pytest.approx(chain, abs=1e-4)
+
 def test_acceptance_is_seeded_from_eval_json_and_learns_per_request(tmp_path):
     (tmp_path / "eval.json").write_text(json.dumps({"hit@1": BUNDLED[0], "hit@10": BUNDLED[1]}))
     m = AcceptanceModel.for_head_dir(tmp_path)

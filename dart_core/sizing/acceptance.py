@@ -12,7 +12,12 @@ and a tree's expected accepted length is the sum of its nodes' chances.
     model.value_curve(8, max_depth=4, width=3)[8]    # expected accepted drafts of the best 8-node tree
 
 Seeding: a head's held-out hit@1 and hit@10 per future position (its model card's ``eval.json``)
-give rank 0 and spread the rest of the top-10 mass over ranks 1..9. Online: every node whose parent
+give rank 0 and spread the rest of the top-10 mass over ranks 1..9. Those are a position's own hit rates, not
+conditional on the positions before it being right; hits come in runs, so the product of them along a path
+underrates deep trees (the bundled DART head: 1.18 expected top-1 levels in a row against the 1.35 measured),
+and a chooser that never drafts deep never learns otherwise. With the held-out mean top-1 chain, the rates past
+depth 1 are raised toward the nested extreme (rate = hit@1[d] / hit@1[d-1], as if every hit at d followed hits
+before it) just enough for the product to give that chain (``chain_conditional``). Online: every node whose parent
 was accepted is one trial of its (depth, rank) cell; the request's rates move by an exponential
 moving average (so a code answer and a chat answer each get their own), and the long-run rates move
 more slowly and seed the next request. Cells the request has not tried yet follow its level: the
@@ -36,6 +41,39 @@ GENERIC_RANK0 = 0.55
 GENERIC_DEPTH_DECAY = 0.9
 #: Expected hits of prior weight on a request's level (``AcceptanceModel.request_level``).
 REQUEST_PRIOR = 2.0
+
+
+#: Seed a head's rates conditioned on its held-out top-1 chain (``chain_conditional``).
+CONDITION_ON_CHAIN = True
+
+
+def chain_conditional(hit1: Sequence[float], chain: float, tol: float = 1e-6) -> list[float]:
+    """Per-depth rank-0 rates, conditional on the path above being accepted, from a position's own hit@1 and the
+    mean top-1 chain (levels matched in a row). Depth 1 is hit@1[0]; deeper ones ``h[d]^(1-t) * (h[d]/h[d-1])^t``
+    for the one t in [0, 1] whose chain sum ``sum_d prod_{e<=d} rate[e]`` equals ``chain``: t = 0 treats the
+    positions as independent (the least chain), t = 1 as nested (a hit at d always after hits before it, the
+    most). A chain outside that range takes the nearer end."""
+    h = [min(max(float(x), 1e-9), 1.0) for x in hit1]
+
+    def rates(t: float) -> list[float]:
+        return [h[0]] + [min(1.0, h[d] ** (1 - t) * (h[d] / h[d - 1]) ** t) for d in range(1, len(h))]
+
+    def total(t: float) -> float:
+        out, p = 0.0, 1.0
+        for r in rates(t):
+            p *= r
+            out += p
+        return out
+
+    lo, hi = 0.0, 1.0
+    if chain <= total(lo):
+        return rates(lo)
+    if chain >= total(hi):
+        return rates(hi)
+    while hi - lo > tol:      # the chain sum grows with t (every rate does, a hit rate falling with depth)
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if total(mid) < chain else (lo, mid)
+    return rates(0.5 * (lo + hi))
 
 
 def _sibling_ranks(parents: np.ndarray, scores: np.ndarray | None) -> np.ndarray:
@@ -76,21 +114,27 @@ class AcceptanceModel:
     # ------------------------------------------------------------------ seeding
     @classmethod
     def from_hit_rates(cls, hit1: Sequence[float], hit10: Sequence[float] | None = None,
-                       source: str = "held-out hit rates") -> "AcceptanceModel":
+                       source: str = "held-out hit rates", chain: float | None = None) -> "AcceptanceModel":
         """Seed from held-out hit@1 (and hit@10) per future position t+1, t+2, ... Position d's hit@1 is the
-        rank-0 rate at depth d; hit@10 - hit@1 is spread over ranks 1..9, halving each rank. Depths past the
-        figures repeat the last one."""
+        rank-0 rate at depth d; hit@10 - hit@1 is spread over ranks 1..9, halving each rank. With ``chain`` (the
+        held-out mean top-1 chain), each depth's rates are scaled to :func:`chain_conditional`'s rank-0 rate.
+        Depths past the figures repeat the last one."""
         h1 = [float(x) for x in hit1] or [GENERIC_RANK0]
         h10 = [float(x) for x in hit10] if hit10 else [min(1.0, 1.6 * x) for x in h1]
+        c1 = chain_conditional(h1, chain) if chain is not None else h1
         rates = np.zeros((MAX_DEPTH, MAX_RANK))
         w = 0.5 ** np.arange(1, 10)
         w /= w.sum()
         for d in range(MAX_DEPTH):
             a1 = h1[min(d, len(h1) - 1)]
             a10 = max(h10[min(d, len(h10) - 1)], a1)
-            rates[d, 0] = a1
-            rates[d, 1:10] = (a10 - a1) * w
-        return cls(rates, source=source)
+            c = c1[min(d, len(c1) - 1)]
+            rates[d, 0] = c
+            # the siblings' share scales with rank 0's, their total within 1 (one child at most is the target's)
+            scale = min(c / a1, (1.0 - c) / (a10 - a1)) if a1 > 0 and a10 > a1 else 1.0
+            rates[d, 1:10] = (a10 - a1) * scale * w
+        src = f"{source}, conditioned on the top-1 chain {chain:.3f}" if chain is not None else source
+        return cls(rates, source=src)
 
     @classmethod
     def generic(cls) -> "AcceptanceModel":
@@ -105,7 +149,9 @@ class AcceptanceModel:
             path = Path(head_dir) / "eval.json"
             try:
                 ev = json.loads(path.read_text())
-                return cls.from_hit_rates(ev["hit@1"], ev.get("hit@10"), source=f"held-out hit rates ({path})")
+                chain = ev.get("mean_top1_chain") if CONDITION_ON_CHAIN else None
+                return cls.from_hit_rates(ev["hit@1"], ev.get("hit@10"), source=f"held-out hit rates ({path})",
+                                          chain=None if chain is None else float(chain))
             except (OSError, ValueError, KeyError, TypeError):
                 pass
         return cls.generic()
