@@ -175,7 +175,7 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "DART context weight: the request's own text as a source of candidates and its share of the N-gram "
          "probability (0 = the paper's DART: the corpus table only)",
          engine="dart", config_field="context_weight", slider_label="DART context weight (0 = the paper's)"),
-    # EAGLE-3 dynamic tree (dart_core.drafters.eagle3.Eagle3TreeConfig: total_token, depth, top_k)
+    # EAGLE-3 dynamic tree (dart_core.drafters.eagle3.Eagle3TreeConfig: total_token, depth, top_k, context_weight)
     Knob("eagle3_total_token", Limit("EAGLE-3 total tokens", 1, 1024, True, slider_high=256), 1,
          "EAGLE-3 total tokens: nodes verified per step, root included (1 = no draft)",
          engine="eagle3", config_field="total_token", sizes_tree=True),
@@ -187,6 +187,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("eagle3_top_k", Limit("EAGLE-3 top-k", 1, 256, True, slider_high=32), 1,
          "EAGLE-3 top-k: children scored per expanded node, and the frontier width", engine="eagle3",
          config_field="top_k", sizes_tree=True),
+    Knob("eagle3_context_weight", Limit("EAGLE-3 context weight", 0.0, 1.0, False), 0.05,
+         "EAGLE-3 context weight: the request's own text as a source of candidates in EAGLE-3's tree, by DART's "
+         "rule (0 = the published tree: the head alone)",
+         engine="eagle3", config_field="context_weight", slider_label="EAGLE-3 context weight (0 = the published tree)"),
 )}
 
 #: Each knob's range (keys: RunSettings' fields), for the entries that only check values.

@@ -38,7 +38,7 @@ RECORDED = DATA / "recorded_run.json"
 PROMPT = "Write a Python function."
 # page values in SETTING_NAMES order: max_new, temperature, top_p, top_k, budget, beam, level_k, ngram_w,
 # eagle3 total_token, depth, top_k (small trees keep the tiny tests fast)
-VALUES = (12, 0.0, 1.0, 0, 16, 6, 6, 0.5, 0.0, 16, 3, 4)
+VALUES = (12, 0.0, 1.0, 0, 16, 6, 6, 0.5, 0.0, 16, 3, 4, 0.0)
 
 
 
@@ -599,7 +599,8 @@ def test_tree_presets_set_the_controls_and_report_each_measured_speed(vis, monke
 
 def test_the_page_names_the_dart_method_that_ran(vis):
     """Context weight 0 runs the paper's DART, above 0 DART + context (issue 38): the metrics line, the step
-    titles and an exported record all name which; EAGLE-3 without context keeps its plain name."""
+    titles and an exported record all name which; EAGLE-3 without context keeps its plain name, and its own
+    context slider makes it EAGLE-3 + context."""
     i = SETTING_NAMES.index("context_weight")
     for w, label in ((0.0, "DART (paper)"), (0.5, "DART + context")):
         vals = list(VALUES)
@@ -610,6 +611,12 @@ def test_the_page_names_the_dart_method_that_ran(vis):
         assert rec.runs["dart"].label == label and rec.runs["eagle3"].label == "EAGLE-3"
         assert final[vis.tree_plot["dart"]].layout.title.text.startswith(f"{label} step")
         assert RunRecord.from_export(json.loads(json.dumps(rec.to_export()))).runs["dart"].label == label
+        if w:   # EAGLE-3's own slider: the same context candidates in its tree, and the page names that too
+            vals[SETTING_NAMES.index("eagle3_context_weight")] = w
+            both = list(vis.run(None, PROMPT, *vals, "fixed"))[-1]
+            assert both[vis.metrics["eagle3"]].startswith("**EAGLE-3 + context**:"), both[vis.metrics["eagle3"]]
+            assert both[vis.tab].record.runs["eagle3"].label == "EAGLE-3 + context"
+            assert both[vis.tree_plot["eagle3"]].layout.title.text.startswith("EAGLE-3 + context step")
         # DART's parallel logits: the levels of the selected step's one head forward, before pruning
         st = next(t for t in rec.runs["dart"].traces if t.head_rows is not None)
         fig = vis.select_token(final[vis.tab], st.position)[vis.logits_plot]

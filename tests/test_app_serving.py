@@ -38,7 +38,7 @@ RECORDED = ROOT / "tests" / "data" / "recorded_run.json"
 PROMPT = "Write a Python function."
 OTHER = "Name three colours."
 # page values in SETTING_NAMES order (small trees keep the tiny model fast)
-VALUES = (12, 0.0, 1.0, 0, 16, 6, 6, 0.5, 0.0, 16, 3, 4)
+VALUES = (12, 0.0, 1.0, 0, 16, 6, 6, 0.5, 0.0, 16, 3, 4, 0.0)
 OTHER_VALUES = (10, 0.0, 1.0, 0, 8, 4, 4, 0.5, 0.0, 8, 2, 3)
 FIXED = VALUES + ("fixed",)   # the same settings with fixed trees (tree sizes that do not follow timings)
 

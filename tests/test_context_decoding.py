@@ -75,7 +75,7 @@ def test_greedy_output_identical_to_vanilla_with_context(tiny, model):
 
 
 def test_the_head_sits_out_while_the_answer_copies(tiny):
-    """With the committed text's last HEAD_SKIP_MATCH (3) tokens seen before, the context drafts alone and the head's features
+    """With the committed text's last COPY_MATCH (3) tokens seen before, the context drafts alone and the head's features
     wait; at the next step without such a match the head catches up on every waiting position."""
     t = tiny["llama"]
     d = drafters(t)["dart_context"]
@@ -200,3 +200,96 @@ def test_automatic_trees_keep_a_choice_per_regime(tiny):
     engine = SpeculativeEngine(t, AutoTree(drafters(t)["dart_context"], costs, AcceptanceModel.for_head_dir(None)))
     for p in PROMPTS:
         assert engine.generate(p * 3, cfg).tokens == SpeculativeEngine(t).generate(p * 3, cfg).tokens
+
+
+def test_eagle3_context_keeps_a_choice_per_regime(tiny):
+    """EAGLE-3 + context's steps are "copy" or "head" by the same rule as DART + context's (its head drafts in both):
+    the published tree has one regime, and under automatic trees each regime has its own acceptance model and
+    choice; answers equal vanilla's."""
+    from dart_core.sizing.auto import AutoTree
+    from dart_core.sizing.acceptance import AcceptanceModel
+    from dart_core.sizing.costs import CostModel, VerifyCurve
+
+    t = tiny["llama"]
+    d = drafters(t)["eagle3_context"]
+    prompt = [1, 2, 3, 4, 5, 6, 7, 9, 2, 3, 4]
+    d.live.begin(prompt)                              # what begin() does for the context (the head needs features)
+    assert d.regime(prompt + [5]) == "copy" and d.regime(prompt + [5, 8]) == "head"
+    published = Eagle3Drafter(new_eagle3_head_for_target(t, seed=2), Eagle3TreeConfig(total_token=12, depth=2, top_k=3))
+    published.live.begin(prompt)
+    assert published.regime(prompt + [5]) == "head"
+    costs = CostModel(VerifyCurve([1, 64], [0.001, 0.002]), 0.0)
+    cfg = GenerationConfig(max_new_tokens=30, max_length=160)
+    auto = AutoTree(drafters(t)["eagle3_context"], costs, AcceptanceModel.for_head_dir(None))
+    engine = SpeculativeEngine(t, auto)
+    for p in PROMPTS:
+        assert engine.generate(p * 3, cfg).tokens == SpeculativeEngine(t).generate(p * 3, cfg).tokens
+    assert sum(auto.regime_steps.values()) > 0        # the chooser asked the drafter its regime at every step
+
+
+def _graft_exhaustive(drafter, context, tok, par, lp, depth, total_token):
+    """Reference for Eagle3Drafter._graft_context: every expanded node's context children, and theirs, to the
+    tree's depth (what the drafter did before it bounded the expansion); scores only."""
+    from dart_core.ngram.live import mix_weight
+    tc, index = drafter._tree_config, drafter.live.index
+    max_depth = total_token - 1
+    tok, par, depth, lp = list(map(int, tok)), list(map(int, par)), list(map(int, depth)), list(map(float, lp))
+    kids = {}
+    for c, p in enumerate(par):
+        kids.setdefault(p, []).append(c)
+    score = [0.0] * len(tok)
+    tail = [int(t) for t in context[-index.max_order:]]
+    todo = [-1] + [p for p in sorted(kids) if p >= 0]
+    for p in todo:                                    # grows as the context's own children are added
+        path, c = [], p
+        while c >= 0:
+            path.append(tok[c])
+            c = par[c]
+        ctx = np.asarray((tail + path[::-1])[-index.max_order:], dtype=np.int64)
+        base = 0.0 if p < 0 else score[p]
+        matched, _, conts, _ = index.continuations(ctx, tc.context_top_k)
+        lam = mix_weight(int(matched), tc.context_weight)
+        if lam == 0.0:
+            for c in kids.get(p, []):
+                score[c] = base + lp[c]
+            continue
+        d = (0 if p < 0 else depth[p]) + 1
+        have = {tok[c] for c in kids.get(p, [])}
+        for t in ([int(t) for t in conts.tolist() if int(t) not in have] if d <= max_depth else []):
+            kids.setdefault(p, []).append(len(tok))
+            tok.append(t); par.append(p); depth.append(d); lp.append(-np.inf); score.append(0.0)
+            todo.append(len(tok) - 1)
+        children = kids.get(p, [])
+        p_ctx, _ = index.query(ctx, np.asarray([tok[c] for c in children], dtype=np.int64))
+        for c, pc in zip(children, p_ctx.tolist()):
+            head_p = float(np.exp(lp[c])) if lp[c] > -np.inf else 0.0
+            score[c] = base + min(0.0, float(np.log((1.0 - lam) * head_p + lam * pc + 1e-30)))
+    return np.asarray(score)
+
+
+@pytest.mark.parametrize("total_token", [1, 2, 5, 9, 60])
+def test_eagle3_context_graft_is_bounded_and_keeps_the_best_candidates(tiny, total_token):
+    """On text where every suffix the index keeps was followed by each of three tokens, the context's own children
+    are expanded only while they could be kept: the pool stays within the head's candidates plus top_k per kept
+    node, where expanding all of them to the tree's depth grows as 3 ** depth (2,625 candidates at 9 nodes, 11
+    million at 17); and the kept candidates' scores are the best total_token - 1 of that exhaustive expansion."""
+    t = tiny["llama"]
+    rng = np.random.default_rng(0)
+    context = [int(x) for x in rng.integers(10, 13, size=6000)]    # 3 tokens in random order: every suffix branches
+    d = Eagle3Drafter(new_eagle3_head_for_target(t, seed=2),
+                      Eagle3TreeConfig(total_token=max(total_token, 2), depth=2, top_k=2, context_weight=1.0,
+                                       context_top_k=4), name="eagle3_context")
+    d.live.begin(context)
+    d.live.sync(context)
+    # the head's candidates: two at depth 1, two under the first (log-probs of a plausible head)
+    tok, par = np.array([10, 11, 12, 13]), np.array([-1, -1, 0, 0])
+    lp, depth = np.log(np.array([0.5, 0.2, 0.4, 0.3])), np.array([1, 1, 2, 2])
+    got = d._graft_context(context, tok, par, lp, depth, total_token)
+    keep = total_token - 1
+    assert len(got[0]) <= len(tok) + 4 * (keep + 3)
+    if total_token > 9:
+        return                                       # the reference would not finish
+    ref = _graft_exhaustive(d, context, tok, par, lp, depth, total_token)
+    assert sorted(got[3].tolist(), reverse=True)[:keep] == pytest.approx(sorted(ref.tolist(), reverse=True)[:keep])
+    tree, _ = d._keep(context + [int(context[-1])], got, total_token)
+    assert len(tree) == min(total_token, len(got[0]) + 1)

@@ -46,7 +46,7 @@ DART_KEYS = {"fc.weight", "midlayer.mask_rep", "norm.weight", "lm_head.weight", 
              *(f"midlayer.mlp.{p}_proj.weight" for p in ("gate", "up", "down")),
              *(f"midlayer.{n}.weight" for n in ("hidden_norm", "input_layernorm", "post_attention_layernorm"))}
 PROMPTS = ["Write a Python function that returns the sum", "The quick brown fox", "What is 12 times 7?"]
-VALUES = (12, 0.0, 1.0, 0, 16, 6, 6, 0.5, 0.0, 16, 3, 4)  # page values in SETTING_NAMES order (small trees)
+VALUES = (12, 0.0, 1.0, 0, 16, 6, 6, 0.5, 0.0, 16, 3, 4, 0.0)  # page values in SETTING_NAMES order (small trees)
 
 
 # ---------------------------------------------------------------------------------------------- the published layouts

@@ -18,6 +18,7 @@ from dart_core.page.visualiser import Visualiser  # noqa: E402
 from dart_core.api import DartModel, dart_generate  # noqa: E402
 from dart_core.page.engines import EngineFactory  # noqa: E402
 from dart_core.ui.session import RunSettings  # noqa: E402
+from dart_core.presets import KNOBS  # noqa: E402
 from dart_core.config import ConfigError, GenerationConfig  # noqa: E402
 from dart_core.engine.decoding import SpeculativeEngine  # noqa: E402
 from dart_core.drafters import PromptLookupDrafter  # noqa: E402
@@ -33,8 +34,7 @@ from dart_core.models.templates import encode_chat, get_template  # noqa: E402
 from tiny_models import make_tiny_model_dir  # noqa: E402
 
 PROMPT = "Write a Python function."
-TREE_KNOBS = ("budget", "beam_width", "level_top_k", "ngram_weight", "context_weight", "eagle3_total_token", "eagle3_depth",
-              "eagle3_top_k")
+TREE_KNOBS = tuple(name for name, knob in KNOBS.items() if knob.engine)   # every tree knob of both engines
 
 
 @pytest.fixture(scope="module")

@@ -113,7 +113,7 @@ def test_the_benchmarks_tree_flags_are_made_from_the_knobs():
     by_flag = {a.option_strings[0]: a for a in parser._actions if a.option_strings}
     base = {"dart": PruningConfig(), "eagle3": Eagle3TreeConfig()}
     tree_knobs = [k for k in KNOBS.values() if k.engine is not None]
-    assert len(tree_knobs) == 8
+    assert len(tree_knobs) == 9
     for knob in tree_knobs:
         action = by_flag[knob.flag]
         assert action.dest == knob.name and action.default is None, knob.name

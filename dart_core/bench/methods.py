@@ -69,14 +69,15 @@ def _add_eagle3_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _eagle3_tree(target, args, context: bool = False):
-    """The published tree, then the EAGLE-3 flags set; ``eagle3_context`` takes DART + context's weight
-    (``--context-weight``, else CONTEXT_WEIGHT), so the two heads read the live context alike."""
+    """The published tree, then the EAGLE-3 flags set; ``eagle3_context`` takes ``--eagle3-context-weight``, else
+    DART + context's weight (``--context-weight``, else CONTEXT_WEIGHT), so the two heads read the live context
+    alike."""
     from dataclasses import replace
 
     from ..drafters.eagle3 import Eagle3TreeConfig
     from ..drafters.pruning import CONTEXT_WEIGHT
     tree = _flags_over(Eagle3TreeConfig(), args, EAGLE3_FIELDS, "EAGLE-3 tree")
-    if context:
+    if context and getattr(args, "eagle3_context_weight", None) is None:
         w = getattr(args, "context_weight", None)
         tree = replace(tree, context_weight=CONTEXT_WEIGHT if w is None else float(w))
     return tree

@@ -33,17 +33,12 @@ import torch
 
 from ..models.heads.dart import DartHead
 from ..models.heads.native_step import prepare_head
-from ..ngram.live import LiveContext
+from ..ngram.live import COPY_MATCH, LiveContext
 from .pruning import PruningConfig, TreeBuilder
 from ..engine.tree import DraftTree
 from ..engine.protocol import FeatureDrafter, Proposal, TreeHolder
 
 
-#: With the live context on, a committed suffix of this many tokens seen before in the request means the answer is
-#: copying: the context drafts alone and the head forward is skipped (docs/ARCHITECTURE.md section 5a). Chosen by
-#: the offline replay (python -m dart_core.bench.regret's records, one cost model): at 3 the chooser's steps cost
-#: 1.1% less than at 4, 1.5% less than at 6 and 4.5% less than never skipping, over 5 prompts of each of six kinds.
-HEAD_SKIP_MATCH = 3
 
 
 class DartDrafter(TreeHolder, FeatureDrafter):
@@ -127,7 +122,7 @@ class DartDrafter(TreeHolder, FeatureDrafter):
         k = min(int(self._tree_config.level_top_k), self.head.config.draft_vocab_size)
         rows = self.head.config.draft_length + 1
         t0 = time.perf_counter()
-        if live is not None and self.live.match(context) >= HEAD_SKIP_MATCH:
+        if live is not None and self.live.match(context) >= COPY_MATCH:
             # The answer is copying: the context alone drafts this tree and the head sits the step out (its
             # features wait, as after a plain step).
             self.skip(context)
@@ -161,10 +156,7 @@ class DartDrafter(TreeHolder, FeatureDrafter):
     def regime(self, context: Sequence[int]) -> str:
         """"copy" when this step's tree would come from the live context alone (the answer is copying), else
         "head": the tree sizer (sizing.AutoTree) keeps an acceptance model and a choice for each."""
-        if self._tree_config.context_weight <= 0:
-            return "head"
-        self.live.sync(context)
-        return "copy" if self.live.match(context) >= HEAD_SKIP_MATCH else "head"
+        return self.live.regime(context) if self._tree_config.context_weight > 0 else "head"
 
     def _torch_step(self, pending: torch.Tensor, next_ids: Sequence[int], levels: int, k: int):
         """The head forward in torch (the reference; GPUs), then each level's top-k as target ids (numpy)."""

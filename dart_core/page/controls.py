@@ -59,6 +59,7 @@ class Controls:
     eagle3_total_token: gr.Slider
     eagle3_depth: gr.Slider
     eagle3_top_k: gr.Slider
+    eagle3_context_weight: gr.Slider
     tree: gr.Radio
 
     def inputs(self) -> list[gr.components.Component]:

@@ -104,9 +104,9 @@ class Layout:
                     e_total = knob_slider("eagle3_total_token", base_e, interactive=not auto)
                     e_depth = knob_slider("eagle3_depth", base_e, interactive=not auto)
                     e_topk = knob_slider("eagle3_top_k", base_e, interactive=not auto)
+                    e_context_w = knob_slider("eagle3_context_weight", base_e)
             self.controls = Controls(self.prompt, max_new, temperature, top_p, top_k, budget, beam, level_k, ngram_w,
-                                     context_w,
-                                     e_total, e_depth, e_topk, tree_mode)
+                                     context_w, e_total, e_depth, e_topk, e_context_w, tree_mode)
             self.status = gr.Markdown("Pick an example or type a prompt, then **Run** (or **Step once**).",
                                       elem_id="status")
             gr.Markdown(LEGEND)

@@ -64,6 +64,7 @@ class RunSettings:
     eagle3_total_token: int | None = None
     eagle3_depth: int | None = None
     eagle3_top_k: int | None = None
+    eagle3_context_weight: float | None = None
     tree: str = "auto"
 
     # (field, limit): the fields are the knobs of dart_core.presets (one name from slider to flag), whose ranges
@@ -121,8 +122,12 @@ class RunSettings:
         """The tree fields this request sets for a drafter of ``kind`` ("dart" / "eagle3"): {config field: value},
         the knobs left unset (None) out. A drafter takes them through ``set_tree`` (the drafter protocol)."""
         fields = {"dart": PRUNING_FIELDS, "eagle3": EAGLE3_FIELDS}[kind]
-        cast = int if kind == "eagle3" else (lambda v: v)      # EAGLE-3's fields are all counts
-        return {theirs: cast(getattr(self, ours)) for theirs, ours in fields.items() if getattr(self, ours) is not None}
+        out = {}
+        for theirs, ours in fields.items():
+            v = getattr(self, ours)
+            if v is not None:        # a count as an int (a slider sends floats), a weight as it is
+                out[theirs] = int(v) if KNOBS[ours].limit.integer else v
+        return out
 
     def tree_for(self, kind: str, base: Any) -> Any:
         """``base`` (a PruningConfig or an Eagle3TreeConfig) with this request's tree fields; a bad value is a
