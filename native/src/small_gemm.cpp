@@ -627,18 +627,26 @@ DART_AVX512BF16 void block_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_
   }
 }
 
-// All M packed activation rows against weight rows [n0, n1): M <= 2 streams 8 weight rows at a time, M >= 3 runs
-// 4 weight rows against groups of 6 activation rows (the block stays in L1 while the groups pass).
+// All M packed activation rows against weight rows [n0, n1): M = 1 streams the weight rows one by one, M = 2 8 at a
+// time, M >= 3 runs 4 weight rows against groups of 6 activation rows (the block stays in L1 while the groups pass).
 DART_AVX512BF16 void rows_avx512bf16(const uint16_t* xb, int64_t ldb, const uint16_t* w, float* y, int64_t M,
                                      int64_t N, int64_t K, int64_t n0, int64_t n1, bool gemv_prefetch) {
   int64_t n = n0;
-  if (M <= 2) {
+  if (M == 1) {
+    // One row at a time, front to back: the weights stream as one sequential run per thread, and each row's
+    // prefetch goes out two rows ahead. Measured on a 2-vCPU Zen 4 EPYC (one row through the bundled model's decoder
+    // matrices, 2 threads, 3 rounds of 25 sweeps, each arm in its own process): 6.8-7.1 ms against 8.1-8.4 ms for
+    // blocks of 8 rows with the next block prefetched (the same FMAs per output in the same order: the same bits).
+    const int64_t row_lines = (K * 2 + 63) / 64;
+    for (; n < n1; ++n) {
+      const char* next = gemv_prefetch && n + 2 < n1 ? reinterpret_cast<const char*>(w + (n + 2) * K) : nullptr;
+      block_bf16dp<1, 1>(xb, ldb, w, y, N, K, n, 0, next, next ? row_lines : 0);
+    }
+  } else if (M == 2) {
     const int64_t block_lines = (8 * K * 2 + 63) / 64;
     for (; n + 8 <= n1; n += 8) {
-      const char* next = (M > 1 || gemv_prefetch) && n + 16 <= n1 ? reinterpret_cast<const char*>(w + (n + 8) * K)
-                                                                     : nullptr;
-      if (M == 1) block_bf16dp<8, 1>(xb, ldb, w, y, N, K, n, 0, next, next ? block_lines : 0);
-      else block_bf16dp<8, 2>(xb, ldb, w, y, N, K, n, 0, next, next ? block_lines : 0);
+      const char* next = n + 16 <= n1 ? reinterpret_cast<const char*>(w + (n + 8) * K) : nullptr;
+      block_bf16dp<8, 2>(xb, ldb, w, y, N, K, n, 0, next, next ? block_lines : 0);
     }
   } else {
     const int64_t block_lines = (4 * K * 2 + 63) / 64;
