@@ -39,8 +39,6 @@ from ..engine.tree import DraftTree
 from ..engine.protocol import FeatureDrafter, Proposal, TreeHolder
 
 
-
-
 class DartDrafter(TreeHolder, FeatureDrafter):
     name = "dart"
     tree_kind = "dart"      # its tree settings: PruningConfig's fields (tree_settings / set_tree)
