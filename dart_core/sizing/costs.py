@@ -171,6 +171,7 @@ def _nonneg_lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def _machine_key(target) -> dict:
+    from ..models.kernel_path import CACHE_VERSION as KERNELS_VERSION
     dev = target.device
     if dev.type == "cuda":
         machine = torch.cuda.get_device_name(dev)
@@ -185,7 +186,8 @@ def _machine_key(target) -> dict:
             "threads": torch.get_num_threads(),
             # the CPU kernels' path (DART_GEMM_PATH) changes what a verify costs
             "gemm_path": gemm_paths()["gemm_path"] if dev.type == "cpu" else None,
-            "code": f"{__version__}/{COST_MODEL_VERSION}"}
+            # a kernel that changed speed (models/kernel_path.py bumps its version) makes a cached curve stale
+            "code": f"{__version__}/{COST_MODEL_VERSION}/kernels {KERNELS_VERSION}"}
 
 
 def cost_cache_dir() -> Path:
