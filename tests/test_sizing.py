@@ -410,6 +410,18 @@ POISONED = {   # issue 27: each was trusted as read
 }
 
 
+def test_a_kernel_that_changed_speed_makes_the_cached_curve_stale(tmp_path, fake_measure, monkeypatch):
+    """The cost cache is keyed by the kernels' version (models/kernel_path.py bumps it when a kernel's speed
+    changes): a curve measured with the old kernels is not used, the model is measured again."""
+    from dart_core.models import kernel_path
+    target = _target_key_only()
+    CostModel.load_or_measure(target, cache_dir=tmp_path)
+    assert CostModel.load_or_measure(target, cache_dir=tmp_path).source.startswith("cached")
+    monkeypatch.setattr(kernel_path, "CACHE_VERSION", kernel_path.CACHE_VERSION + 1)
+    assert CostModel.load_or_measure(target, cache_dir=tmp_path).source.startswith("measured")
+    assert len(fake_measure) == 2
+
+
 @pytest.mark.parametrize("poison", POISONED)
 def test_a_damaged_cost_cache_is_refused_measured_again_and_replaced(tmp_path, fake_measure, caplog, poison):
     target = _target_key_only()
