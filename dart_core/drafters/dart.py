@@ -33,7 +33,7 @@ import torch
 
 from ..models.heads.dart import DartHead
 from ..models.heads.native_step import prepare_head
-from ..ngram.live import COPY_MATCH, LiveContext
+from ..ngram.live import LiveContext
 from .pruning import PruningConfig, TreeBuilder
 from ..engine.tree import DraftTree
 from ..engine.protocol import FeatureDrafter, Proposal, TreeHolder
@@ -120,7 +120,7 @@ class DartDrafter(TreeHolder, FeatureDrafter):
         k = min(int(self._tree_config.level_top_k), self.head.config.draft_vocab_size)
         rows = self.head.config.draft_length + 1
         t0 = time.perf_counter()
-        if live is not None and self.live.match(context) >= COPY_MATCH:
+        if live is not None and self.live.copying(context):
             # The answer is copying: the context alone drafts this tree and the head sits the step out (its
             # features wait, as after a plain step).
             self.skip(context)
@@ -154,7 +154,7 @@ class DartDrafter(TreeHolder, FeatureDrafter):
     def regime(self, context: Sequence[int]) -> str:
         """"copy" when this step's tree would come from the live context alone (the answer is copying), else
         "head": the tree sizer (sizing.AutoTree) keeps an acceptance model and a choice for each."""
-        return self.live.regime(context) if self._tree_config.context_weight > 0 else "head"
+        return "copy" if self._tree_config.context_weight > 0 and self.live.copying(context) else "head"
 
     def _torch_step(self, pending: torch.Tensor, next_ids: Sequence[int], levels: int, k: int):
         """The head forward in torch (the reference; GPUs), then each level's top-k as target ids (numpy)."""

@@ -27,7 +27,6 @@ synchronised, so the split is exact.
 from __future__ import annotations
 
 import heapq
-
 import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -342,11 +341,11 @@ class Eagle3Drafter(TreeHolder, FeatureDrafter):
                 lp_arr, 0.0), score_arr, np.asarray(depth, dtype=np.int64), added, np.asarray(src, dtype=np.int64))
 
     def regime(self, context: Sequence[int]) -> str:
-        """"copy" while the answer copies from the request (``LiveContext.regime``), else "head", as DART + context's:
+        """"copy" while the answer copies from the request (``LiveContext.copying``), else "head", as DART + context's:
         the tree sizer (sizing.AutoTree) keeps an acceptance model and a choice for each, since the context's long
         chains are accepted far more often there (offline, over 10 context_dev prompts a kind: the chooser's regret
         against the best fixed tree went from +3.8% with one choice to -0.9%). The head drafts in both."""
-        return self.live.regime(context) if self._tree_config.context_weight > 0 else "head"
+        return "copy" if self._tree_config.context_weight > 0 and self.live.copying(context) else "head"
 
     @staticmethod
     def _parent_rows(g, rows: np.ndarray):

@@ -71,11 +71,11 @@ class LiveContext:
         n = min(len(context), int(self.index.max_order))
         return int(self.index.continuations(np.asarray(context[len(context) - n:], dtype=np.int64), 0)[0])
 
-    def regime(self, context: Sequence[int]) -> str:
-        """"copy" when the committed text's last COPY_MATCH tokens occurred before in the request (the answer is
-        copying), else "head" (``context`` = prompt + committed answer; indexed first)."""
+    def copying(self, context: Sequence[int]) -> bool:
+        """Whether the committed text's last COPY_MATCH tokens occurred before in the request (the answer is
+        copying; ``context`` = prompt + committed answer, indexed first)."""
         self.sync(context)
-        return "copy" if self.match(context) >= COPY_MATCH else "head"
+        return self.match(context) >= COPY_MATCH
 
     def __len__(self) -> int:
         return len(self.index)

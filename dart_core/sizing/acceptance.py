@@ -43,10 +43,6 @@ GENERIC_DEPTH_DECAY = 0.9
 REQUEST_PRIOR = 2.0
 
 
-#: Seed a head's rates conditioned on its held-out top-1 chain (``chain_conditional``).
-CONDITION_ON_CHAIN = True
-
-
 def chain_conditional(hit1: Sequence[float], chain: float, tol: float = 1e-6) -> list[float]:
     """Per-depth rank-0 rates, conditional on the path above being accepted, from a position's own hit@1 and the
     mean top-1 chain (levels matched in a row). Depth 1 is hit@1[0]; deeper ones ``h[d]^(1-t) * (h[d]/h[d-1])^t``
@@ -149,7 +145,7 @@ class AcceptanceModel:
             path = Path(head_dir) / "eval.json"
             try:
                 ev = json.loads(path.read_text())
-                chain = ev.get("mean_top1_chain") if CONDITION_ON_CHAIN else None
+                chain = ev.get("mean_top1_chain")
                 return cls.from_hit_rates(ev["hit@1"], ev.get("hit@10"), source=f"held-out hit rates ({path})",
                                           chain=None if chain is None else float(chain))
             except (OSError, ValueError, KeyError, TypeError):
