@@ -8,7 +8,8 @@
 //  * AVX2: 4 weight rows x 3 activation rows, 8 lanes (8 x 1 for one row).
 //  * portable: plain loops in the AVX2 kernel's summation order.
 //  * AVX512-BF16 (bf16 weights): the activations rounded to bf16 once per call, VDPBF16PS against the weights as
-//    loaded (no widening), 8 weight rows for M <= 2, 4 x 6 blocks above; float32 weights run the AVX-512 kernel.
+//    loaded (no widening), weight rows one after the other for M <= 7, 4 x 6 blocks above; float32 weights run the
+//    AVX-512 kernel.
 //  * AMX (bf16 weights): the activations rounded as on AVX512-BF16 and laid out as tiles, TDPBF16PS against tiles of
 //    16 weight rows loaded where they lie; up to 16 activation rows cost one tile product, so a tree's rows come
 //    almost free. float32 weights run the AVX-512 kernel.
@@ -627,26 +628,67 @@ DART_AVX512BF16 void block_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_
   }
 }
 
-// All M packed activation rows against weight rows [n0, n1): M = 1 streams the weight rows one by one, M = 2 8 at a
-// time, M >= 3 runs 4 weight rows against groups of 6 activation rows (the block stays in L1 while the groups pass).
+// Four weight rows one after the other (each row's k loop ends before the next begins: one sequential run of
+// weights), C activation rows against each, the four rows' sums reduced together (hsum16x4: the bits of hsum16).
+// prefetch: row n + r + 2 while row n + r runs, where it lies before n1. 4 * C + 2 <= 32 registers.
+template <int C>
+DART_AVX512BF16 void rows4_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_t* w, float* y, int64_t N, int64_t K,
+                                  int64_t n, int64_t n1, bool prefetch) {
+  __m512 acc[4][C];
+  const int64_t body = K - K % 32;
+  const int64_t row_lines = (K * 2 + 63) / 64;
+  const int64_t lines_per_step = (row_lines * 32 + body - 1) / std::max<int64_t>(body, 32);
+  const __mmask32 tail = static_cast<__mmask32>((1ull << (K - body)) - 1ull);
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r) {
+    const uint16_t* wr = w + (n + r) * K;
+    const char* next = prefetch && n + r + 2 < n1 ? reinterpret_cast<const char*>(w + (n + r + 2) * K) : nullptr;
+    int64_t line = 0;
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < body; k += 32) {
+      if (next)
+        for (int64_t p = 0; p < lines_per_step && line < row_lines; ++p, ++line) _mm_prefetch(next + line * 64, _MM_HINT_T0);
+      const __m512i wv = _mm512_loadu_si512(wr + k);
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c)
+        acc[r][c] = _mm512_dpbf16_ps(acc[r][c], as_bh(_mm512_loadu_si512(xb + c * ldb + k)), as_bh(wv));
+    }
+    if (body < K) {   // the K % 32 tail, as in block_bf16dp
+      const __m512i wv = _mm512_maskz_loadu_epi16(tail, wr + body);
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c)
+        acc[r][c] = _mm512_dpbf16_ps(acc[r][c], as_bh(_mm512_loadu_si512(xb + c * ldb + body)), as_bh(wv));
+    }
+  }
+#pragma GCC unroll 8
+  for (int c = 0; c < C; ++c) _mm_storeu_ps(y + c * N + n, hsum16x4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]));
+}
+
+// All M packed activation rows against weight rows [n0, n1): M <= 7 streams the weight rows one after the other, four
+// at a time (rows4_bf16dp), M >= 8 runs 4 weight rows side by side against groups of 6 activation rows (the block
+// stays in L1 while the groups pass).
 DART_AVX512BF16 void rows_avx512bf16(const uint16_t* xb, int64_t ldb, const uint16_t* w, float* y, int64_t M,
                                      int64_t N, int64_t K, int64_t n0, int64_t n1, bool gemv_prefetch) {
   int64_t n = n0;
-  if (M == 1) {
-    // One row at a time, front to back: the weights stream as one sequential run per thread, and each row's
-    // prefetch goes out two rows ahead. Measured on a 2-vCPU Zen 4 EPYC (one row through the bundled model's decoder
-    // matrices, 2 threads, 3 rounds of 25 sweeps, each arm in its own process): 6.8-7.1 ms against 8.1-8.4 ms for
-    // blocks of 8 rows with the next block prefetched (the same FMAs per output in the same order: the same bits).
-    const int64_t row_lines = (K * 2 + 63) / 64;
-    for (; n < n1; ++n) {
-      const char* next = gemv_prefetch && n + 2 < n1 ? reinterpret_cast<const char*>(w + (n + 2) * K) : nullptr;
-      block_bf16dp<1, 1>(xb, ldb, w, y, N, K, n, 0, next, next ? row_lines : 0);
-    }
-  } else if (M == 2) {
-    const int64_t block_lines = (8 * K * 2 + 63) / 64;
-    for (; n + 8 <= n1; n += 8) {
-      const char* next = n + 16 <= n1 ? reinterpret_cast<const char*>(w + (n + 8) * K) : nullptr;
-      block_bf16dp<8, 2>(xb, ldb, w, y, N, K, n, 0, next, next ? block_lines : 0);
+  if (M <= 7) {
+    // A plain step or a small tree: one sequential run of weights per thread. Measured on a 2-vCPU Zen 4 EPYC, 2
+    // threads: at M = 1 rows one by one with row n + 2 prefetched took 6.8-7.1 ms against 8.1-8.4 ms for blocks of 8
+    // rows (the decoder's weights); at M = 2-7, with no software prefetch (the hardware's stream prefetcher keeps
+    // up here; the blocks need theirs, 1.1-1.3x slower without), a verify in place (tree_cost.py, prefix 300) costs
+    // 1.05 / 1.15 / 1.30 / 1.38 / 1.45x a plain step at 2 / 3 / 4 / 5 / 7 nodes against 1.27 / 1.24 / 1.33 / 1.49 /
+    // 1.57x with the blocks (8 x 2 at M = 2). From M = 8 the blocks win (rows of 2 x M: 1.16x at 8 and 9): each
+    // activation load here feeds one product, there four.
+    for (; n + 4 <= n1; n += 4) {
+      switch (M) {
+        case 1: rows4_bf16dp<1>(xb, ldb, w, y, N, K, n, n1, gemv_prefetch); break;
+        case 2: rows4_bf16dp<2>(xb, ldb, w, y, N, K, n, n1, false); break;
+        case 3: rows4_bf16dp<3>(xb, ldb, w, y, N, K, n, n1, false); break;
+        case 4: rows4_bf16dp<4>(xb, ldb, w, y, N, K, n, n1, false); break;
+        case 5: rows4_bf16dp<5>(xb, ldb, w, y, N, K, n, n1, false); break;
+        case 6: rows4_bf16dp<6>(xb, ldb, w, y, N, K, n, n1, false); break;
+        default: rows4_bf16dp<7>(xb, ldb, w, y, N, K, n, n1, false); break;
+      }
     }
   } else {
     const int64_t block_lines = (4 * K * 2 + 63) / 64;
