@@ -73,17 +73,6 @@ bool small_gemm_path_from_name(const std::string& name, GemmPath* out);
 void small_gemm_f32(const float* x, const float* w, float* y, int64_t M, int64_t N, int64_t K, int threads);
 void small_gemm_bf16(const float* x, const uint16_t* w, float* y, int64_t M, int64_t N, int64_t K, int threads);
 
-// Runs fn(ctx, i) for every i in [0, total) on up to `threads` threads, the caller included, on a persistent
-// pool (no OpenMP region per call). Items are claimed one at a time in increasing order, so a thread the OS has
-// not scheduled yet never holds the others up: the caller does whatever nobody else took and waits only for items
-// already started. fn must not depend on which thread runs an item. total < 65536. threads <= 1, total <= 1, or a
-// pool busy with another caller's call: everything runs on the calling thread, in order.
-void parallel_items(int threads, int64_t total, void (*fn)(void*, int64_t), void* ctx);
-template <typename F>
-void parallel_for_items(int threads, int64_t total, F&& f) {
-  parallel_items(threads, total, [](void* c, int64_t i) { (*static_cast<F*>(c))(i); }, &f);
-}
-
 // Benchmarks only (tree_cost.py --bandwidth --before): true runs the GEMM calls as before the thread pool (an OpenMP
 // region per call, equal contiguous ranges; one row with 256-bit blocks on every CPU). Same results either way.
 void small_gemm_set_legacy(bool on);
@@ -101,9 +90,5 @@ int64_t small_gemm_many_rows();
 // the model runs. Not meant to be changed while another thread is inside a call.
 void small_gemm_set_gemv_prefetch(GemmPath path, bool on);
 bool small_gemm_gemv_prefetch(GemmPath path);
-
-// Benchmarks (benchmarks/tree_cost.py --bandwidth). Reads `bytes` bytes at p once with `threads` threads, each a
-// contiguous range, 64 bytes per load; returns a checksum (so the reads are not optimised away).
-uint64_t stream_read(const void* p, int64_t bytes, int threads);
 
 }  // namespace dart

@@ -1,0 +1,208 @@
+// The small GEMM's AVX512-BF16 kernel (bf16 weights): the activations rounded to bf16 once per call, VDPBF16PS
+// against the weights as loaded (no widening), weight rows one after the other for M <= 7, 4 x 6 blocks above.
+// Only built for x86-64.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "gemm_kernels.hpp"
+#include "gemm_avx512_simd.hpp"
+
+namespace dart {
+namespace gemm {
+namespace {
+
+#ifdef DART_X86
+// ---- AVX512-BF16: bf16 dot products (VDPBF16PS), bf16 weights only ----------------------------------------------
+// The activations are rounded to bf16 once per call (round to nearest even, VCVTNE2PS2BF16) into rows of ldb
+// elements, zero-padded to a multiple of 32; every step multiplies 32 bf16 activations by 32 bf16 weights (exact
+// products) and adds each pair into one of 16 float32 lane sums. Summation order of one output (fixed by K alone):
+// the 16 lane sums over the 32-wide steps of the body, then the K % 32 tail as one more step (the weights masked,
+// the activations zero past K), then hsum16. Blocking never changes it, so a row does not depend on M, nor on the
+// other rows of the call. The weights are used as loaded: no widening.
+#define DART_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
+
+// x [M, K] float32 -> xb [M, ldb] bf16 bit patterns, ldb = K rounded up to 32, zeros past K.
+DART_AVX512BF16 void pack_bf16_rows_t(const float* x, int64_t M, int64_t K, int64_t ldb, uint16_t* xb) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x + m * K;
+    uint16_t* o = xb + m * ldb;
+    for (int64_t k = 0; k < ldb; k += 32) {
+      const int64_t left = K - k;
+      const __mmask16 lo = static_cast<__mmask16>(left >= 16 ? 0xFFFFu : left > 0 ? (1u << left) - 1u : 0u);
+      const __mmask16 hi = static_cast<__mmask16>(left >= 32 ? 0xFFFFu : left > 16 ? (1u << (left - 16)) - 1u : 0u);
+      const __m512 a = _mm512_maskz_loadu_ps(lo, xr + k), b = _mm512_maskz_loadu_ps(hi, xr + k + 16);
+      const __m512bh v = _mm512_cvtne2ps_pbh(b, a);   // elements 0-15 from a, 16-31 from b
+      _mm512_storeu_si512(o + k, reinterpret_cast<const __m512i&>(v));
+    }
+  }
+}
+
+DART_AVX512BF16 inline __m512bh as_bh(__m512i v) { return reinterpret_cast<__m512bh&>(v); }
+
+// R weight rows x C activation rows: R * C accumulators + R weight vectors + 1 activation vector <= 32 registers.
+template <int R, int C>
+DART_AVX512BF16 void block_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_t* w, float* y, int64_t N,
+                                  int64_t K, int64_t n, int64_t m, const char* prefetch = nullptr,
+                                  int64_t prefetch_lines = 0) {
+  __m512 acc[R][C];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  const int64_t body = K - K % 32;
+  const int64_t lines_per_step = prefetch ? (prefetch_lines * 32 + body - 1) / std::max<int64_t>(body, 32) : 0;
+  int64_t line = 0;
+  const uint16_t* xr = xb + m * ldb;
+  const uint16_t* wr = w + n * K;
+  for (int64_t k = 0; k < body; k += 32) {
+    for (int64_t p = 0; p < lines_per_step && line < prefetch_lines; ++p, ++line)
+      _mm_prefetch(prefetch + line * 64, _MM_HINT_T0);
+    __m512i wv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_si512(wr + r * K + k);
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      const __m512bh xv = as_bh(_mm512_loadu_si512(xr + c * ldb + k));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, as_bh(wv[r]));
+    }
+  }
+  if (body < K) {   // the K % 32 tail: one masked step, the same lanes for every row
+    const __mmask32 mask = static_cast<__mmask32>((1ull << (K - body)) - 1ull);
+    __m512i wv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_epi16(mask, wr + r * K + body);
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      const __m512bh xv = as_bh(_mm512_loadu_si512(xr + c * ldb + body));   // zeros past K (packed)
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, as_bh(wv[r]));
+    }
+  }
+  if constexpr (R % 4 == 0) {
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c)
+#pragma GCC unroll 8
+      for (int r = 0; r < R; r += 4)
+        _mm_storeu_ps(y + (m + c) * N + n + r, hsum16x4(acc[r][c], acc[r + 1][c], acc[r + 2][c], acc[r + 3][c]));
+  } else {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) y[(m + c) * N + n + r] = hsum16(acc[r][c]);
+  }
+}
+
+// Four weight rows one after the other (each row's k loop ends before the next begins: one sequential run of
+// weights), C activation rows against each, the four rows' sums reduced together (hsum16x4: the bits of hsum16).
+// prefetch: row n + r + 2 while row n + r runs, where it lies before n1. 4 * C + 2 <= 32 registers.
+template <int C>
+DART_AVX512BF16 void rows4_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_t* w, float* y, int64_t N, int64_t K,
+                                  int64_t n, int64_t n1, bool prefetch) {
+  __m512 acc[4][C];
+  const int64_t body = K - K % 32;
+  const int64_t row_lines = (K * 2 + 63) / 64;
+  const int64_t lines_per_step = (row_lines * 32 + body - 1) / std::max<int64_t>(body, 32);
+  const __mmask32 tail = static_cast<__mmask32>((1ull << (K - body)) - 1ull);
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r) {
+    const uint16_t* wr = w + (n + r) * K;
+    const char* next = prefetch && n + r + 2 < n1 ? reinterpret_cast<const char*>(w + (n + r + 2) * K) : nullptr;
+    int64_t line = 0;
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < body; k += 32) {
+      if (next)
+        for (int64_t p = 0; p < lines_per_step && line < row_lines; ++p, ++line) _mm_prefetch(next + line * 64, _MM_HINT_T0);
+      const __m512i wv = _mm512_loadu_si512(wr + k);
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c)
+        acc[r][c] = _mm512_dpbf16_ps(acc[r][c], as_bh(_mm512_loadu_si512(xb + c * ldb + k)), as_bh(wv));
+    }
+    if (body < K) {   // the K % 32 tail, as in block_bf16dp
+      const __m512i wv = _mm512_maskz_loadu_epi16(tail, wr + body);
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c)
+        acc[r][c] = _mm512_dpbf16_ps(acc[r][c], as_bh(_mm512_loadu_si512(xb + c * ldb + body)), as_bh(wv));
+    }
+  }
+#pragma GCC unroll 8
+  for (int c = 0; c < C; ++c) _mm_storeu_ps(y + c * N + n, hsum16x4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]));
+}
+
+// All M packed activation rows against weight rows [n0, n1): M <= 7 streams the weight rows one after the other, four
+// at a time (rows4_bf16dp), M >= 8 runs 4 weight rows side by side against groups of 6 activation rows (the block
+// stays in L1 while the groups pass).
+DART_AVX512BF16 void rows_avx512bf16_t(const uint16_t* xb, int64_t ldb, const uint16_t* w, float* y, int64_t M,
+                                     int64_t N, int64_t K, int64_t n0, int64_t n1, bool gemv_prefetch) {
+  int64_t n = n0;
+  if (M <= 7) {
+    // A plain step or a small tree: one sequential run of weights per thread. Measured on a 2-vCPU Zen 4 EPYC, 2
+    // threads: at M = 1 rows one by one with row n + 2 prefetched took 6.8-7.1 ms against 8.1-8.4 ms for blocks of 8
+    // rows (the decoder's weights); at M = 2-7, with no software prefetch (the hardware's stream prefetcher keeps
+    // up here; the blocks need theirs, 1.1-1.3x slower without), a verify in place (tree_cost.py, prefix 300) costs
+    // 1.05 / 1.15 / 1.30 / 1.38 / 1.45x a plain step at 2 / 3 / 4 / 5 / 7 nodes against 1.27 / 1.24 / 1.33 / 1.49 /
+    // 1.57x with the blocks (8 x 2 at M = 2). From M = 8 the blocks win (rows of 2 x M: 1.16x at 8 and 9): each
+    // activation load here feeds one product, there four.
+    for (; n + 4 <= n1; n += 4) {
+      switch (M) {
+        case 1: rows4_bf16dp<1>(xb, ldb, w, y, N, K, n, n1, gemv_prefetch); break;
+        case 2: rows4_bf16dp<2>(xb, ldb, w, y, N, K, n, n1, false); break;
+        case 3: rows4_bf16dp<3>(xb, ldb, w, y, N, K, n, n1, false); break;
+        case 4: rows4_bf16dp<4>(xb, ldb, w, y, N, K, n, n1, false); break;
+        case 5: rows4_bf16dp<5>(xb, ldb, w, y, N, K, n, n1, false); break;
+        case 6: rows4_bf16dp<6>(xb, ldb, w, y, N, K, n, n1, false); break;
+        default: rows4_bf16dp<7>(xb, ldb, w, y, N, K, n, n1, false); break;
+      }
+    }
+  } else {
+    const int64_t block_lines = (4 * K * 2 + 63) / 64;
+    // The next block's prefetches go out during the first group of 6 activation rows; with exactly two groups
+    // (M = 7-12) half during each. Measured on a Zen 5 EPYC sweeping the decoder's weights, 120 interleaved pairs,
+    // three runs: M = 9 0.94-0.96x, 10 0.96-0.98x, 7-8 and 11-12 0.98-1.01x; spread over three groups (M = 13-17) it
+    // measured 1.02-1.06x, so those keep them in the first.
+    const int64_t split = M > 6 && M <= 12 ? block_lines / 2 : block_lines;
+    for (; n + 4 <= n1; n += 4) {
+      const char* next = n + 8 <= n1 ? reinterpret_cast<const char*>(w + (n + 4) * K) : nullptr;
+      // The group starting at activation row m prefetches lines [first_line(m), end_line(m)) of the next block.
+      auto first_line = [&](int64_t m) { return m == 0 ? 0 : m == 6 ? split : block_lines; };
+      auto end_line = [&](int64_t m) { return m == 0 ? split : block_lines; };
+      auto from = [&](int64_t m) { return next && end_line(m) > first_line(m) ? next + first_line(m) * 64 : nullptr; };
+      auto count = [&](int64_t m) { return from(m) ? end_line(m) - first_line(m) : 0; };
+      int64_t m = 0;
+      for (; m + 6 <= M; m += 6) block_bf16dp<4, 6>(xb, ldb, w, y, N, K, n, m, from(m), count(m));
+      const char* p = from(m);
+      const int64_t pl = count(m);
+      switch (M - m) {
+        case 5: block_bf16dp<4, 5>(xb, ldb, w, y, N, K, n, m, p, pl); break;
+        case 4: block_bf16dp<4, 4>(xb, ldb, w, y, N, K, n, m, p, pl); break;
+        case 3: block_bf16dp<4, 3>(xb, ldb, w, y, N, K, n, m, p, pl); break;
+        case 2: block_bf16dp<4, 2>(xb, ldb, w, y, N, K, n, m, p, pl); break;
+        case 1: block_bf16dp<4, 1>(xb, ldb, w, y, N, K, n, m, p, pl); break;
+        default: break;
+      }
+    }
+  }
+  for (; n < n1; ++n)
+    for (int64_t m = 0; m < M; ++m) block_bf16dp<1, 1>(xb, ldb, w, y, N, K, n, m);
+}
+
+#endif
+
+}  // namespace
+
+#ifdef DART_X86
+void pack_bf16_rows(const float* x, int64_t M, int64_t K, int64_t ldb, uint16_t* xb) {
+  pack_bf16_rows_t(x, M, K, ldb, xb);
+}
+void rows_avx512bf16(const uint16_t* xb, int64_t ldb, const uint16_t* w, float* y, int64_t M, int64_t N, int64_t K,
+                     int64_t n0, int64_t n1, bool gemv_prefetch) {
+  rows_avx512bf16_t(xb, ldb, w, y, M, N, K, n0, n1, gemv_prefetch);
+}
+#endif
+
+}  // namespace gemm
+}  // namespace dart
