@@ -22,6 +22,7 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 
@@ -32,8 +33,8 @@ import torch  # noqa: E402
 from dart_core.loading import bundled_head_dir, open_ngram  # noqa: E402
 from dart_core.engine.protocol import AcceptedStep  # noqa: E402
 from dart_core.engine.tree import DraftTree  # noqa: E402
-from dart_core.drafters.dart import DartDrafter  # noqa: E402
-from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3TreeConfig  # noqa: E402
+from dart_core.drafters.eagle3 import Eagle3TreeConfig  # noqa: E402
+from dart_core.methods import Parts, TreeRequest, make_drafter  # noqa: E402
 from dart_core.config import dtype_name  # noqa: E402
 from dart_core.hardware import describe_machine  # noqa: E402
 from dart_core.models.heads.dart import load_dart_head  # noqa: E402
@@ -76,11 +77,11 @@ def main(argv=None) -> int:
 
     arms = {}
     for b in backends:
-        arms[f"dart {b}"] = DartDrafter(load_dart_head(bundled_head_dir(), target), store, target.eos_token_ids,
-                                        PruningConfig(**pruning.to_dict()), head_backend=b)
-        arms[f"eagle3 {b}"] = Eagle3Drafter(load_eagle3_for_target(target, None, None),
-                                            Eagle3TreeConfig(total_token=total, depth=depth, top_k=top_k),
-                                            head_backend=b)
+        # each arm its own heads (a backend prepares its head once)
+        parts = Parts(dart_head=load_dart_head(bundled_head_dir(), target), ngram=store,
+                      eagle3_head=load_eagle3_for_target(target, None, None))
+        arms[f"dart {b}"] = make_drafter(target, "dart", parts, TreeRequest(pruning.to_dict()), head_backend=b)
+        arms[f"eagle3 {b}"] = make_drafter(target, "eagle3", parts, TreeRequest(asdict(e3tree)), head_backend=b)
     fwd: dict[str, list[float]] = {name: [] for name in arms}
     build: dict[str, list[float]] = {name: [] for name in arms}
     plain: list[float] = []

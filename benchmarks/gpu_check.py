@@ -34,15 +34,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from dart_core.config import GenerationConfig, dtype_name  # noqa: E402
-from dart_core.engine.decoding import SpeculativeEngine  # noqa: E402
 from dart_core.engine.protocol import AcceptedStep  # noqa: E402
-from dart_core.drafters.dart import DartDrafter  # noqa: E402
-from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3TreeConfig  # noqa: E402
+from dart_core.methods import Parts, TreeRequest, build_engine, make_drafter  # noqa: E402
 from dart_core.models.heads.dart import new_head_for_target  # noqa: E402
 from dart_core.models.heads.eagle3 import new_eagle3_head_for_target  # noqa: E402
 from dart_core.models.loader import load_target  # noqa: E402
 from dart_core.models.target import TargetModel  # noqa: E402
-from dart_core.drafters.pruning import PruningConfig  # noqa: E402
 from dart_core.engine.tree import DraftTree  # noqa: E402
 
 # From the published config.json files (hidden, layers, heads, kv heads, head_dim, intermediate, vocab).
@@ -72,12 +69,12 @@ def lossless_check(device: str, max_new_tokens: int) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         for model_type in ("llama", "qwen3"):
             target = load_target(str(make_tiny_model_dir(Path(tmp), model_type)), dtype="float32", device=device)
+            parts = Parts(dart_head=new_head_for_target(target, draft_length=4, seed=0),
+                          eagle3_head=new_eagle3_head_for_target(target, seed=0))
             engines = {
-                "vanilla": SpeculativeEngine(target),
-                "dart": SpeculativeEngine(target, DartDrafter(new_head_for_target(target, draft_length=4, seed=0),
-                                                              None, target.eos_token_ids, PruningConfig(budget=16))),
-                "eagle3": SpeculativeEngine(target, Eagle3Drafter(new_eagle3_head_for_target(target, seed=0),
-                                                                  Eagle3TreeConfig(total_token=16, depth=4, top_k=4))),
+                "vanilla": build_engine(target, "vanilla"),
+                "dart": build_engine(target, "dart", parts, TreeRequest({"budget": 16})),
+                "eagle3": build_engine(target, "eagle3", parts, TreeRequest({"total_token": 16, "depth": 4, "top_k": 4})),
             }
             cfg = GenerationConfig(max_new_tokens=max_new_tokens, max_length=256)
             for prompt in PROMPTS:
@@ -150,8 +147,9 @@ def stage_timings(name: str, device: torch.device, dtype: torch.dtype, prefix: i
     draft_ids = torch.arange(min(DRAFT_VOCAB, vocab))
     dart_head = new_head_for_target(target, draft_ids=draft_ids, draft_length=8).to(dtype)
     eagle_head = new_eagle3_head_for_target(target, draft_ids=draft_ids).to(dtype)
-    dart = DartDrafter(dart_head, None, target.eos_token_ids, PruningConfig(budget=60))
-    eagle = Eagle3Drafter(eagle_head, Eagle3TreeConfig(total_token=60, depth=7, top_k=10))
+    parts = Parts(dart_head=dart_head, eagle3_head=eagle_head)
+    dart = make_drafter(target, "dart", parts, TreeRequest({"budget": 60}))
+    eagle = make_drafter(target, "eagle3", parts, TreeRequest({"total_token": 60, "depth": 7, "top_k": 10}))
     row = {"config": name, "dtype": dtype_name(dtype), "prefix": prefix,
            "verify_1_ms": 1000 * timed(verify(one), reps, device),
            "verify_61_ms": 1000 * timed(verify(tree61), reps, device),

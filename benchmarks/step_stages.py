@@ -30,12 +30,10 @@ import dart_core  # noqa: E402,F401  (before torch: its idle OpenMP threads spin
 import torch  # noqa: E402
 
 from dart_core.config import GenerationConfig, dtype_name  # noqa: E402
-from dart_core.drafters.dart import DartDrafter  # noqa: E402
-from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3TreeConfig  # noqa: E402
-from dart_core.drafters.pruning import PruningConfig  # noqa: E402
 from dart_core.engine.decoding import SpeculativeEngine  # noqa: E402
 from dart_core.hardware import describe_machine  # noqa: E402
 from dart_core.loading import bundled_head_dir, open_ngram  # noqa: E402
+from dart_core.methods import Parts, TreeRequest, build_engine  # noqa: E402
 from dart_core.models.heads.dart import load_dart_head  # noqa: E402
 from dart_core.models.heads.eagle3 import load_eagle3_for_target  # noqa: E402
 from dart_core.models.loader import load_target  # noqa: E402
@@ -88,19 +86,18 @@ def main(argv=None) -> int:
     cfg = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=0.0,
                            max_length=max(len(x) for x in prompts) + args.max_new_tokens + 80)
 
-    engines: dict[str, SpeculativeEngine] = {"vanilla": SpeculativeEngine(target)}
-    dart_head = load_dart_head(bundled_head_dir(), target)
+    engines: dict[str, SpeculativeEngine] = {"vanilla": build_engine(target, "vanilla")}
+    parts = Parts(dart_head=load_dart_head(bundled_head_dir(), target), ngram=store,
+                  eagle3_head=load_eagle3_for_target(target, None, None))
     weights = [float(x) for x in args.context_weights.split(",") if x]
     for w in weights:
         for b in (int(x) for x in args.budgets.split(",") if x):
             name = f"DART budget {b}" if w == 0 else f"DART + context {w:g}, budget {b}"
-            engines[name] = SpeculativeEngine(target, DartDrafter(
-                dart_head, store, target.eos_token_ids, PruningConfig(budget=b, context_weight=w)))
-    eagle_head = load_eagle3_for_target(target, None, None)
+            engines[name] = build_engine(target, "dart", parts, TreeRequest({"budget": b, "context_weight": w}))
     for setting in (s for s in args.eagle3_trees.split(",") if s):
         total, depth, top_k = (int(x) for x in setting.split("/"))
-        engines[f"EAGLE-3 {setting}"] = SpeculativeEngine(target, Eagle3Drafter(
-            eagle_head, Eagle3TreeConfig(total_token=total, depth=depth, top_k=top_k)))
+        engines[f"EAGLE-3 {setting}"] = build_engine(
+            target, "eagle3", parts, TreeRequest({"total_token": total, "depth": depth, "top_k": top_k}))
     for e in engines.values():   # one warm-up answer each (caches, first-call costs)
         e.generate(prompts[0], GenerationConfig(max_new_tokens=8, max_length=cfg.max_length))
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 import logging
 import sys
 from pathlib import Path
@@ -120,12 +121,11 @@ def main(argv=None) -> int:
     from dart_core.bench.report import chosen_text
     from dart_core.bench.summary import auto_tree_summary
     from dart_core.config import GenerationConfig
-    from dart_core.drafters.dart import DartDrafter
-    from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3TreeConfig
+    from dart_core.drafters.eagle3 import Eagle3TreeConfig
+    from dart_core.methods import Parts, TreeRequest, build_drafter
     from dart_core.models.heads.eagle3 import load_eagle3_for_target
     from dart_core.models.loader import load_target
     from dart_core.drafters.pruning import PruningConfig
-    from dart_core.sizing.auto import make_auto
     from dart_core.sizing.costs import CostModel
 
     p = build_parser()
@@ -177,14 +177,14 @@ def main(argv=None) -> int:
                 cfg = dart_cfgs[b]
                 name = f"dart@{b}" + (f"/{Path(t).stem}" if len(tables) > 1 else "")
                 arms[name] = {"method": "dart", "nodes": b + 1, "budget": b, "table": t or "default"}
-                runners[name] = EngineRunner(name, target,
-                                             DartDrafter(head, stores[t], target.eos_token_ids, pruning=cfg))
+                runners[name] = EngineRunner(name, target, build_drafter(target, "dart", Parts(head, stores[t]),
+                                                                         TreeRequest(asdict(cfg))))
             if args.auto:   # the paper's pruning (beam as --beam-width) with the budget chosen step by step
                 name = "dart@auto" + (f"/{Path(t).stem}" if len(tables) > 1 else "")
-                base = PruningConfig(beam_width=args.beam_width or default.beam_width)
+                base = TreeRequest({"beam_width": args.beam_width or default.beam_width}, auto=True)
                 auto_arms[name] = {"method": "dart", "table": t or "default"}
-                runners[name] = EngineRunner(name, target, make_auto(
-                    DartDrafter(head, stores[t], target.eos_token_ids, pruning=base), costs))
+                runners[name] = EngineRunner(name, target, build_drafter(target, "dart", Parts(head, stores[t]),
+                                                                         base, costs))
     if "eagle3" in args.methods:
         e3_head = load_eagle3_for_target(target, args.base_model_name_or_path, args.eagle3_model_name_or_path)
         for tree in e3_trees:
@@ -192,11 +192,12 @@ def main(argv=None) -> int:
             arms[name] = {"method": "eagle3", "nodes": tree.total_token, "total_token": tree.total_token,
                           "depth": tree.depth, "top_k": tree.top_k}
             # each arm its own drafter (its own head cache); the head's weights are shared
-            runners[name] = EngineRunner(name, target, Eagle3Drafter(e3_head, tree))
+            runners[name] = EngineRunner(name, target, build_drafter(target, "eagle3", Parts(eagle3_head=e3_head),
+                                                                     TreeRequest(asdict(tree))))
         if args.auto:
             auto_arms["eagle3@auto"] = {"method": "eagle3"}
-            runners["eagle3@auto"] = EngineRunner("eagle3@auto", target,
-                                                  make_auto(Eagle3Drafter(e3_head, Eagle3TreeConfig()), costs))
+            runners["eagle3@auto"] = EngineRunner("eagle3@auto", target, build_drafter(
+                target, "eagle3", Parts(eagle3_head=e3_head), TreeRequest(auto=True), costs))
     records = run_benchmark(target, runners, questions, config)
 
     def rate(name):

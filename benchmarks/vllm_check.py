@@ -164,11 +164,11 @@ def cut_at_eos(tokens, eos) -> list[int]:
 
 
 def our_answers(target, prompts, max_new_tokens: int, max_length: int) -> dict:
-    """dart_core's vanilla greedy answers (SpeculativeEngine without a drafter) and their speed."""
+    """dart_core's vanilla greedy answers (the engine without a drafter) and their speed."""
     from dart_core.config import GenerationConfig
-    from dart_core.engine.decoding import SpeculativeEngine
+    from dart_core.methods import build_engine
 
-    engine = SpeculativeEngine(target, None, name=BASELINE)
+    engine = build_engine(target, "vanilla")
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, max_length=max_length)
     answers, new, t0 = [], 0, time.perf_counter()
     for p in prompts:

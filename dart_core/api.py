@@ -27,10 +27,10 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from .config import ConfigError, GenerationConfig
-from .engine.decoding import GenerationStats, SpeculativeEngine
-from .drafters.dart import DartDrafter
+from .engine.decoding import GenerationStats
 from .models.heads.dart import DartHead
 from .drafters.pruning import PruningConfig
+from .methods import Parts, TreeRequest, build_engine
 from .loading import bundled_head_dir, load_head_and_ngram, open_ngram
 from .models.detok import IncrementalDetokenizer
 from .models.templates import TEMPLATE_REGISTRY, check_text, encode_chat, get_template
@@ -86,13 +86,15 @@ class DartModel:
         self._build_engine()
 
     def _build_engine(self) -> None:
-        self.drafter = DartDrafter(self.head, self.ngram_model, self.target.eos_token_ids, self.pruning)
-        drafter = self.drafter
-        if self.tree == "auto":
-            from .sizing.auto import make_auto
+        # The pruning given whole over the paper's; with automatic trees the budget is chosen (nothing held).
+        from dataclasses import asdict
+        tree = TreeRequest(asdict(self.pruning), auto=self.tree == "auto")
+        costs = None
+        if tree.auto:
             from .sizing.costs import CostModel
-            drafter = make_auto(self.drafter, CostModel.load_or_measure(self.target))
-        self.engine = SpeculativeEngine(self.target, drafter, name="dart")
+            costs = CostModel.load_or_measure(self.target)
+        self.engine = build_engine(self.target, "dart", Parts(dart_head=self.head, ngram=self.ngram_model), tree,
+                                   costs=costs)
 
     # ------------------------------------------------------------------ loading
     @classmethod

@@ -308,3 +308,38 @@ def test_the_page_and_the_benchmark_draw_with_one_palette():
     from dart_core.palette import OKABE_ITO
     from dart_core.ui import viz
     assert viz.OKABE_ITO == OKABE_ITO
+
+
+MAX_LINES = 600
+
+
+def test_no_product_source_file_is_over_600_lines():
+    """One concern a file (issue 41): the native code (kernels per instruction-set family, the pool, path choice,
+    bindings per subsystem) and the Python product code stay readable in one sitting."""
+    root = PKG.parent
+    files = [*(root / "native" / "src").glob("*.[ch]pp"), *PKG.rglob("*.py"), *(root / "benchmarks").glob("*.py"),
+             root / "app.py"]
+    assert len(files) > 50
+    long = {str(f.relative_to(root)): n for f in files if (n := len(f.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"over {MAX_LINES} lines (split by concern): {long}"
+
+
+DRAFTER_CLASSES = {"DartDrafter", "Eagle3Drafter", "PromptLookupDrafter", "SwitchDrafter"}
+
+
+def test_one_module_builds_drafters_from_a_method_name():
+    """dart_core/methods.py is the one builder (issue 41): the page, the API, the benchmark, its scripts,
+    regeneration and the vLLM check call it; no other product module constructs a drafter class."""
+    root = PKG.parent
+    files = [*PKG.rglob("*.py"), *(root / "benchmarks").glob("*.py"), root / "app.py"]
+    calls = []
+    for f in files:
+        rel = str(f.relative_to(root))
+        if rel == "dart_core/methods.py":
+            continue
+        for node in ast.walk(ast.parse(f.read_text(), rel)):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                if name in DRAFTER_CLASSES:
+                    calls.append(f"{rel}:{node.lineno} {name}(...)")
+    assert not calls, f"drafters built outside dart_core.methods: {calls}"

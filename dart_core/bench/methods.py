@@ -37,25 +37,57 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     add_tree_flags(g, "dart", PruningConfig())
 
 
-def _flags_over(base, args, flags: dict[str, str], what: str):
-    """``base`` (a tree-settings dataclass) with every set flag in ``flags`` (field -> argparse dest) applied;
-    a bad value exits naming the flags, not the dataclass fields."""
+def _tree(name: str, args):
+    """The run's tree request for method ``name`` from its flags (dart_core.methods.tree_request, as the page and the
+    API make theirs), with the benchmark's two rules for the shared ``--context-weight`` flag: the paper's DART (and
+    the hybrid's, and the ablation's) never reads the live context; ``eagle3_context`` takes it when
+    ``--eagle3-context-weight`` is unset, so the two heads read the live context alike."""
     from dataclasses import replace
 
-    given = {field: getattr(args, dest) for field, dest in flags.items() if getattr(args, dest, None) is not None}
+    from ..methods import method, tree_request
+    req = tree_request(method(name).kind, args, getattr(args, "tree", None) or "fixed")
+    overrides = dict(req.overrides)
+    if name in ("dart", "dart_no_ngram", "hybrid"):
+        overrides.pop("context_weight", None)
+    if name == "eagle3_context" and "context_weight" not in overrides and getattr(args, "context_weight", None) is not None:
+        overrides["context_weight"] = float(args.context_weight)
+    return replace(req, overrides=overrides)
+
+
+def _parts(target, args, name: str):
+    """What method ``name`` needs, loaded as its flags say (dart_core.loading; the bundled defaults when unset)."""
+    from ..methods import Parts, method
+    needs = method(name).needs
+    parts = Parts()
+    if "dart_head" in needs:
+        from ..loading import load_head_and_ngram
+        parts.dart_head, parts.ngram = load_head_and_ngram(
+            target, getattr(args, "base_model_name_or_path", None), getattr(args, "dart_model_name_or_path", None),
+            getattr(args, "ngram_model_name_or_path", None), is_small_ngram=bool(getattr(args, "small_ngram", False)),
+            with_ngram=name != "dart_no_ngram")
+    if "eagle3_head" in needs:
+        from ..models.heads.eagle3 import load_eagle3_for_target
+        parts.eagle3_head = load_eagle3_for_target(target, getattr(args, "base_model_name_or_path", None),
+                                                   getattr(args, "eagle3_model_name_or_path", None))
+    return parts
+
+
+def _runner(name: str, target, args, EngineRunner, costs):
+    """Method ``name``'s runner: its parts and its tree from the flags, built by dart_core.methods.build_drafter; a
+    bad tree flag exits naming the flags, before anything loads. costs(target, args): the run's shared cost model
+    (automatic trees)."""
+    from ..config import ConfigError
+    from ..methods import build_drafter, method, tree_config
+    tree = _tree(name, args)
+    kind = method(name).kind
     try:
-        return replace(base, **given)
-    except ValueError as e:
-        names = ", ".join("--" + dest.replace("_", "-") for dest in flags.values())
-        raise SystemExit(f"bad {what} flag: {e} (see {names})") from None
-
-
-def _pruning(target, args, context: bool = False):
-    """The run's pruning: the paper's PruningConfig() (``dart_context``: with the live context at
-    ``CONTEXT_WEIGHT``), then every pruning flag the user set."""
-    from ..drafters.pruning import CONTEXT_WEIGHT, PruningConfig
-    base = PruningConfig(context_weight=CONTEXT_WEIGHT) if context else PruningConfig()
-    return _flags_over(base, args, PRUNING_FIELDS, "DART pruning")
+        tree_config(name, tree)
+    except ConfigError as e:
+        flags = ", ".join("--" + k.replace("_", "-") for k in (PRUNING_FIELDS if kind == "dart" else EAGLE3_FIELDS).values())
+        raise SystemExit(f"bad {'DART pruning' if kind == 'dart' else 'EAGLE-3 tree'} flag: {e} (see {flags})") from None
+    drafter = build_drafter(target, name, _parts(target, args, name), tree,
+                            costs(target, args) if tree.auto and costs else None)
+    return EngineRunner(name, target, drafter)
 
 
 def _add_eagle3_arguments(p: argparse.ArgumentParser) -> None:
@@ -68,112 +100,35 @@ def _add_eagle3_arguments(p: argparse.ArgumentParser) -> None:
     add_tree_flags(g, "eagle3", Eagle3TreeConfig())
 
 
-def _eagle3_tree(target, args, context: bool = False):
-    """The published tree, then the EAGLE-3 flags set; ``eagle3_context`` takes ``--eagle3-context-weight``, else
-    DART + context's weight (``--context-weight``, else CONTEXT_WEIGHT), so the two heads read the live context
-    alike."""
-    from dataclasses import replace
-
-    from ..drafters.eagle3 import Eagle3TreeConfig
-    from ..drafters.pruning import CONTEXT_WEIGHT
-    tree = _flags_over(Eagle3TreeConfig(), args, EAGLE3_FIELDS, "EAGLE-3 tree")
-    if context and getattr(args, "eagle3_context_weight", None) is None:
-        w = getattr(args, "context_weight", None)
-        tree = replace(tree, context_weight=CONTEXT_WEIGHT if w is None else float(w))
-    return tree
-
-
-def _held_sizes(engine: str, args) -> dict[str, int]:
-    """The size knobs of ``engine`` the user set ({config field: value}): automatic trees hold them fixed."""
-    from ..presets import SIZE_FIELDS
-    return {field: int(getattr(args, knob)) for field, knob in SIZE_FIELDS[engine].items()
-            if getattr(args, knob, None) is not None}
-
-
-def _load_eagle3(target, args, context: bool = False):
-    from ..drafters.eagle3 import Eagle3Drafter
-    from ..models.heads.eagle3 import load_eagle3_for_target
-
-    tree = _eagle3_tree(target, args, context)
-    head = load_eagle3_for_target(target, getattr(args, "base_model_name_or_path", None),
-                                  getattr(args, "eagle3_model_name_or_path", None))
-    return Eagle3Drafter(head, tree, name="eagle3_context" if context else "eagle3")
-
-
-def _eagle3_runner(target, args, EngineRunner, sized, context: bool = False):
-    drafter = _load_eagle3(target, args, context)
-    return EngineRunner(drafter.name, target, sized(drafter, target, args, _held_sizes("eagle3", args)))
-
-
-def _load(target, args, with_ngram: bool, name: str = "", context: bool = False):
-    from ..loading import load_head_and_ngram
-    from ..drafters.dart import DartDrafter
-
-    head, store = load_head_and_ngram(target, getattr(args, "base_model_name_or_path", None),
-                                      getattr(args, "dart_model_name_or_path", None),
-                                      getattr(args, "ngram_model_name_or_path", None),
-                                      is_small_ngram=bool(getattr(args, "small_ngram", False)), with_ngram=with_ngram)
-    pruning = _pruning(target, args, context)
-    if not context and pruning.context_weight != 0:
-        # the paper's DART stays the paper's: --context-weight applies to dart_context
-        from dataclasses import replace
-        pruning = replace(pruning, context_weight=0.0)
-    return DartDrafter(head, store, target.eos_token_ids, pruning=pruning,
-                       name=name or ("dart" if with_ngram else "dart_no_ngram"))
-
-
-def _dart_runner(target, args, with_ngram: bool, EngineRunner, sized, name: str = "", context: bool = False):
-    drafter = _load(target, args, with_ngram, name, context)
-    return EngineRunner(drafter.name, target, sized(drafter, target, args, _held_sizes("dart", args)))
-
-
-def _hybrid_runner(target, args, EngineRunner, sized):
-    """Prompt lookup while the context match is long, the paper's DART otherwise (drafters/hybrid.py)."""
-    from ..drafters import PromptLookupDrafter
-    from ..drafters.hybrid import SwitchDrafter
-
-    dart = sized(_load(target, args, True, "dart"), target, args, _held_sizes("dart", args))
-    lookup = sized(PromptLookupDrafter(), target, args, {})
-    return EngineRunner("hybrid", target, SwitchDrafter(dart, lookup, vocab_size=_vocab(target, dart)))
-
-
-def _vocab(target, drafter) -> int:
-    """The ids the live context may hold: the DART drafter's own index's (the target's, or its table's)."""
-    return int(getattr(drafter, "inner", drafter).live.index.vocab_size)
-
-
-def _no_sizing(drafter, target, args, fixed):
-    return drafter
-
-
-def register_all(register_method, MethodSpec, EngineRunner, METHODS, sized=None) -> None:
-    """Register ``dart``, ``dart_no_ngram`` and ``eagle3`` into a bench module's registry (idempotent).
-    ``sized(drafter, target, args, fixed)`` puts a drafter under automatic trees when the run asks for them
-    (``runners.sized``); without it every drafter runs its tree settings as given."""
+def register_all(register_method, MethodSpec, EngineRunner, METHODS, costs=None) -> None:
+    """Register the head-backed methods into a bench module's registry (idempotent). ``costs(target, args)``: the
+    run's cost model, for methods under ``--tree auto`` (``runners.tree_costs``); without it the tree flags run as
+    given."""
     if "dart" in METHODS:
         return
-    sized = sized or _no_sizing
+
+    def factory(name):
+        return lambda target, args: _runner(name, target, args, EngineRunner, costs)
     register_method(MethodSpec(
-        "dart", lambda target, args: _dart_runner(target, args, True, EngineRunner, sized),
+        "dart", factory("dart"),
         "DART: head forward + N-gram-guided tree pruning (--dart-model-name-or-path, --ngram-model-name-or-path)",
         add_arguments=_add_arguments, auto_tree=True))
     register_method(MethodSpec(
-        "dart_no_ngram", lambda target, args: _dart_runner(target, args, False, EngineRunner, sized),
+        "dart_no_ngram", factory("dart_no_ngram"),
         "DART without the N-gram term (ablation): pruning by the head's logits only", auto_tree=True))
     register_method(MethodSpec(
-        "dart_context", lambda target, args: _dart_runner(target, args, True, EngineRunner, sized, "dart_context",
-                                                          context=True),
+        "dart_context", factory("dart_context"),
         "DART + context: the request's own text adds candidates to DART's tree and shares its N-gram term "
         "(--context-weight; docs/ARCHITECTURE.md section 5a)", auto_tree=True))
     register_method(MethodSpec(
-        "hybrid", lambda target, args: _hybrid_runner(target, args, EngineRunner, sized),
+        "hybrid", factory("hybrid"),
         "baseline: prompt lookup while the context match is >= 3 tokens, the paper's DART otherwise",
         auto_tree=True))
     register_method(MethodSpec(
-        "eagle3", lambda target, args: _eagle3_runner(target, args, EngineRunner, sized),
+        "eagle3", factory("eagle3"),
         "EAGLE-3 baseline: autoregressive head + EAGLE-2 dynamic tree (--eagle3-model-name-or-path)",
         add_arguments=_add_eagle3_arguments, auto_tree=True))
     register_method(MethodSpec(
-        "eagle3_context", lambda target, args: _eagle3_runner(target, args, EngineRunner, sized, context=True),
+        "eagle3_context", factory("eagle3_context"),
         "EAGLE-3 + context: the live context's candidates in EAGLE-3's tree by DART + context's rule "
         "(--context-weight)", auto_tree=True))

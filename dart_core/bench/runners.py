@@ -13,7 +13,7 @@ load hit them alike. Each method gets a short warm-up generation before anything
 ``turns="all"`` each later turn follows the method's *own* earlier answers, as Spec-Bench does.
 
 Trees: with ``--tree auto`` (``args.tree``; the CLI's default) the drafting methods (``MethodSpec.auto_tree``)
-run their drafter under an AutoTree (:func:`sized`), every one of them pricing trees with the one cost model
+run their drafter under an AutoTree (dart_core.methods.build_drafter), every one of them pricing trees with the one cost model
 of the target that :func:`tree_costs` measures (or reads from the cache) once per run; with ``fixed`` (or
 args without ``tree``, e.g. a parser without the bench's flags) the drafters run their settings as given.
 Every answer records the tree sizes its steps verified and, under automatic trees, the settings chosen.
@@ -31,7 +31,7 @@ from typing import Callable, Protocol, Sequence
 import torch
 
 from ..config import ConfigError, GenerationConfig
-from ..drafters import PromptLookupDrafter, TreeDrafter
+from ..drafters import TreeDrafter
 from ..engine.decoding import GenerationStats, SpeculativeEngine
 from .questions import BenchInputError, Question
 
@@ -90,13 +90,13 @@ def tree_costs(target, args):
     return costs
 
 
-def sized(drafter, target, args, fixed: dict[str, int] | None = None):
-    """``drafter`` under automatic trees (``make_auto``, the knobs in ``fixed`` held) when the run's tree mode is
-    ``auto``; else ``drafter`` as given."""
-    if tree_mode(args) != "auto":
-        return drafter
-    from ..sizing.auto import make_auto
-    return make_auto(drafter, tree_costs(target, args), fixed)
+def method_runner(name: str, target, args) -> "EngineRunner":
+    """An EngineRunner of a method without parts (vanilla, prompt lookup), built by dart_core.methods; under
+    ``--tree auto`` prompt lookup's draft length is chosen on the run's cost model."""
+    from ..methods import TreeRequest, build_drafter
+    tree = TreeRequest(auto=tree_mode(args) == "auto")
+    return EngineRunner(name, target, build_drafter(target, name, None, tree, tree_costs(target, args) if tree.auto
+                                                    else None))
 
 
 def is_auto(drafter) -> bool:
@@ -215,7 +215,7 @@ class MethodSpec:
 
     factory(target, args) -> MethodRunner, called once per run after the target is loaded.
     add_arguments(parser) adds the method's own flags (e.g. a draft-head path), or None.
-    auto_tree: its drafter is sized by automatic trees under ``--tree auto`` (the factory calls :func:`sized`).
+    auto_tree: its drafter is sized by automatic trees under ``--tree auto`` (dart_core.methods builds it so).
     """
     name: str
     factory: Callable[..., MethodRunner]
@@ -236,11 +236,10 @@ def register_method(spec: MethodSpec) -> MethodSpec:
 
 register_method(MethodSpec("hf_generate", lambda target, args: HFGenerateRunner(target),
                            "transformers' generate() on the same model (greedy or the same sampling)"))
-register_method(MethodSpec("vanilla", lambda target, args: EngineRunner("vanilla", target, None),
+register_method(MethodSpec("vanilla", lambda target, args: method_runner("vanilla", target, args),
                            "our loop without a drafter: one token per target forward"))
 register_method(MethodSpec("prompt_lookup",
-                           lambda target, args: EngineRunner("prompt_lookup", target,
-                                                             sized(PromptLookupDrafter(), target, args, {})),
+                           lambda target, args: method_runner("prompt_lookup", target, args),
                            "our loop with prompt-lookup drafting (n-gram matches in the context)", auto_tree=True))
 
 
@@ -337,7 +336,7 @@ def run_benchmark(target, runners: dict[str, MethodRunner], questions: Sequence[
 def _register_optional_methods() -> None:
     """Methods backed by draft heads (DART, EAGLE-3) register themselves from dart_core.bench.methods."""
     from .methods import register_all
-    register_all(register_method, MethodSpec, EngineRunner, METHODS, sized=sized)
+    register_all(register_method, MethodSpec, EngineRunner, METHODS, costs=tree_costs)
 
 
 _register_optional_methods()

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from ..config import ConfigError
 from ..drafters.pruning import PruningConfig
 from ..engine.decoding import SpeculativeEngine
+from ..methods import Parts, TreeRequest, build_engine
 from ..loading import load_head_and_ngram
 from ..models.bundled import is_bundled_target
 from ..models.heads.dart import DartHeadError
@@ -118,25 +119,22 @@ class EngineFactory:
                 logger.warning("%s", unavailable["eagle3"])
         return cls(target, dart_head=dart_head, ngram=store, eagle3_head=eagle3_head, unavailable=unavailable)
 
+    @property
+    def parts(self) -> Parts:
+        return Parts(dart_head=self.dart_head, ngram=self.ngram, eagle3_head=self.eagle3_head)
+
     def _make(self, name: str, settings: "RunSettings") -> SpeculativeEngine:
-        target = self.target
-        if name == "dart":
-            from ..drafters.dart import DartDrafter
-            drafter = DartDrafter(self.dart_head, self.ngram, target.eos_token_ids, pruning=self.base_trees["dart"])
-        elif name == "eagle3":
-            from ..drafters.eagle3 import Eagle3Drafter
-            drafter = Eagle3Drafter(self.eagle3_head, self.base_trees["eagle3"])
-        elif name == BASELINE:
-            return SpeculativeEngine(target, name=BASELINE)
-        else:
+        if name not in self.names:
             raise ConfigError(f"unknown engine {name!r}; this app runs {self.names}")
-        settings.tree_for(name, self.base_trees[name])            # a bad field: a ConfigError naming it
-        drafter.set_tree(**settings.tree_overrides(name))
+        if name == BASELINE:
+            return build_engine(self.target, "vanilla")
+        # The page's tree is the request's knobs over this factory's base tree (a bad field: a ConfigError naming
+        # it), given whole to the builder; with automatic trees the size knobs set are held.
+        tree = settings.tree_for(name, self.base_trees[name])
         fixed = settings.fixed_sizes(name)
-        if fixed is not None:
-            from ..sizing.auto import make_auto
-            drafter = make_auto(drafter, self.costs, fixed)
-        return SpeculativeEngine(target, drafter, name=name)
+        request = TreeRequest(asdict(tree), auto=fixed is not None, held=fixed or {})
+        engine = build_engine(self.target, name, self.parts, request, costs=self.costs if request.auto else None)
+        return engine
 
     def tree_key(self, name: str, settings: "RunSettings") -> Any:
         """What makes two engines of ``name`` interchangeable: their tree settings (and, with automatic trees,

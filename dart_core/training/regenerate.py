@@ -102,8 +102,7 @@ def regenerate(target, prompts: Sequence[dict], out: str | Path, *, max_prompt_t
     from tqdm.auto import tqdm
 
     from ..config import GenerationConfig
-    from ..engine.decoding import SpeculativeEngine
-    from ..drafters import PromptLookupDrafter
+    from ..methods import build_engine
     from ..models.templates import encode_chat, get_template
 
     out = Path(out)
@@ -111,7 +110,7 @@ def regenerate(target, prompts: Sequence[dict], out: str | Path, *, max_prompt_t
     out.parent.mkdir(parents=True, exist_ok=True)
     done = _done_ids(partial)
     template = get_template(target.template_name)
-    engine = SpeculativeEngine(target, PromptLookupDrafter() if drafter == "prompt_lookup" else None)
+    engine = build_engine(target, "prompt_lookup" if drafter == "prompt_lookup" else "vanilla")
     stats = {"prompts": len(prompts), "resumed": len(done), "written": 0, "skipped_long": 0}
     todo = [p for p in prompts if str(p["id"]) not in done]
     with open(partial, "a", encoding="utf-8") as f:

@@ -28,14 +28,14 @@ from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
 from ..config import ConfigError, GenerationConfig
 from ..engine.decoding import GenerationResult, SpeculativeEngine
 from ..engine.trace import StepTrace
-from ..presets import EAGLE3_FIELDS, KNOBS, PRUNING_FIELDS, SIZE_FIELDS, TREE_MODES, Limit
+from ..methods import TREE_NAMES, tree_request
+from ..presets import KNOBS, TREE_MODES, Limit
 from ..sizing.auto import AutoTree
 from .record import BASELINE, STOPPED, EngineRun, RunRecord
 
 logger = logging.getLogger(__name__)
 
 #: How the page's messages name each drafter's tree.
-TREE_NAMES = {"dart": "DART", "eagle3": "EAGLE-3"}
 
 #: answer tokens per request; the server's own cap (--max-new-tokens) is checked in generation_config
 MAX_NEW_TOKENS = Limit("Max new tokens", 1, None, True)
@@ -120,14 +120,9 @@ class RunSettings:
 
     def tree_overrides(self, kind: str) -> dict[str, Any]:
         """The tree fields this request sets for a drafter of ``kind`` ("dart" / "eagle3"): {config field: value},
-        the knobs left unset (None) out. A drafter takes them through ``set_tree`` (the drafter protocol)."""
-        fields = {"dart": PRUNING_FIELDS, "eagle3": EAGLE3_FIELDS}[kind]
-        out = {}
-        for theirs, ours in fields.items():
-            v = getattr(self, ours)
-            if v is not None:        # a count as an int (a slider sends floats), a weight as it is
-                out[theirs] = int(v) if KNOBS[ours].limit.integer else v
-        return out
+        the knobs left unset (None) out (dart_core.methods.tree_request, as the flags and the API make them). A
+        drafter takes them through ``set_tree`` (the drafter protocol)."""
+        return dict(tree_request(kind, self).overrides)
 
     def tree_for(self, kind: str, base: Any) -> Any:
         """``base`` (a PruningConfig or an Eagle3TreeConfig) with this request's tree fields; a bad value is a
@@ -142,8 +137,7 @@ class RunSettings:
         {config field: value}. None with fixed trees."""
         if self.tree != "auto":
             return None
-        return {field: int(getattr(self, knob)) for field, knob in SIZE_FIELDS[engine].items()
-                if getattr(self, knob) is not None}
+        return dict(tree_request(engine, self, "auto").held)
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
