@@ -67,6 +67,24 @@ def test_value_curve_is_the_sum_of_the_likeliest_nodes():
 
 
 
+def test_value_curves_are_walked_again_only_when_the_rates_change():
+    """The chooser decides every few steps; during plain steps nothing is learnt, so the walk is reused. A step that
+    moves the rates (observe), a new request, or rates set by hand walk again; the curves equal a fresh model's."""
+    m = AcceptanceModel.from_hit_rates(*BUNDLED)
+    needs = {3: 12, 7: 30}
+    first = m.value_curves(needs, 4, 4)
+    assert m.value_curves(needs, 4, 4) is first                      # nothing changed: reused
+    fresh = AcceptanceModel.from_hit_rates(*BUNDLED).value_curves(needs, 4, 4)
+    assert first == fresh
+    m.observe(np.array([-1, 0, 0, 1]), np.array([0.0, -0.1, -0.5, -0.2]), [0, 1, 3])   # two hits, one miss
+    after = m.value_curves(needs, 4, 4)
+    assert after is not first and after != first
+    m.begin_request()
+    assert m.value_curves(needs, 4, 4) != after
+    m.longrun[0, 0] = 0.01                                            # set by hand: seen too
+    m.begin_request()
+    assert m.value_curves(needs, 4, 4)[3][1] == pytest.approx(0.01 * m.request_level())
+
 def test_the_seed_rates_give_the_held_out_top1_chain():
     """A position's own hit@1 rates, multiplied along a path, understate deep trees (hits come in runs): seeded
     with the held-out mean top-1 chain, the rank-0 rates past depth 1 rise until the product gives that chain,

@@ -211,13 +211,26 @@ class AcceptanceModel:
         curve must reach. One walk to the deepest limit serves them all: a shallower limit's walk is the same
         walk with the deeper nodes left out (a node's chance and whether it may be drafted depend only on its
         ancestors, which are shallower)."""
+        rates = self.effective_rates()
+        # The walk depends only on the rates and the shape: kept until the rates change (a drafting step's observe,
+        # a new request), so the decisions during a run of plain steps, where nothing was learnt, reuse it. The
+        # curves returned are shared: read them, do not write them.
+        key = (tuple(sorted(needs.items())), width, beam)
+        stamp = rates.tobytes()
+        if getattr(self, "_curves_stamp", None) != stamp:
+            self._curves_stamp, self._curves = stamp, {}
+        if key not in self._curves:
+            self._curves[key] = self._walk(needs, width, beam, rates.tolist())
+        return self._curves[key]
+
+    def _walk(self, needs: dict[int, int], width: int, beam: int | None, R: list[list[float]]) -> dict[int, list[float]]:
+        """value_curves' best-first walk over the rates R (plain floats: this loop runs on every decision)."""
         curves = {d: [0.0] * (n + 1) for d, n in needs.items()}
         todo = {d: n for d, n in needs.items() if d > 0 and n > 0 and width > 0}
         if not todo:
             return curves
         max_depth = max(todo)
         expanded = [0] * (max_depth + 1)          # nodes expanded per depth (0 = the root)
-        R = self.effective_rates().tolist()       # plain floats: this loop runs on every decision
         last_r = MAX_RANK - 1
         heap: list[tuple[float, int, int, int, float]] = [(-R[0][0], 0, 1, 0, 1.0)]   # (-p, tie, depth, rank,
         tie, expanded[0] = 0, 1                   # parent's p): the root's first child; each popped node brings
