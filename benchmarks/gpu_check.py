@@ -74,7 +74,8 @@ def lossless_check(device: str, max_new_tokens: int) -> list[dict]:
             engines = {
                 "vanilla": build_engine(target, "vanilla"),
                 "dart": build_engine(target, "dart", parts, TreeRequest({"budget": 16})),
-                "eagle3": build_engine(target, "eagle3", parts, TreeRequest({"total_token": 16, "depth": 4, "top_k": 4})),
+                "eagle3": build_engine(target, "eagle3", parts,
+                                       TreeRequest({"total_token": 16, "depth": 4, "top_k": 4})),
             }
             cfg = GenerationConfig(max_new_tokens=max_new_tokens, max_length=256)
             for prompt in PROMPTS:

@@ -49,8 +49,9 @@ def _tree(name: str, args):
     overrides = dict(req.overrides)
     if name in ("dart", "dart_no_ngram", "hybrid"):
         overrides.pop("context_weight", None)
-    if name == "eagle3_context" and "context_weight" not in overrides and getattr(args, "context_weight", None) is not None:
-        overrides["context_weight"] = float(args.context_weight)
+    shared = getattr(args, "context_weight", None)
+    if name == "eagle3_context" and "context_weight" not in overrides and shared is not None:
+        overrides["context_weight"] = float(shared)
     return replace(req, overrides=overrides)
 
 
@@ -83,8 +84,10 @@ def _runner(name: str, target, args, EngineRunner, costs):
     try:
         tree_config(name, tree)
     except ConfigError as e:
-        flags = ", ".join("--" + k.replace("_", "-") for k in (PRUNING_FIELDS if kind == "dart" else EAGLE3_FIELDS).values())
-        raise SystemExit(f"bad {'DART pruning' if kind == 'dart' else 'EAGLE-3 tree'} flag: {e} (see {flags})") from None
+        knobs = (PRUNING_FIELDS if kind == "dart" else EAGLE3_FIELDS).values()
+        flags = ", ".join("--" + k.replace("_", "-") for k in knobs)
+        what = "DART pruning" if kind == "dart" else "EAGLE-3 tree"
+        raise SystemExit(f"bad {what} flag: {e} (see {flags})") from None
     drafter = build_drafter(target, name, _parts(target, args, name), tree,
                             costs(target, args) if tree.auto and costs else None)
     return EngineRunner(name, target, drafter)

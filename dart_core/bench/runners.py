@@ -13,8 +13,8 @@ load hit them alike. Each method gets a short warm-up generation before anything
 ``turns="all"`` each later turn follows the method's *own* earlier answers, as Spec-Bench does.
 
 Trees: with ``--tree auto`` (``args.tree``; the CLI's default) the drafting methods (``MethodSpec.auto_tree``)
-run their drafter under an AutoTree (dart_core.methods.build_drafter), every one of them pricing trees with the one cost model
-of the target that :func:`tree_costs` measures (or reads from the cache) once per run; with ``fixed`` (or
+run their drafter under an AutoTree (dart_core.methods.build_drafter), every one of them pricing trees with the one
+cost model of the target that :func:`tree_costs` measures (or reads from the cache) once per run; with ``fixed`` (or
 args without ``tree``, e.g. a parser without the bench's flags) the drafters run their settings as given.
 Every answer records the tree sizes its steps verified and, under automatic trees, the settings chosen.
 """

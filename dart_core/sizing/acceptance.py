@@ -223,7 +223,8 @@ class AcceptanceModel:
             self._curves[key] = self._walk(needs, width, beam, rates.tolist())
         return self._curves[key]
 
-    def _walk(self, needs: dict[int, int], width: int, beam: int | None, R: list[list[float]]) -> dict[int, list[float]]:
+    def _walk(self, needs: dict[int, int], width: int, beam: int | None,
+              R: list[list[float]]) -> dict[int, list[float]]:
         """value_curves' best-first walk over the rates R (plain floats: this loop runs on every decision)."""
         curves = {d: [0.0] * (n + 1) for d, n in needs.items()}
         todo = {d: n for d, n in needs.items() if d > 0 and n > 0 and width > 0}

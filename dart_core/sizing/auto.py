@@ -39,6 +39,22 @@ PROBE_EVERY = 16
 SAVE_AFTER_STEPS = 32
 #: Largest tree weighed (nodes, root included): 64 drafted nodes, as the paper's 60 plus margin.
 MAX_NODES = 65
+#: A plain step is taken only when it beats every tree by more than this share of its tokens/s. The acceptance
+#: estimate right after a run of misses is noisy, and where the smallest tree costs a few percent more than a plain
+#: step, drafting through the dip costs less than the plain steps until the next probe. Offline on 10 context_dev
+#: prompts a kind (a 2-node verify at 1.05-1.07x a plain step, Zen 4): the paper's DART regret against its best fixed
+#: tree went from +8.5 / +4.0 / +3.4% (passage / summaries / translation) to +2.4 / -0.3 / +2.5% with this margin and
+#: STEADY_REQUEST_ALPHA, EAGLE-3's from +4.3 / +3.7 / +2.1% to -0.7 / +1.1 / +1.3%; DART + context unchanged.
+PLAIN_MARGIN = 0.06
+#: ... but only while the best tree is expected to add at least this many accepted drafts a step: where drafts are
+#: not being accepted there is no dip to ride out, and plain steps follow as soon as the rates say so.
+MARGIN_MIN_GAIN = 0.1
+#: How fast a request's own acceptance rates follow its steps when the drafter's tree reads no live context (one
+#: regime: the paper's DART, the published EAGLE-3 tree, prompt lookup): slower than the acceptance model's default,
+#: so a few misses in a row do not send the chooser to plain steps (offline, above: 0.15 left DART's passages at
+#: +3.7% with the margin alone; 0.06 with it, +2.4%). Drafters that read the live context keep the default: their
+#: "copy" and "head" regimes already separate the two rates, and the slower one cost DART + context 2.5%.
+STEADY_REQUEST_ALPHA = 0.06
 #: What a regime keeps of its own (a drafter with ``regime(context)``, e.g. DART + context's "copy" steps, where
 #: the context drafts alone and far more is accepted, and its "head" steps): acceptance, choice, probe state.
 REGIME_STATE = ("acceptance", "choice", "_best_tree", "_tau_of", "_plain_run", "_step")
@@ -71,6 +87,10 @@ class AutoTree:
         self._work = np.array([np.zeros(4) if c.plain else DraftCost.features(c.work) for c in self.space])
         self.costs = costs
         self.acceptance = acceptance
+        settings = drafter.tree_settings() if hasattr(drafter, "tree_settings") else {}
+        if not float(settings.get("context_weight", 0.0) or 0.0) > 0:
+            acceptance.request_alpha = STEADY_REQUEST_ALPHA
+        self._plain = np.array([c.plain for c in self.space])
         self.redecide_every = int(redecide_every)
         self.probe_every = int(probe_every)
         self.choice: TreeChoice = PLAIN
@@ -127,6 +147,9 @@ class AutoTree:
     def choose(self) -> TreeChoice:
         tau, step = self._expected()
         tps = tau / np.maximum(step, 1e-9)
+        drafting = np.where(self._plain, -np.inf, tps)
+        if not self._plain.all() and tau[int(np.argmax(drafting))] - 1.0 >= MARGIN_MIN_GAIN:
+            tps = np.where(self._plain, tps * (1.0 - PLAIN_MARGIN), tps)   # plain only when clearly better
         order = np.lexsort((self._nodes, -tps))              # most tokens/s, then the smaller tree
         self.choice = self.space[int(order[0])]
         drafting = [i for i in order[:8] if not self.space[int(i)].plain]
