@@ -341,6 +341,34 @@ def test_plain_steps_when_no_tree_pays_with_a_probe_now_and_then():
     assert sum(drafted) == 3 and not any(drafted[:PROBE_EVERY])      # one probe after each run of plain steps
 
 
+def test_a_tree_within_the_margin_keeps_drafting_a_hopeless_one_does_not():
+    """A plain step only when it beats every tree by more than PLAIN_MARGIN, while the best tree still expects
+    MARGIN_MIN_GAIN accepted drafts: rates of 0.12 a token make a 2-node tree that costs 15% more than a plain step a
+    few percent worse than plain (kept, inside the margin); rates of 0.01 expect too little to ride out (plain)."""
+    from dart_core.sizing.auto import MARGIN_MIN_GAIN, PLAIN_MARGIN
+    costs = _costs({1: 10.0, 2: 11.5, 9: 40.0}, 0.0, 0.0)
+    auto = AutoTree(PromptLookupDrafter(), costs, AcceptanceModel.from_hit_rates([0.12] * 9, [0.15] * 9))
+    rows = {r["label"]: r for r in auto.rates()}
+    plain = rows.pop("plain step")
+    best_tree = max(rows.values(), key=lambda r: r["tokens_per_s"])
+    assert best_tree["tau"] - 1 >= MARGIN_MIN_GAIN
+    assert plain["tokens_per_s"] * (1 - PLAIN_MARGIN) < best_tree["tokens_per_s"] < plain["tokens_per_s"]
+    assert not auto.choose().plain
+    hopeless = AcceptanceModel.from_hit_rates([0.01] * 9, [0.02] * 9)
+    assert AutoTree(PromptLookupDrafter(), costs, hopeless).choose().plain
+
+
+def test_the_request_rate_is_steadier_where_the_tree_reads_no_live_context():
+    from dart_core.sizing.auto import STEADY_REQUEST_ALPHA
+    costs = _costs(THIS_CPU, 0.0, 0.0)
+    paper = AutoTree(stand_in_drafter("dart"), costs, AcceptanceModel.from_hit_rates(*BUNDLED))
+    assert paper.acceptance.request_alpha == STEADY_REQUEST_ALPHA
+    context = stand_in_drafter("dart")
+    context.set_tree(context_weight=0.5)
+    default = AcceptanceModel.from_hit_rates(*BUNDLED).request_alpha
+    assert AutoTree(context, costs, AcceptanceModel.from_hit_rates(*BUNDLED)).acceptance.request_alpha == default
+    assert default != STEADY_REQUEST_ALPHA
+
 def test_tree_space_and_apply_choice_set_each_drafters_knobs():
     lookup = PromptLookupDrafter()
     space = tree_space(lookup)
