@@ -55,7 +55,7 @@ def tree_request(kind: str | None, values: Any, mode: str = "fixed") -> TreeRequ
         raise ConfigError(f"tree mode {mode!r}: use one of {', '.join(TREE_MODES)}")
     get = values.get if isinstance(values, Mapping) else (lambda k, d=None: getattr(values, k, d))
     overrides: dict[str, Any] = {}
-    for config_field, knob in (TREE_FIELDS.get(kind, {}) if kind else {}).items():
+    for config_field, knob in TREE_FIELDS.get(kind, {}).items():
         v = get(knob, None)
         if v is not None:
             overrides[config_field] = int(v) if KNOBS[knob].limit.integer else v
@@ -75,7 +75,7 @@ class Method:
     kind: str | None
     needs: tuple[str, ...]
     label: str
-    make: Callable[[Any, Parts, Any, str], Any]
+    make: Callable[[Any, Parts, Any, str], Any] | None     # None: built by build_drafter (the hybrid)
     base: Callable[[], Any] | None = None     # the method's base tree config (None: no tree knobs)
 
 
@@ -126,7 +126,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("eagle3_context", "eagle3", ("eagle3_head",), "EAGLE-3 + context", _eagle3("eagle3_context"),
            _eagle3_tree(True)),
     # hybrid: built from the two above (build_drafter); its tree request is the DART drafter's
-    Method("hybrid", "dart", ("dart_head",), "hybrid (prompt lookup or DART)", _vanilla, _pruning(False)),
+    Method("hybrid", "dart", ("dart_head",), "hybrid (prompt lookup or DART)", None, _pruning(False)),
 )}
 
 
@@ -158,8 +158,8 @@ def make_drafter(target, name: str, parts: Parts | None, tree: TreeRequest | Non
     missing = [p for p in m.needs if getattr(parts, p) is None]
     if missing:
         raise ConfigError(f"{m.label} needs {', '.join(missing)}, which was not loaded for this target")
-    if name == "hybrid":
-        raise ConfigError("hybrid is two drafters under a switch: build it with build_drafter")
+    if m.make is None:
+        raise ConfigError(f"{name} is two drafters under a switch: build it with build_drafter")
     return m.make(target, parts, tree_config(name, tree), head_backend)
 
 

@@ -106,6 +106,8 @@ class AcceptanceModel:
         self._request_trials = np.zeros_like(rates)   # this request's trials per cell
         self._request_hits = 0.0                      # and its hits against what the long-run rates expected
         self._request_expected = 0.0
+        self._curves_stamp: bytes | None = None       # the rates value_curves' walks were made from
+        self._curves: dict = {}                       # and those walks, by (needs, width, beam)
 
     # ------------------------------------------------------------------ seeding
     @classmethod
@@ -217,7 +219,7 @@ class AcceptanceModel:
         # curves returned are shared: read them, do not write them.
         key = (tuple(sorted(needs.items())), width, beam)
         stamp = rates.tobytes()
-        if getattr(self, "_curves_stamp", None) != stamp:
+        if self._curves_stamp != stamp:
             self._curves_stamp, self._curves = stamp, {}
         if key not in self._curves:
             self._curves[key] = self._walk(needs, width, beam, rates.tolist())
