@@ -32,8 +32,9 @@ def run(x, w, threads):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_prefetch_on_or_off_gives_the_same_bits(path, dtype):
-    """M = 1 (the kernel the setting changes) and M = 2, 3 (unchanged), at block and chunk boundaries: the rows
-    a prefetch would reach past the end of a thread's chunk or of the matrix included."""
+    """M = 1 (the kernel the setting changes), M = 2 (which it also changes on the avx512bf16 path) and M = 3 (which
+    always prefetches there), at block and chunk boundaries: the rows a prefetch would reach past the end of a
+    thread's chunk or of the matrix included."""
     _native.small_gemm_set_path(path)
     for M in (1, 2, 3):
         for N, K in [(0, 64), (1, 1), (7, 33), (8, 32), (9, 31), (15, 576), (16, 577), (17, 64), (64, 576),

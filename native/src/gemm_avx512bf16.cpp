@@ -1,5 +1,6 @@
 // The small GEMM's AVX512-BF16 kernel (bf16 weights): the activations rounded to bf16 once per call, VDPBF16PS
-// against the weights as loaded (no widening), weight rows one after the other for M <= 7, 4 x 6 blocks above.
+// against the weights as loaded (no widening), weight rows one after the other for M <= 9 (prefetched into L2), 4 x 6
+// blocks above.
 // Only built for x86-64.
 #include <algorithm>
 #include <cstdint>
@@ -59,7 +60,7 @@ DART_AVX512BF16 void block_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_
   const uint16_t* wr = w + n * K;
   for (int64_t k = 0; k < body; k += 32) {
     for (int64_t p = 0; p < lines_per_step && line < prefetch_lines; ++p, ++line)
-      _mm_prefetch(prefetch + line * 64, _MM_HINT_T0);
+      _mm_prefetch(prefetch + line * 64, _MM_HINT_T1);
     __m512i wv[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_si512(wr + r * K + k);
@@ -96,27 +97,31 @@ DART_AVX512BF16 void block_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_
   }
 }
 
+// How far ahead of its loads a streaming kernel prefetches its weights (bytes) and how: PREFETCHT1, which on AMD
+// CPUs fills L2, not L1. Measured on a 2-vCPU Zen 4 EPYC (the decoder's matrices, 2 threads, 9-11 interleaved
+// sweeps in one process): one row 7.3 ms against 7.9 without a prefetch and 8.6 with the rows two ahead in L1 (the
+// PREFETCHT0 this kernel used before); 4 rows 8.7 against 10.4, 5 rows 8.6-9.1 against 11.0-12.8, 7 rows 9.0-10.0
+// against 13-15; 2 KiB ahead measured the same at one row and 1.2x slower at 4-5 rows.
+constexpr int64_t kStreamAhead = 4096;
+
 // Four weight rows one after the other (each row's k loop ends before the next begins: one sequential run of
 // weights), C activation rows against each, the four rows' sums reduced together (hsum16x4: the bits of hsum16).
-// prefetch: row n + r + 2 while row n + r runs, where it lies before n1. 4 * C + 2 <= 32 registers.
+// prefetch: each step's weight line kStreamAhead bytes on (into L2), the run continuing into the rows after.
+// 4 * C + 2 <= 32 registers.
 template <int C>
 DART_AVX512BF16 void rows4_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_t* w, float* y, int64_t N, int64_t K,
-                                  int64_t n, int64_t n1, bool prefetch) {
+                                  int64_t n, bool prefetch) {
   __m512 acc[4][C];
   const int64_t body = K - K % 32;
-  const int64_t row_lines = (K * 2 + 63) / 64;
-  const int64_t lines_per_step = (row_lines * 32 + body - 1) / std::max<int64_t>(body, 32);
   const __mmask32 tail = static_cast<__mmask32>((1ull << (K - body)) - 1ull);
 #pragma GCC unroll 4
   for (int r = 0; r < 4; ++r) {
     const uint16_t* wr = w + (n + r) * K;
-    const char* next = prefetch && n + r + 2 < n1 ? reinterpret_cast<const char*>(w + (n + r + 2) * K) : nullptr;
-    int64_t line = 0;
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
     for (int64_t k = 0; k < body; k += 32) {
-      if (next)
-        for (int64_t p = 0; p < lines_per_step && line < row_lines; ++p, ++line) _mm_prefetch(next + line * 64, _MM_HINT_T0);
+      // A prefetch never faults, so one past the matrix's end is harmless.
+      if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(wr + k) + kStreamAhead, _MM_HINT_T1);
       const __m512i wv = _mm512_loadu_si512(wr + k);
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c)
@@ -133,6 +138,32 @@ DART_AVX512BF16 void rows4_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_
   for (int c = 0; c < C; ++c) _mm_storeu_ps(y + c * N + n, hsum16x4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]));
 }
 
+// One weight row against C activation rows (too many for four rows' sums to wait in registers), each sum reduced
+// as its row ends (hsum16), the weights prefetched as in rows4_bf16dp. C + 2 <= 32 registers.
+template <int C>
+DART_AVX512BF16 void row1_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_t* w, float* y, int64_t N, int64_t K,
+                                 int64_t n) {
+  __m512 acc[C];
+  const int64_t body = K - K % 32;
+  const uint16_t* wr = w + n * K;
+#pragma GCC unroll 16
+  for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < body; k += 32) {
+    _mm_prefetch(reinterpret_cast<const char*>(wr + k) + kStreamAhead, _MM_HINT_T1);
+    const __m512i wv = _mm512_loadu_si512(wr + k);
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], as_bh(_mm512_loadu_si512(xb + c * ldb + k)), as_bh(wv));
+  }
+  if (body < K) {
+    const __m512i wv = _mm512_maskz_loadu_epi16(static_cast<__mmask32>((1ull << (K - body)) - 1ull), wr + body);
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c)
+      acc[c] = _mm512_dpbf16_ps(acc[c], as_bh(_mm512_loadu_si512(xb + c * ldb + body)), as_bh(wv));
+  }
+#pragma GCC unroll 16
+  for (int c = 0; c < C; ++c) y[c * N + n] = hsum16(acc[c]);
+}
+
 // All M packed activation rows against weight rows [n0, n1): M <= 7 streams the weight rows one after the other, four
 // at a time (rows4_bf16dp), M >= 8 runs 4 weight rows side by side against groups of 6 activation rows (the block
 // stays in L1 while the groups pass).
@@ -140,30 +171,36 @@ DART_AVX512BF16 void rows_avx512bf16_t(const uint16_t* xb, int64_t ldb, const ui
                                      int64_t N, int64_t K, int64_t n0, int64_t n1, bool gemv_prefetch) {
   int64_t n = n0;
   if (M <= 7) {
-    // A plain step or a small tree: one sequential run of weights per thread. Measured on a 2-vCPU Zen 4 EPYC, 2
-    // threads: at M = 1 rows one by one with row n + 2 prefetched took 6.8-7.1 ms against 8.1-8.4 ms for blocks of 8
-    // rows (the decoder's weights); at M = 2-7, with no software prefetch (the hardware's stream prefetcher keeps
-    // up here; the blocks need theirs, 1.1-1.3x slower without), a verify in place (tree_cost.py, prefix 300) costs
-    // 1.05 / 1.15 / 1.30 / 1.38 / 1.45x a plain step at 2 / 3 / 4 / 5 / 7 nodes against 1.27 / 1.24 / 1.33 / 1.49 /
-    // 1.57x with the blocks (8 x 2 at M = 2). From M = 8 the blocks win (rows of 2 x M: 1.16x at 8 and 9): each
-    // activation load here feeds one product, there four.
+    // A plain step or a small tree: one sequential run of weights per thread, prefetched into L2 (at M = 1-2 where
+    // the load-time measurement keeps gemv_prefetch: in place on a Zen 4 EPYC both ran 2-3% faster without it, 3
+    // rows 5% faster with it). Measured there, 2 threads: at M = 1 rows one by one took 6.8-7.1 ms against 8.1-8.4
+    // ms for blocks of 8 rows (the decoder's weights); at M = 3-7 with the L2 prefetch 0.70-0.85x the time of the
+    // 4 x C blocks, whose four weight streams the hardware follows less well. Figures: docs/benchmarks.md (issue 39).
     for (; n + 4 <= n1; n += 4) {
       switch (M) {
-        case 1: rows4_bf16dp<1>(xb, ldb, w, y, N, K, n, n1, gemv_prefetch); break;
-        case 2: rows4_bf16dp<2>(xb, ldb, w, y, N, K, n, n1, false); break;
-        case 3: rows4_bf16dp<3>(xb, ldb, w, y, N, K, n, n1, false); break;
-        case 4: rows4_bf16dp<4>(xb, ldb, w, y, N, K, n, n1, false); break;
-        case 5: rows4_bf16dp<5>(xb, ldb, w, y, N, K, n, n1, false); break;
-        case 6: rows4_bf16dp<6>(xb, ldb, w, y, N, K, n, n1, false); break;
-        default: rows4_bf16dp<7>(xb, ldb, w, y, N, K, n, n1, false); break;
+        case 1: rows4_bf16dp<1>(xb, ldb, w, y, N, K, n, gemv_prefetch); break;
+        case 2: rows4_bf16dp<2>(xb, ldb, w, y, N, K, n, gemv_prefetch); break;
+        case 3: rows4_bf16dp<3>(xb, ldb, w, y, N, K, n, true); break;
+        case 4: rows4_bf16dp<4>(xb, ldb, w, y, N, K, n, true); break;
+        case 5: rows4_bf16dp<5>(xb, ldb, w, y, N, K, n, true); break;
+        case 6: rows4_bf16dp<6>(xb, ldb, w, y, N, K, n, true); break;
+        default: rows4_bf16dp<7>(xb, ldb, w, y, N, K, n, true); break;
       }
+    }
+  } else if (M <= 9) {
+    // 8-9 rows: still one run of weights, a row at a time (measured 0.90-0.93x the time of the blocks; from 10 rows
+    // the blocks win, each activation load there feeding four products against one here).
+    for (; n < n1; ++n) {
+      if (M == 8) row1_bf16dp<8>(xb, ldb, w, y, N, K, n);
+      else row1_bf16dp<9>(xb, ldb, w, y, N, K, n);
     }
   } else {
     const int64_t block_lines = (4 * K * 2 + 63) / 64;
     // The next block's prefetches go out during the first group of 6 activation rows; with exactly two groups
     // (M = 7-12) half during each. Measured on a Zen 5 EPYC sweeping the decoder's weights, 120 interleaved pairs,
     // three runs: M = 9 0.94-0.96x, 10 0.96-0.98x, 7-8 and 11-12 0.98-1.01x; spread over three groups (M = 13-17) it
-    // measured 1.02-1.06x, so those keep them in the first.
+    // measured 1.02-1.06x, so those keep them in the first. PREFETCHT1 (into L2 on AMD), not T0: on a Zen 4 EPYC
+    // 17 rows took 0.76x the time and 10-12 rows 0.87-0.96x (the same sweeps as the row kernels' figures above).
     const int64_t split = M > 6 && M <= 12 ? block_lines / 2 : block_lines;
     for (; n + 4 <= n1; n += 4) {
       const char* next = n + 8 <= n1 ? reinterpret_cast<const char*>(w + (n + 4) * K) : nullptr;

@@ -83,11 +83,12 @@ void small_gemm_set_legacy(bool on);
 void small_gemm_set_many_rows(int64_t rows);
 int64_t small_gemm_many_rows();
 
-// Whether the one-row kernel of `path` (M = 1: the plain decoding step's GEMV) prefetches the next block of weight
-// rows in software (default true). Only the speed depends on it, never a result. Which is faster differs by CPU and
-// path: on a Zen 5 EPYC the avx512bf16 kernel streamed 88-93% of the read bandwidth without and 81-83% with it, while
-// the avx512 and avx2 kernels lost 12-20 points without it; dart_core/models/gemv_prefetch.py measures both where
-// the model runs. Not meant to be changed while another thread is inside a call.
+// Whether the one-row kernel of `path` (M = 1: the plain decoding step's GEMV; on the avx512bf16 path also M = 2,
+// which behaved alike) prefetches weights in software (default true). Only the speed depends on it, never a result.
+// Which is faster differs by CPU and path: on a Zen 5 EPYC the avx512bf16 kernel streamed 88-93% of the read
+// bandwidth without and 81-83% with it, while the avx512 and avx2 kernels lost 12-20 points without it;
+// dart_core/models/gemv_prefetch.py measures both where the model runs. Not meant to be changed while another
+// thread is inside a call.
 void small_gemm_set_gemv_prefetch(GemmPath path, bool on);
 bool small_gemm_gemv_prefetch(GemmPath path);
 
