@@ -161,6 +161,9 @@ def test_step_price_and_bad_input(tiny):
     assert step_seconds(cm, "dart", 1, (0, 0, 0)) == pytest.approx(cm.verify_s(1) + cm.commit_s)
     assert step_seconds(cm, "dart", 5, (1, 4, 20)) > step_seconds(cm, "dart", 5, (0, 0, 0))
     assert step_seconds(cm, "unknown", 5, (1, 4, 20)) == pytest.approx(cm.verify_s(5) + cm.commit_s)
+    cm.verify.key_s, cm.verify.key_node_s = 1e-6, 0.5e-6        # a step is priced at the request's length
+    assert step_seconds(cm, "dart", 5, (0, 0, 0), 2064) == pytest.approx(
+        step_seconds(cm, "dart", 5, (0, 0, 0)) + 2000 * (1e-6 + 5 * 0.5e-6))
     d = dart(tiny)
     with pytest.raises(ValueError, match="budgets >= 1"):
         d.propose_each([1, 2], [0, 2])

@@ -293,6 +293,79 @@ def test_a_burst_of_load_does_not_bend_the_measured_curve(burst_from):
         assert (2 + 0.5 * n) / 1e3 <= t < (2 + 0.5 * n + 10) / 1e3, (n, t)
 
 
+class _KeyedTarget:
+    """A target whose verify of n nodes behind L cached positions sleeps 2 + 0.5 n + L (0.002 + 0.001 n) ms."""
+    vocab_size = 100
+    device = torch.device("cpu")
+
+    def new_session(self, capacity):
+        class Session:
+            length = 0
+
+            def prefill(self, ids):
+                self.length += len(ids)
+
+            def verify(self, tree):
+                n = len(tree)
+                time.sleep((2 + 0.5 * n + self.length * (0.002 + 0.001 * n)) / 1e3)
+
+            def commit(self, nodes):
+                pass
+
+            def truncate(self, n):
+                self.length = n
+        return Session()
+
+
+def test_the_cost_per_cached_key_is_measured_behind_a_longer_prefix():
+    curve, _ = costs_mod.measure_verify_curve(_KeyedTarget(), sizes=(1, 9, 3), budget_s=10.0, reps=3)
+    assert curve.key_s == pytest.approx(2e-6, rel=0.3) and curve.key_node_s == pytest.approx(1e-6, rel=0.3)
+    # priced at a request's length: a tree's share grows with its nodes
+    L = 1064
+    assert curve(9, L) - curve(9) == pytest.approx((L - costs_mod.PREFIX_TOKENS) * (curve.key_s + 9 * curve.key_node_s))
+    assert curve(9, 10) == curve(9) == curve(9, None)         # up to the measuring prefix: the curve itself
+    no_keys, _ = costs_mod.measure_verify_curve(_KeyedTarget(), sizes=(1, 9, 3), budget_s=10.0, reps=1, long_prefix=0)
+    assert no_keys.key_s == no_keys.key_node_s == 0.0
+
+
+def test_a_long_request_does_not_make_every_tree_look_dear():
+    """observe takes the cached keys' share out: a step behind 2,000 keys that cost what the model predicts there
+    leaves the curve as it was; the same step read as if behind the short prefix would have lifted it."""
+    curve = VerifyCurve([1, 9, 64], [0.010, 0.013, 0.030], key_s=1e-6, key_node_s=0.5e-6)
+    seen = curve(9, 2000)
+    curve.observe(9, seen, keys=2000)
+    assert curve.seconds == pytest.approx([0.010, 0.013, 0.030])
+    blind = VerifyCurve([1, 9, 64], [0.010, 0.013, 0.030], key_s=1e-6, key_node_s=0.5e-6)
+    blind.observe(9, seen)
+    assert blind(9) > 0.0135
+
+
+def test_the_cost_per_key_is_cached_with_the_curve(tmp_path, monkeypatch):
+    monkeypatch.setattr(costs_mod, "measure_verify_curve",
+                        lambda *a, **k: (VerifyCurve([1, 9, 64], [0.01, 0.013, 0.03], 1.5e-6, 0.4e-6), 1e-4))
+    target = _target_key_only()
+    first = CostModel.load_or_measure(target, cache_dir=tmp_path)
+    again = CostModel.load_or_measure(target, cache_dir=tmp_path)
+    assert again.source.startswith("cached")
+    assert (again.verify.key_s, again.verify.key_node_s) == (1.5e-6, 0.4e-6)
+    assert again.verify_s(9, 1000) == pytest.approx(first.verify_s(9, 1000))
+    assert "per 10,000 cached keys" in again.describe()
+
+
+def test_behind_a_long_context_the_chooser_takes_a_smaller_tree():
+    """The same acceptance, the same curve: after 3,000 cached keys every node attends to them, so a tree's extra
+    nodes cost more and the chooser drafts fewer."""
+    zen4 = {1: 9.7, 2: 10.25, 3: 10.7, 5: 11.4, 9: 13.05, 17: 18.08, 33: 32.49, 64: 54.47}   # tree_cost, prefix 64
+    costs = _costs(zen4, 0.8, 0.05)
+    costs.verify.key_s, costs.verify.key_node_s = 1.0e-6, 0.5e-6     # measured there: 1.0 + 0.52 n us a key
+    auto = AutoTree(stand_in_drafter("dart"), costs, AcceptanceModel.from_hit_rates(*STRONG))
+    auto._keys = 50                    # what propose() reads off the request's context before it chooses
+    short = auto.choose()
+    auto._keys = 3000
+    long = auto.choose()
+    assert not short.plain and long.nodes < short.nodes
+
+
 # ---------------------------------------------------------------------------------------------- the chooser
 def _costs(verify_ms: dict[int, float], per_forward_ms: float, per_row_ms: float) -> CostModel:
     sizes = sorted(verify_ms)
@@ -447,6 +520,9 @@ POISONED = {   # issue 27: each was trusted as read
     "decreasing times": _set(seconds=[0.03, 0.02, 0.021]),
     "sizes as strings": _set(sizes=["1", "9", "64"]),
     "2 million entries": _set(sizes=list(range(1, 2_000_001)), seconds=[0.02] * 2_000_000),
+    "negative cost per key": _set(key_s=-1e-6),
+    "NaN cost per key and node": _set(key_node_s=float("nan")),
+    "a second per key": _set(key_s=1.0),
     "negative commit": lambda rec: json.dumps({**rec, "commit_s": -1.0}),
     "no verify": lambda rec: json.dumps({"key": rec["key"], "commit_s": 0.0}),
     "no key": lambda rec: json.dumps({k: v for k, v in rec.items() if k != "key"}),

@@ -102,6 +102,7 @@ class AutoTree:
         self._last: TreeChoice = PLAIN
         self._last_expected = 1.0
         self._last_work: tuple[int, int, int] = (0, 0, 0)
+        self._keys = 0                              # the request's length at this step: what a verify attends to
         self._best_tree: TreeChoice | None = None
         self._tau_of: dict[TreeChoice, float] = {}
         self._regime = "head"                       # the regime whose state the attributes hold
@@ -118,7 +119,7 @@ class AutoTree:
         """Per setting of the space (in order): expected tau and predicted step seconds (vectorised: this runs
         every few steps over hundreds of EAGLE-3 settings)."""
         costs = self.costs
-        fixed_s = costs.verify.table(np.arange(self.max_tree_nodes + 1)) + costs.commit_s
+        fixed_s = costs.verify.table(np.arange(self.max_tree_nodes + 1), self._keys) + costs.commit_s
         draft = costs.drafts.get(self.name)
         coef = draft.coef if draft is not None else np.zeros(4)
         values = np.zeros((len(self._shapes) + 1, self.max_tree_nodes + 1))   # last row: the plain step's
@@ -186,6 +187,7 @@ class AutoTree:
         regime = getattr(self.inner, "regime", None)
         self._enter(regime(context) if regime is not None else "head")
         self.regime_steps[self._regime] += 1
+        self._keys = len(context)
         if self._step % self.redecide_every == 0:
             self.choose()
         self._step += 1
@@ -225,10 +227,10 @@ class AutoTree:
         choice = self._last
         self.chosen[choice.label] += 1
         if choice.plain:
-            self.costs.observe(trace.timings, len(tree))
+            self.costs.observe(trace.timings, len(tree), keys=self._keys)
             return
         self.acceptance.observe(tree.parents, tree.scores, trace.accepted_nodes)
-        self.costs.observe(trace.timings, len(tree), self.name, self._last_work)
+        self.costs.observe(trace.timings, len(tree), self.name, self._last_work, self._keys)
         if len(tree) == choice.nodes or self.kind == "prompt_lookup":   # not cut short at the answer's end
             self.expected_tau.append(self._last_expected)
             self.achieved_tau.append(float(len(trace.accepted_nodes)))   # accepted drafts + the bonus

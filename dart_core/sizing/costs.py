@@ -8,7 +8,10 @@
 verify: the target's forward over a tree of n nodes after a short prefix, measured at a handful of sizes
 (1..64, chains: the cost depends on the node count, not the shape) and interpolated piecewise-linearly
 (beyond the last measured size: extended along the last segment); every step moves its level for all
-sizes at once (the machine's speed drifts) and its shape slowly. commit: the median commit. Both are
+sizes at once (the machine's speed drifts) and its shape slowly. Behind a longer context a verify costs more,
+the more the more nodes attend to it: ``key_s + key_node_s * n`` seconds per cached key past the short prefix,
+timed at start behind a longer one (on a 2-vCPU Zen 4 EPYC, the bundled target: 1.0 + 0.52 n us a key, so 9 nodes
+cost 1.39x a plain step after 100 tokens and 1.88x after 1,500). The chooser prices trees at the request's length. commit: the median commit. Both are
 kept in the user cache (``~/.cache/dart-demo/costs/``), keyed by the machine, target, dtype, threads and
 code version, and re-measured when any of them changes.
 
@@ -33,13 +36,17 @@ import torch
 logger = logging.getLogger(__name__)
 
 #: Bumped when what the cache holds, or how it is measured, changes.
-COST_MODEL_VERSION = 3   # 2: a verify runs the LM head for the likeliest rows only; 3: interleaved passes, least time
+COST_MODEL_VERSION = 4   # 2: a verify runs the LM head for the likeliest rows only; 3: interleaved passes, least time;
+#                          4: the cost per cached key
 #: Tree sizes (nodes, root included) timed at start, in the order they are timed: the ends and the middle
 #: first, so a start-up budget that runs out early still spans 1..64 (the rest fill in between).
 VERIFY_SIZES = (1, 64, 9, 3, 33, 17, 5, 2)
 #: Sizes timed whatever the budget (the curve needs both ends and a middle).
 MIN_SIZES = 3
 PREFIX_TOKENS = 64
+#: The longer prefix behind which a verify of 1 and of KEY_NODES nodes is timed again: what a cached key costs.
+LONG_PREFIX_TOKENS = 512
+KEY_NODES = 9
 #: How fast measured step times move the commit time (exponential moving average weight per step).
 VERIFY_ALPHA = 0.05
 #: How fast the verify curve follows the steps: its level (the machine's speed, every size by one factor; a VM's
@@ -54,6 +61,7 @@ DRAFT_FORGET = 0.95
 MAX_CACHED_SIZES = 64
 MAX_CACHED_NODES = 4096
 MAX_CACHED_SECONDS = 60.0
+MAX_KEY_SECONDS = 1e-3           # a millisecond per cached key is no timing of attention
 MAX_CACHE_BYTES = 64 * 1024      # a good record is under 1 KB; never parse a huge file on the start-up path
 
 
@@ -65,29 +73,41 @@ class CostCacheError(ValueError):
 class VerifyCurve:
     """Seconds of one verify per tree size (nodes, root included), interpolated between measured sizes."""
     sizes: list[int]
-    seconds: list[float]
+    seconds: list[float]                            # behind PREFIX_TOKENS cached keys
+    key_s: float = 0.0                              # + per cached key past PREFIX_TOKENS, any verify
+    key_node_s: float = 0.0                         # + per cached key past PREFIX_TOKENS and per node
     drift: float = field(default=0.0, repr=False)   # recent common log error of the steps (see observe)
 
-    def __call__(self, nodes: int) -> float:
-        return float(self.table(np.array([nodes]))[0])
+    def __call__(self, nodes: int, keys: int | None = None) -> float:
+        return float(self.table(np.array([nodes]), keys)[0])
 
-    def table(self, nodes: np.ndarray) -> np.ndarray:
-        """Seconds for each tree size in ``nodes`` (one vectorised call: the chooser prices every size at once)."""
+    def table(self, nodes: np.ndarray, keys: int | None = None) -> np.ndarray:
+        """Seconds for each tree size in ``nodes`` (one vectorised call: the chooser prices every size at once),
+        behind ``keys`` cached positions (None: the short measuring prefix)."""
         s, t = np.asarray(self.sizes, dtype=np.float64), np.asarray(self.seconds, dtype=np.float64)
         n = np.maximum(np.asarray(nodes, dtype=np.float64), 1.0)
         if len(s) == 1:
-            return np.full(n.shape, t[0])
-        slope = max((t[-1] - t[-2]) / (s[-1] - s[-2]), 0.0)
-        return np.where(n <= s[-1], np.interp(n, s, t), t[-1] + slope * (n - s[-1]))
+            base = np.full(n.shape, t[0])
+        else:
+            slope = max((t[-1] - t[-2]) / (s[-1] - s[-2]), 0.0)
+            base = np.where(n <= s[-1], np.interp(n, s, t), t[-1] + slope * (n - s[-1]))
+        return base + self.key_term(n, keys)
 
-    def observe(self, nodes: int, seconds: float) -> None:
+    def key_term(self, nodes, keys: int | None):
+        """What ``keys`` cached positions add to a verify of ``nodes`` over the measuring prefix's."""
+        extra = max(int(keys) - PREFIX_TOKENS, 0) if keys is not None else 0
+        return extra * (self.key_s + self.key_node_s * np.asarray(nodes, dtype=np.float64))
+
+    def observe(self, nodes: int, seconds: float, keys: int | None = None) -> None:
         """Move the curve toward one measured verify, in two parts. The level: every size moves by one factor,
         so a VM that slows down or speeds up mid-run is followed at every size although the steps show only the
         sizes the chooser takes (moving those alone once priced every tree dearer than a plain step after a
         slowdown, and the run fell back to plain steps). The shape: the measured sizes around ``nodes`` move by
         what this step's error has beyond the recent common one (``drift``), so sizes seen side by side correct
         each other (a start-up timed on a busy machine heals) while a speed change seen at one size alone
-        leaves the shape as it is."""
+        leaves the shape as it is. ``keys``: the cached positions the verify read; their share (key_term) is
+        taken out first, so long requests do not make every tree look dear to short ones."""
+        seconds = float(seconds - self.key_term(nodes, keys))
         predicted = self(nodes)
         if not (seconds > 0 and predicted > 0):
             return
@@ -196,9 +216,9 @@ def cost_cache_dir() -> Path:
 
 
 def measure_verify_curve(target, sizes: Sequence[int] = VERIFY_SIZES, budget_s: float = 1.5,
-                         reps: int = 3) -> tuple[VerifyCurve, float]:
-    """Time the target's verify at ``sizes`` behind a short prefix; returns the curve (sorted by size) and the
-    median commit. A warm-up pass in the given order decides which sizes fit ``budget_s`` (at least MIN_SIZES);
+                         reps: int = 3, long_prefix: int = LONG_PREFIX_TOKENS) -> tuple[VerifyCurve, float]:
+    """Time the target's verify at ``sizes`` behind a short prefix, then 1 and KEY_NODES nodes behind
+    ``long_prefix`` (0: not: no cost per key); returns the curve (sorted by size) and the median commit. A warm-up pass in the given order decides which sizes fit ``budget_s`` (at least MIN_SIZES);
     then ``reps`` timed passes go over those sizes in turn, and each size keeps its least time. On a VM a burst
     of load lasts tens of milliseconds: timing one size's reps back to back let a burst take all of them (one
     size 2.5x its cost, and the monotone rule then lifted every size up to it), while interleaved passes spread
@@ -246,15 +266,48 @@ def measure_verify_curve(target, sizes: Sequence[int] = VERIFY_SIZES, budget_s: 
     seconds = [min(times[n]) for n in sizes_sorted]
     for i in range(1, len(seconds)):            # a bigger tree never costs less (timing noise aside)
         seconds[i] = max(seconds[i], seconds[i - 1])
-    return VerifyCurve(sizes_sorted, seconds), float(np.median(commits))
+    curve = VerifyCurve(sizes_sorted, seconds)
+    if long_prefix > PREFIX_TOKENS:
+        curve.key_s, curve.key_node_s = _measure_key_cost(target, curve, long_prefix, reps)
+    return curve, float(np.median(commits))
+
+
+def _measure_key_cost(target, curve: VerifyCurve, long_prefix: int, reps: int) -> tuple[float, float]:
+    """(key_s, key_node_s): a verify of 1 and of KEY_NODES nodes (chains) timed behind ``long_prefix`` cached
+    positions, interleaved, least of ``reps`` each, against the curve at the short prefix; never negative."""
+    from ..engine.tree import DraftTree
+
+    vocab = int(target.vocab_size)
+    prompt = [(17 + 31 * i) % vocab for i in range(long_prefix)]
+    session = target.new_session(long_prefix + KEY_NODES + 4)
+    session.prefill(prompt)
+    sync = (lambda: torch.cuda.synchronize(target.device)) if target.device.type == "cuda" else (lambda: None)
+    trees = {n: DraftTree.from_parents([prompt[-1]] + [(prompt[j] + 1) % vocab for j in range(1, n)],
+                                       [-1] + list(range(n - 1))) for n in (1, KEY_NODES)}
+    times: dict[int, list[float]] = {n: [] for n in trees}
+    for _ in range(1 + reps):                     # the first pass warms up, uncounted
+        for n, tree in trees.items():
+            sync()
+            t0 = time.perf_counter()
+            session.verify(tree)
+            sync()
+            times[n].append(time.perf_counter() - t0)
+            session.truncate(long_prefix)
+    extra = long_prefix - PREFIX_TOKENS
+    d1 = min(times[1][1:]) - curve(1)
+    dn = min(times[KEY_NODES][1:]) - curve(KEY_NODES)
+    key_node_s = max((dn - d1) / ((KEY_NODES - 1) * extra), 0.0)
+    key_s = max(d1 / extra - key_node_s, 0.0)
+    return key_s, key_node_s
 
 
 def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _checked_record(d: dict) -> tuple[list[int], list[float], float]:
-    """(sizes, seconds, commit_s) of a cache record, or :class:`CostCacheError` naming the first bad field."""
+def _checked_record(d: dict) -> tuple[list[int], list[float], float, tuple[float, float]]:
+    """(sizes, seconds, commit_s, (key_s, key_node_s)) of a cache record, or :class:`CostCacheError` naming the
+    first bad field."""
     v = d.get("verify")
     if not isinstance(v, dict):
         raise CostCacheError("verify is missing or not an object")
@@ -279,7 +332,13 @@ def _checked_record(d: dict) -> tuple[list[int], list[float], float]:
     commit = d.get("commit_s")
     if not _number(commit) or not 0 <= commit <= MAX_CACHED_SECONDS:
         raise CostCacheError(f"commit_s is {commit!r}, not a time in [0, {MAX_CACHED_SECONDS}] s")
-    return list(sizes), [float(t) for t in seconds], float(commit)
+    per_key = []
+    for name in ("key_s", "key_node_s"):
+        t = v.get(name, 0.0)
+        if not _number(t) or not 0 <= t <= MAX_KEY_SECONDS:
+            raise CostCacheError(f"verify.{name} is {t!r}, not a time per cached key in [0, {MAX_KEY_SECONDS}] s")
+        per_key.append(float(t))
+    return list(sizes), [float(t) for t in seconds], float(commit), (per_key[0], per_key[1])
 
 
 class CostModel:
@@ -295,16 +354,17 @@ class CostModel:
         self.drafts: dict[str, DraftCost] = {}
         self.steps_observed = 0           # steps that refreshed the curve since it was last written
 
-    def verify_s(self, nodes: int) -> float:
-        return self.verify(nodes)
+    def verify_s(self, nodes: int, keys: int | None = None) -> float:
+        """One verify of ``nodes`` (root included) behind ``keys`` cached positions (None: a short prefix)."""
+        return self.verify(nodes, keys)
 
     def draft_cost(self, drafter: str) -> DraftCost:
         return self.drafts.setdefault(drafter, DraftCost())
 
     def observe(self, timings: dict, nodes: int, drafter: str | None = None,
-                work: Sequence[float] | None = None) -> None:
-        """Refresh from one step's recorded stage times (StepTrace.timings)."""
-        self.verify.observe(nodes, float(timings["verify"]))
+                work: Sequence[float] | None = None, keys: int | None = None) -> None:
+        """Refresh from one step's recorded stage times (StepTrace.timings); ``keys``: the positions cached then."""
+        self.verify.observe(nodes, float(timings["verify"]), keys)
         self.commit_s += VERIFY_ALPHA * (float(timings["commit"]) - self.commit_s)
         self.steps_observed += 1
         if drafter is not None and work is not None:
@@ -313,10 +373,13 @@ class CostModel:
     def describe(self) -> str:
         v = self.verify
         pts = ", ".join(f"{n}: {1e3 * v(n):.1f}" for n in (1, 3, 9, 33) if n <= max(v.sizes) * 2)
-        return f"cost model ({self.source}): verify ms by nodes {{{pts}}}, commit {1e3 * self.commit_s:.2f} ms"
+        keys = (f", + {1e7 * v.key_s:.2f} + {1e7 * v.key_node_s:.2f} x nodes ms per 10,000 cached keys"
+                if v.key_s or v.key_node_s else "")
+        return f"cost model ({self.source}): verify ms by nodes {{{pts}}}{keys}, commit {1e3 * self.commit_s:.2f} ms"
 
     def to_dict(self) -> dict:
-        return {"key": self.key, "verify": {"sizes": list(self.verify.sizes), "seconds": list(self.verify.seconds)},
+        return {"key": self.key, "verify": {"sizes": list(self.verify.sizes), "seconds": list(self.verify.seconds),
+                                            "key_s": self.verify.key_s, "key_node_s": self.verify.key_node_s},
                 "commit_s": self.commit_s, "source": self.source}
 
     # ------------------------------------------------------------------ the cache
@@ -359,8 +422,8 @@ class CostModel:
             raise CostCacheError("key is missing or not an object")
         if d["key"] != key:
             return None
-        sizes, seconds, commit_s = _checked_record(d)
-        return cls(VerifyCurve(sizes, seconds), commit_s, key, source=f"cached {path}", path=path)
+        sizes, seconds, commit_s, per_key = _checked_record(d)
+        return cls(VerifyCurve(sizes, seconds, *per_key), commit_s, key, source=f"cached {path}", path=path)
 
     @classmethod
     def load_or_measure(cls, target, cache_dir: str | Path | None = None, budget_s: float = 1.5,

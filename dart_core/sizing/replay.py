@@ -171,11 +171,13 @@ class FrozenCosts(CostModel):
         return False
 
 
-def step_seconds(costs: CostModel, drafter_name: str, nodes: int, work: tuple[int, int, int]) -> float:
-    """A step's price: verify of ``nodes`` + commit + the draft's (head forwards, rows, candidates)."""
+def step_seconds(costs: CostModel, drafter_name: str, nodes: int, work: tuple[int, int, int],
+                 keys: int | None = None) -> float:
+    """A step's price: verify of ``nodes`` behind ``keys`` cached positions + commit + the draft's (head forwards,
+    rows, candidates)."""
     draft = costs.drafts.get(drafter_name)
     d = float(DraftCost.features(work) @ draft.coef) if draft is not None and nodes > 1 else 0.0
-    return costs.verify_s(nodes) + costs.commit_s + d
+    return costs.verify_s(nodes, keys) + costs.commit_s + d
 
 
 @dataclass
@@ -203,10 +205,11 @@ class Walk:
 
 
 def _take_step(w: Walk, costs: CostModel, drafter_name: str, choice: TreeChoice, drafted: Drafted | None,
-               remaining: int, waiting: int) -> tuple[list[int], int]:
+               remaining: int, waiting: int, keys: int) -> tuple[list[int], int]:
     """Count one step of ``choice`` into ``w`` (its recorded tree ``drafted``; None for a plain step) and price it:
     the accepted path (cut at the answer's end: ``remaining`` tokens) and the positions then waiting for the head
-    (a plain step or a step the context drafted alone leaves them waiting; a head forward reads them all)."""
+    (a plain step or a step the context drafted alone leaves them waiting; a head forward reads them all);
+    ``keys``: the request's length at the step (prompt and answer so far), which the verify attends to."""
     if choice.plain:
         n, path, work = 1, [0], (0, 0, 0)
         w.plain_steps += 1
@@ -216,7 +219,7 @@ def _take_step(w: Walk, costs: CostModel, drafter_name: str, choice: TreeChoice,
         f, rows, k = choice.work
         work = (0, 0, k) if drafted.head_skipped else (f, rows + waiting, k)
         waiting = (waiting if drafted.head_skipped else 0) + len(path)
-    w.seconds += step_seconds(costs, drafter_name, n, work)
+    w.seconds += step_seconds(costs, drafter_name, n, work, keys)
     w.steps += 1
     w.tokens += len(path)
     w.chosen[choice.label] = w.chosen.get(choice.label, 0) + 1
@@ -230,7 +233,8 @@ def walk_fixed(logs: Sequence[RequestLog], choice: TreeChoice, costs: CostModel,
         w, i, waiting = Walk(), 0, len(log.prompt)       # the first drafting step reads the prompt's features
         while i < len(log.positions):
             drafted = None if choice.plain else log.positions[i].trees[key_of(choice)]
-            path, waiting = _take_step(w, costs, drafter_name, choice, drafted, len(log.positions) - i, waiting)
+            path, waiting = _take_step(w, costs, drafter_name, choice, drafted, len(log.positions) - i, waiting,
+                                       len(log.prompt) + i + 1)
             i += len(path)
         total = total.add(w)
     return total
@@ -305,7 +309,8 @@ def walk_chooser(logs: Sequence[RequestLog], drafter: Any, costs: CostModel,
             choice = auto.last_used
             drafted = None if choice.plain else replay.recorded()
             accepted, replay.waiting_positions = _take_step(w, costs, drafter.name, choice, drafted,
-                                                            len(log.positions) - i, replay.waiting_positions)
+                                                            len(log.positions) - i, replay.waiting_positions,
+                                                            len(log.prompt) + i + 1)
             auto.step_done(SimpleNamespace(tree=proposal.tree, accepted_nodes=accepted,
                                            timings={"verify": 0.0, "commit": 0.0, "draft_forward": 0.0,
                                                     "tree_build": 0.0}))
