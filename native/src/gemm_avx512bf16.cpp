@@ -174,8 +174,8 @@ DART_AVX512BF16 void rows_avx512bf16_t(const uint16_t* xb, int64_t ldb, const ui
     // A plain step or a small tree: one sequential run of weights per thread, prefetched into L2 (at M = 1-2 where
     // the load-time measurement keeps gemv_prefetch: in place on a Zen 4 EPYC both ran 2-3% faster without it, 3
     // rows 5% faster with it). Measured there, 2 threads: at M = 1 rows one by one took 6.8-7.1 ms against 8.1-8.4
-    // ms for blocks of 8 rows (the decoder's weights); at M = 3-7 with the L2 prefetch 0.70-0.85x the time of the
-    // 4 x C blocks, whose four weight streams the hardware follows less well. Figures: docs/benchmarks.md (issue 39).
+    // ms for blocks of 8 rows (the decoder's weights); at M = 3-7 with the L2 prefetch 0.85-0.93x the time of the
+    // 4 x C blocks prefetching alike, whose four weight streams the hardware follows less well. Figures: docs/benchmarks.md (issue 39).
     for (; n + 4 <= n1; n += 4) {
       switch (M) {
         case 1: rows4_bf16dp<1>(xb, ldb, w, y, N, K, n, gemv_prefetch); break;
