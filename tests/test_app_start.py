@@ -86,6 +86,8 @@ def test_startup_names_the_cost_model():
     assert cost_summary(factory, "fixed").startswith("trees fixed (--tree fixed; the page can switch to auto): ")
     costs.source = "cached /somewhere/abc.json"
     assert "cost model cached /somewhere/abc.json, read in " in cost_summary(factory)
+    costs.verify.key_s, costs.verify.key_node_s = 1.0e-6, 0.5e-6      # what each cached token adds, named too
+    assert "{1: 2.0, 9: 3.0, 33: 6.0}, + 10.00 + 5.00 x nodes ms per 10,000 cached tokens" in cost_summary(factory)
 
 
 # ---------------------------------------------------------------------------------------------- wait_for_page

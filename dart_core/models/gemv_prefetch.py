@@ -15,8 +15,8 @@ at most a percent or so, and only a clear median gain turns the prefetch off.
 
 Since the avx512bf16 one-row kernel streams its rows one by one, its prefetch is of the line 4 KiB ahead into L2
 (PREFETCHT1), and the setting also covers its two-row trees (on a Zen 4 EPYC, in place, both ran 2-3% faster
-without it, while trees of 3-17 rows, which always prefetch so, verified in 0.80-0.95x the time); that figure of the Zen 5 was
-of the blocks of 8 before.
+without it, while trees of 3-17 rows, which always prefetch so, verified in 0.80-0.95x the time); that figure of
+the Zen 5 was of the blocks of 8 before.
 ``DART_GEMV_PREFETCH=on`` or ``off`` fixes the setting (no measurement); ``auto`` (the default) measures.
 """
 from __future__ import annotations

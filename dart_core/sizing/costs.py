@@ -11,9 +11,9 @@ verify: the target's forward over a tree of n nodes after a short prefix, measur
 sizes at once (the machine's speed drifts) and its shape slowly. Behind a longer context a verify costs more,
 the more the more nodes attend to it: ``key_s + key_node_s * n`` seconds per cached key past the short prefix,
 timed at start behind a longer one (on a 2-vCPU Zen 4 EPYC, the bundled target: 1.0 + 0.52 n us a key, so 9 nodes
-cost 1.39x a plain step after 100 tokens and 1.88x after 1,500). The chooser prices trees at the request's length. commit: the median commit. Both are
-kept in the user cache (``~/.cache/dart-demo/costs/``), keyed by the machine, target, dtype, threads and
-code version, and re-measured when any of them changes.
+cost 1.39x a plain step after 100 tokens and 1.88x after 1,500). The chooser prices trees at the request's length.
+commit: the median commit. Both are kept in the user cache (``~/.cache/dart-demo/costs/``), keyed by the machine,
+target, dtype, threads and code version, and re-measured when any of them changes.
 
 draft: per drafter, seconds = a + b * forwards + c * rows + e * candidates (non-negative coefficients,
 least squares over its recent steps), where the drafter's *work* for a tree setting is how many head
@@ -218,7 +218,8 @@ def cost_cache_dir() -> Path:
 def measure_verify_curve(target, sizes: Sequence[int] = VERIFY_SIZES, budget_s: float = 1.5,
                          reps: int = 3, long_prefix: int = LONG_PREFIX_TOKENS) -> tuple[VerifyCurve, float]:
     """Time the target's verify at ``sizes`` behind a short prefix, then 1 and KEY_NODES nodes behind
-    ``long_prefix`` (0: not: no cost per key); returns the curve (sorted by size) and the median commit. A warm-up pass in the given order decides which sizes fit ``budget_s`` (at least MIN_SIZES);
+    ``long_prefix`` (0: not, and no cost per key); returns the curve (sorted by size) and the median commit. A
+    warm-up pass in the given order decides which sizes fit ``budget_s`` (at least MIN_SIZES);
     then ``reps`` timed passes go over those sizes in turn, and each size keeps its least time. On a VM a burst
     of load lasts tens of milliseconds: timing one size's reps back to back let a burst take all of them (one
     size 2.5x its cost, and the monotone rule then lifted every size up to it), while interleaved passes spread

@@ -152,7 +152,8 @@ DART_AVX512BF16 void row1_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_t
     _mm_prefetch(reinterpret_cast<const char*>(wr + k) + kStreamAhead, _MM_HINT_T1);
     const __m512i wv = _mm512_loadu_si512(wr + k);
 #pragma GCC unroll 16
-    for (int c = 0; c < C; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], as_bh(_mm512_loadu_si512(xb + c * ldb + k)), as_bh(wv));
+    for (int c = 0; c < C; ++c)
+      acc[c] = _mm512_dpbf16_ps(acc[c], as_bh(_mm512_loadu_si512(xb + c * ldb + k)), as_bh(wv));
   }
   if (body < K) {
     const __m512i wv = _mm512_maskz_loadu_epi16(static_cast<__mmask32>((1ull << (K - body)) - 1ull), wr + body);
@@ -175,7 +176,8 @@ DART_AVX512BF16 void rows_avx512bf16_t(const uint16_t* xb, int64_t ldb, const ui
     // the load-time measurement keeps gemv_prefetch: in place on a Zen 4 EPYC both ran 2-3% faster without it, 3
     // rows 5% faster with it). Measured there, 2 threads: at M = 1 rows one by one took 6.8-7.1 ms against 8.1-8.4
     // ms for blocks of 8 rows (the decoder's weights); at M = 3-7 with the L2 prefetch 0.85-0.93x the time of the
-    // 4 x C blocks prefetching alike, whose four weight streams the hardware follows less well. Figures: docs/benchmarks.md (issue 39).
+    // 4 x C blocks prefetching alike, whose four weight streams the hardware follows less well. Figures:
+    // docs/benchmarks.md (issue 39).
     for (; n + 4 <= n1; n += 4) {
       switch (M) {
         case 1: rows4_bf16dp<1>(xb, ldb, w, y, N, K, n, gemv_prefetch); break;
