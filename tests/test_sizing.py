@@ -349,7 +349,7 @@ def test_the_cost_per_key_is_cached_with_the_curve(tmp_path, monkeypatch):
     assert again.source.startswith("cached")
     assert (again.verify.key_s, again.verify.key_node_s) == (1.5e-6, 0.4e-6)
     assert again.verify_s(9, 1000) == pytest.approx(first.verify_s(9, 1000))
-    assert "per 10,000 cached keys" in again.describe()
+    assert "+ 15.00 + 4.00 x nodes ms per 10,000 cached tokens" in again.describe()
 
 
 def test_behind_a_long_context_the_chooser_takes_a_smaller_tree():

@@ -60,8 +60,7 @@ def cost_summary(factory: EngineFactory, tree: str = "auto") -> str:
         source += f", read in {spent:.2f} s"
     v = costs.verify
     points = ", ".join(f"{int(n)}: {1e3 * float(t):.1f}" for n, t in zip(v.sizes, v.seconds))
-    keys = (f", + {1e7 * v.key_s:.2f} + {1e7 * v.key_node_s:.2f} x nodes ms per 10,000 cached tokens (every node"
-            " attends to them)" if getattr(v, "key_s", 0.0) or getattr(v, "key_node_s", 0.0) else "")
+    keys = f", {v.key_text()}" if v.key_text() else ""
     return (f"{how}: cost model {source}: verify ms by nodes {{{points}}}{keys}, commit {1e3 * costs.commit_s:.2f} ms")
 
 

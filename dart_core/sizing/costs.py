@@ -98,6 +98,13 @@ class VerifyCurve:
         extra = max(int(keys) - PREFIX_TOKENS, 0) if keys is not None else 0
         return extra * (self.key_s + self.key_node_s * np.asarray(nodes, dtype=np.float64))
 
+    def key_text(self) -> str:
+        """The cost per cached key in words, for logs and the page ("" when there is none)."""
+        if not (self.key_s or self.key_node_s):
+            return ""
+        return (f"+ {1e7 * self.key_s:.2f} + {1e7 * self.key_node_s:.2f} x nodes ms per 10,000 cached tokens "
+                "(every node attends to them)")
+
     def observe(self, nodes: int, seconds: float, keys: int | None = None) -> None:
         """Move the curve toward one measured verify, in two parts. The level: every size moves by one factor,
         so a VM that slows down or speeds up mid-run is followed at every size although the steps show only the
@@ -215,6 +222,31 @@ def cost_cache_dir() -> Path:
     return cache_dir() / "costs"
 
 
+def _dummy_prompt(n: int, vocab: int) -> list[int]:
+    """The measuring prompt: ``n`` fixed tokens (its first PREFIX_TOKENS are the short prefix)."""
+    return [(17 + 31 * i) % vocab for i in range(n)]
+
+
+def _chain(prompt: Sequence[int], n: int, vocab: int):
+    """A chain tree of ``n`` nodes rooted at the prompt's last token (a tree's cost depends on its node count)."""
+    from ..engine.tree import DraftTree
+    return DraftTree.from_parents([prompt[-1]] + [(prompt[j % len(prompt)] + 1) % vocab for j in range(1, n)],
+                                  [-1] + list(range(n - 1)))
+
+
+def _synchronizer(target):
+    """Waits for the target's device (CUDA kernels run asynchronously), so a timer reads finished work."""
+    return (lambda: torch.cuda.synchronize(target.device)) if target.device.type == "cuda" else (lambda: None)
+
+
+def _timed_verify(session, tree, sync) -> float:
+    sync()
+    t0 = time.perf_counter()
+    session.verify(tree)
+    sync()
+    return time.perf_counter() - t0
+
+
 def measure_verify_curve(target, sizes: Sequence[int] = VERIFY_SIZES, budget_s: float = 1.5,
                          reps: int = 3, long_prefix: int = LONG_PREFIX_TOKENS) -> tuple[VerifyCurve, float]:
     """Time the target's verify at ``sizes`` behind a short prefix, then 1 and KEY_NODES nodes behind
@@ -225,29 +257,21 @@ def measure_verify_curve(target, sizes: Sequence[int] = VERIFY_SIZES, budget_s: 
     size 2.5x its cost, and the monotone rule then lifted every size up to it), while interleaved passes spread
     a burst over several sizes once each, and the least time of a size is its cost undisturbed (every step
     moves the curve's level to the speed the machine actually runs at)."""
-    from ..engine.tree import DraftTree
-
     vocab = int(target.vocab_size)
-    prefix = [(17 + 31 * i) % vocab for i in range(PREFIX_TOKENS)]
+    prefix = _dummy_prompt(PREFIX_TOKENS, vocab)
     session = target.new_session(PREFIX_TOKENS + max(sizes) + 4)
-    sync = (lambda: torch.cuda.synchronize(target.device)) if target.device.type == "cuda" else (lambda: None)
+    sync = _synchronizer(target)
     session.prefill(prefix)
-
-    trees = {int(n): DraftTree.from_parents([prefix[-1]] + [(prefix[j % PREFIX_TOKENS] + 1) % vocab
-                                                            for j in range(1, n)], [-1] + list(range(n - 1)))
-             for n in sizes}                 # chains, built once: every size is verified 1 + reps times
+    trees = {int(n): _chain(prefix, int(n), vocab) for n in sizes}   # built once: each verified 1 + reps times
 
     def one(n: int) -> tuple[float, float]:
-        sync()
-        t0 = time.perf_counter()
-        session.verify(trees[n])
-        sync()
+        verify_s = _timed_verify(session, trees[n], sync)
         t1 = time.perf_counter()
         session.commit([0])
         sync()
-        t2 = time.perf_counter()
+        commit_s = time.perf_counter() - t1
         session.truncate(PREFIX_TOKENS)
-        return t1 - t0, t2 - t1
+        return verify_s, commit_s
 
     t_start = time.perf_counter()
     chosen: list[int] = []
@@ -276,23 +300,16 @@ def measure_verify_curve(target, sizes: Sequence[int] = VERIFY_SIZES, budget_s: 
 def _measure_key_cost(target, curve: VerifyCurve, long_prefix: int, reps: int) -> tuple[float, float]:
     """(key_s, key_node_s): a verify of 1 and of KEY_NODES nodes (chains) timed behind ``long_prefix`` cached
     positions, interleaved, least of ``reps`` each, against the curve at the short prefix; never negative."""
-    from ..engine.tree import DraftTree
-
     vocab = int(target.vocab_size)
-    prompt = [(17 + 31 * i) % vocab for i in range(long_prefix)]
+    prompt = _dummy_prompt(long_prefix, vocab)
     session = target.new_session(long_prefix + KEY_NODES + 4)
     session.prefill(prompt)
-    sync = (lambda: torch.cuda.synchronize(target.device)) if target.device.type == "cuda" else (lambda: None)
-    trees = {n: DraftTree.from_parents([prompt[-1]] + [(prompt[j] + 1) % vocab for j in range(1, n)],
-                                       [-1] + list(range(n - 1))) for n in (1, KEY_NODES)}
+    sync = _synchronizer(target)
+    trees = {n: _chain(prompt, n, vocab) for n in (1, KEY_NODES)}
     times: dict[int, list[float]] = {n: [] for n in trees}
     for _ in range(1 + reps):                     # the first pass warms up, uncounted
         for n, tree in trees.items():
-            sync()
-            t0 = time.perf_counter()
-            session.verify(tree)
-            sync()
-            times[n].append(time.perf_counter() - t0)
+            times[n].append(_timed_verify(session, tree, sync))
             session.truncate(long_prefix)
     extra = long_prefix - PREFIX_TOKENS
     d1 = min(times[1][1:]) - curve(1)
@@ -374,8 +391,7 @@ class CostModel:
     def describe(self) -> str:
         v = self.verify
         pts = ", ".join(f"{n}: {1e3 * v(n):.1f}" for n in (1, 3, 9, 33) if n <= max(v.sizes) * 2)
-        keys = (f", + {1e7 * v.key_s:.2f} + {1e7 * v.key_node_s:.2f} x nodes ms per 10,000 cached keys"
-                if v.key_s or v.key_node_s else "")
+        keys = f", {v.key_text()}" if v.key_text() else ""
         return f"cost model ({self.source}): verify ms by nodes {{{pts}}}{keys}, commit {1e3 * self.commit_s:.2f} ms"
 
     def to_dict(self) -> dict:

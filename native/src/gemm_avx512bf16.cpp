@@ -104,52 +104,18 @@ DART_AVX512BF16 void block_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_
 // against 13-15; 2 KiB ahead measured the same at one row and 1.2x slower at 4-5 rows.
 constexpr int64_t kStreamAhead = 4096;
 
-// Four weight rows one after the other (each row's k loop ends before the next begins: one sequential run of
-// weights), C activation rows against each, the four rows' sums reduced together (hsum16x4: the bits of hsum16).
-// prefetch: each step's weight line kStreamAhead bytes on (into L2), the run continuing into the rows after.
-// 4 * C + 2 <= 32 registers.
+// One weight row (wr, K elements) into C lane sums against the C packed activation rows: the 32-wide steps of the
+// body, then the K % 32 tail as one masked step (the activations are zero past K). prefetch: each step's weight line
+// kStreamAhead bytes on, into L2 (a prefetch never faults, so one past the matrix's end is harmless).
 template <int C>
-DART_AVX512BF16 void rows4_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_t* w, float* y, int64_t N, int64_t K,
-                                  int64_t n, bool prefetch) {
-  __m512 acc[4][C];
+DART_AVX512BF16 __attribute__((always_inline)) inline void row_sums_bf16dp(const uint16_t* xb, int64_t ldb,
+                                                                           const uint16_t* wr, int64_t K,
+                                                                           bool prefetch, __m512* acc) {
   const int64_t body = K - K % 32;
-  const __mmask32 tail = static_cast<__mmask32>((1ull << (K - body)) - 1ull);
-#pragma GCC unroll 4
-  for (int r = 0; r < 4; ++r) {
-    const uint16_t* wr = w + (n + r) * K;
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < body; k += 32) {
-      // A prefetch never faults, so one past the matrix's end is harmless.
-      if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(wr + k) + kStreamAhead, _MM_HINT_T1);
-      const __m512i wv = _mm512_loadu_si512(wr + k);
-#pragma GCC unroll 8
-      for (int c = 0; c < C; ++c)
-        acc[r][c] = _mm512_dpbf16_ps(acc[r][c], as_bh(_mm512_loadu_si512(xb + c * ldb + k)), as_bh(wv));
-    }
-    if (body < K) {   // the K % 32 tail, as in block_bf16dp
-      const __m512i wv = _mm512_maskz_loadu_epi16(tail, wr + body);
-#pragma GCC unroll 8
-      for (int c = 0; c < C; ++c)
-        acc[r][c] = _mm512_dpbf16_ps(acc[r][c], as_bh(_mm512_loadu_si512(xb + c * ldb + body)), as_bh(wv));
-    }
-  }
-#pragma GCC unroll 8
-  for (int c = 0; c < C; ++c) _mm_storeu_ps(y + c * N + n, hsum16x4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]));
-}
-
-// One weight row against C activation rows (too many for four rows' sums to wait in registers), each sum reduced
-// as its row ends (hsum16), the weights prefetched as in rows4_bf16dp. C + 2 <= 32 registers.
-template <int C>
-DART_AVX512BF16 void row1_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_t* w, float* y, int64_t N, int64_t K,
-                                 int64_t n) {
-  __m512 acc[C];
-  const int64_t body = K - K % 32;
-  const uint16_t* wr = w + n * K;
 #pragma GCC unroll 16
   for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
   for (int64_t k = 0; k < body; k += 32) {
-    _mm_prefetch(reinterpret_cast<const char*>(wr + k) + kStreamAhead, _MM_HINT_T1);
+    if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(wr + k) + kStreamAhead, _MM_HINT_T1);
     const __m512i wv = _mm512_loadu_si512(wr + k);
 #pragma GCC unroll 16
     for (int c = 0; c < C; ++c)
@@ -161,13 +127,35 @@ DART_AVX512BF16 void row1_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_t
     for (int c = 0; c < C; ++c)
       acc[c] = _mm512_dpbf16_ps(acc[c], as_bh(_mm512_loadu_si512(xb + c * ldb + body)), as_bh(wv));
   }
+}
+
+// Four weight rows one after the other (each row's k loop ends before the next begins: one sequential run of
+// weights), C activation rows against each, the four rows' sums reduced together (hsum16x4: the bits of hsum16).
+// 4 * C + 2 <= 32 registers.
+template <int C>
+DART_AVX512BF16 void rows4_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_t* w, float* y, int64_t N, int64_t K,
+                                  int64_t n, bool prefetch) {
+  __m512 acc[4][C];
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r) row_sums_bf16dp<C>(xb, ldb, w + (n + r) * K, K, prefetch, acc[r]);
+#pragma GCC unroll 8
+  for (int c = 0; c < C; ++c) _mm_storeu_ps(y + c * N + n, hsum16x4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]));
+}
+
+// One weight row against C activation rows (too many for four rows' sums to wait in registers), each sum reduced
+// as its row ends (hsum16), the weights always prefetched. C + 2 <= 32 registers.
+template <int C>
+DART_AVX512BF16 void row1_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_t* w, float* y, int64_t N, int64_t K,
+                                 int64_t n) {
+  __m512 acc[C];
+  row_sums_bf16dp<C>(xb, ldb, w + n * K, K, true, acc);
 #pragma GCC unroll 16
   for (int c = 0; c < C; ++c) y[c * N + n] = hsum16(acc[c]);
 }
 
 // All M packed activation rows against weight rows [n0, n1): M <= 7 streams the weight rows one after the other, four
-// at a time (rows4_bf16dp), M >= 8 runs 4 weight rows side by side against groups of 6 activation rows (the block
-// stays in L1 while the groups pass).
+// at a time (rows4_bf16dp), M = 8-9 one at a time (row1_bf16dp), M >= 10 runs 4 weight rows side by side against
+// groups of 6 activation rows (the block stays in L1 while the groups pass).
 DART_AVX512BF16 void rows_avx512bf16_t(const uint16_t* xb, int64_t ldb, const uint16_t* w, float* y, int64_t M,
                                      int64_t N, int64_t K, int64_t n0, int64_t n1, bool gemv_prefetch) {
   int64_t n = n0;
@@ -199,11 +187,11 @@ DART_AVX512BF16 void rows_avx512bf16_t(const uint16_t* xb, int64_t ldb, const ui
   } else {
     const int64_t block_lines = (4 * K * 2 + 63) / 64;
     // The next block's prefetches go out during the first group of 6 activation rows; with exactly two groups
-    // (M = 7-12) half during each. Measured on a Zen 5 EPYC sweeping the decoder's weights, 120 interleaved pairs,
+    // (M = 10-12 here) half during each. Measured on a Zen 5 EPYC sweeping the decoder's weights, 120 interleaved pairs,
     // three runs: M = 9 0.94-0.96x, 10 0.96-0.98x, 7-8 and 11-12 0.98-1.01x; spread over three groups (M = 13-17) it
     // measured 1.02-1.06x, so those keep them in the first. PREFETCHT1 (into L2 on AMD), not T0: on a Zen 4 EPYC
     // 17 rows took 0.76x the time and 10-12 rows 0.87-0.96x (the same sweeps as the row kernels' figures above).
-    const int64_t split = M > 6 && M <= 12 ? block_lines / 2 : block_lines;
+    const int64_t split = M <= 12 ? block_lines / 2 : block_lines;
     for (; n + 4 <= n1; n += 4) {
       const char* next = n + 8 <= n1 ? reinterpret_cast<const char*>(w + (n + 4) * K) : nullptr;
       // The group starting at activation row m prefetches lines [first_line(m), end_line(m)) of the next block.
