@@ -4,6 +4,7 @@
         --limit 10 --turns first --max-new-tokens 128 --dtype bfloat16 --threads 2 --json out.json
     python -m dart_core.bench --questions mt_bench humaneval gsm8k alpaca --data-dir DIR ...   # named sets
     python -m dart_core.bench ... --methods vanilla,dart,eagle3 --tree fixed --budget 8   # trees as given
+    python -m dart_core.bench ... --methods vanilla,dart_context,dart_context@budget=6   # auto vs fixed, one run
 
 ``--tree auto`` (the default) sizes the trees of dart, dart_no_ngram, eagle3 and prompt_lookup every few
 steps from one cost model of the target measured at start (its verify-time curve is printed and kept in
@@ -35,6 +36,7 @@ from ..presets import TREE_MODES
 from .questions import QUESTION_SETS, BenchInputError, load_question_sets, resolve_question_source
 from .runners import METHODS, WARMUP_TOKENS, run_benchmark, tree_costs
 from .summary import render_markdown, summarize
+from .variants import parse_variant, variant_args
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"folder holding the named sets' files (mt_bench.jsonl, humaneval.jsonl, gsm8k_test.jsonl, "
                         f"alpaca.jsonl); default: ${ENV_DATA_DIR}")
     p.add_argument("--methods", default="hf_generate,vanilla,prompt_lookup",
-                   help=f"comma-separated methods, run in this order; known: {', '.join(METHODS)}")
+                   help=f"comma-separated methods, run in this order; known: {', '.join(METHODS)}; NAME@fixed runs "
+                        "NAME's tree as the flags give it and NAME@KNOB=V[+KNOB=V] also sets tree knobs (e.g. "
+                        "dart_context@budget=6 beside dart_context: a fixed tree against the automatic one, same run)")
     p.add_argument("--tree", type=parse_tree_mode, default="auto", metavar="|".join(TREE_MODES),
                    help="auto (default): dart, dart_no_ngram, eagle3 and prompt_lookup size their trees every few "
                         "steps from one cost model of the target measured at start and their acceptance, holding "
@@ -118,10 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_methods(text: str) -> list[str]:
+    """The entries of --methods: registered methods, or variants of them (NAME@fixed, NAME@KNOB=V: bench.variants)."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
         raise BenchInputError(f"--methods is empty; choose from {', '.join(METHODS)}")
-    unknown = [n for n in names if n not in METHODS]
+    # a malformed variant raises here, naming the entry
+    unknown = [n for n in names if parse_variant(n, METHODS).method not in METHODS]
     if unknown:
         raise BenchInputError(f"unknown method(s) {', '.join(unknown)} in --methods; valid methods: "
                               f"{', '.join(METHODS)}")
@@ -198,12 +204,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ModelLoadError as exc:
         parser.error(str(exc))
     cost_model = None
-    if args.tree == "auto" and any(METHODS[name].auto_tree for name in methods):
+    variants = [parse_variant(name, METHODS) for name in methods]
+    if args.tree == "auto" and any(METHODS[v.method].auto_tree and not v.fixed for v in variants):
         costs = tree_costs(target, args)      # one cost model for every method, measured (or read) once
         cost_model = cost_model_summary(costs)
         sys.stderr.write(f"automatic trees: {cost_model['describe']}\n")
         sys.stderr.flush()
-    runners = {name: METHODS[name].factory(target, args) for name in methods}
+    runners = {v.name: METHODS[v.method].factory(target, variant_args(args, v)) for v in variants}
 
     t0 = time.perf_counter()
     try:
