@@ -1,9 +1,11 @@
 """The benchmark CLI, run in-process on a tiny random Llama: report fields, greedy identity, bad input."""
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
+import torch
 
 from dart_core.bench import cli as bench
 from dart_core.bench import runners
@@ -11,6 +13,7 @@ from dart_core.bench.questions import (QUESTION_SETS, BenchInputError, load_ques
                                        resolve_question_set, resolve_question_source)
 from dart_core.bench.runners import AnswerRecord
 from dart_core.bench.summary import first_divergence, summarize
+from dart_core.config import GenerationConfig
 from dart_core.engine.trace import STAGES
 from tiny_models import make_tiny_model_dir
 
@@ -554,6 +557,67 @@ def test_bench_fixed_trees_run_as_given(tiny_dir, tiny_heads, questions_file, co
     hist = {int(k): v for k, v in dart["tree_nodes_hist"].items()}
     assert sum(hist.values()) == dart["steps"] and max(hist) == 4
     assert hist[4] >= dart["steps"] - 3 * dart["answers"]
+
+
+def test_fixed_variants_run_beside_the_automatic_trees(tiny_dir, tiny_heads, questions_file, cost_cache, tmp_path,
+                                                       capsys):
+    """NAME@KNOB=V and NAME@fixed: the same method under a fixed tree in the run that sizes NAME automatically,
+    each under its own key, every answer vanilla's."""
+    out = tmp_path / "variants.json"
+    res = _run(_common(tiny_dir, questions_file) + _heads(tiny_heads) + [
+        "--methods", "vanilla,dart,dart@budget=3,eagle3@fixed,eagle3@eagle3_total_token=4+eagle3_depth=2",
+        "--limit", "2", "--max-new-tokens", "20", "--json", out], capsys)
+    report = json.loads(out.read_text())
+    methods = report["methods"]
+    assert list(methods) == ["vanilla", "dart", "dart@budget=3", "eagle3@fixed", "eagle3@eagle3_total_token=4+eagle3_depth=2"]
+    assert report["tree"]["mode"] == "auto" and report["tree"]["cost_model"]   # measured for the automatic dart
+    assert methods["dart"]["tree"]["mode"] == "auto" and methods["dart"]["auto_tree"]
+    fixed = methods["dart@budget=3"]
+    assert fixed["tree"]["mode"] == "fixed" and fixed["tree"]["settings"]["budget"] == 3 and fixed["auto_tree"] is None
+    assert max(int(k) for k in fixed["tree_nodes_hist"]) == 4
+    published = methods["eagle3@fixed"]["tree"]["settings"]
+    assert (published["total_token"], published["depth"], published["top_k"]) == (60, 7, 10)
+    small = methods["eagle3@eagle3_total_token=4+eagle3_depth=2"]["tree"]["settings"]
+    assert (small["total_token"], small["depth"], small["top_k"]) == (4, 2, 10)
+    for name, r in methods.items():
+        if name != "vanilla":
+            assert r["identical_to_vanilla"] is True, (name, r["divergences"])
+    assert "| dart@budget=3 |" in res.out
+
+
+@pytest.mark.parametrize("entry, needle", [
+    ("medusa@fixed", "unknown method 'medusa'"),
+    ("vanilla@fixed", "vanilla has no tree to fix"),
+    ("dart@beam", "not KNOB=VALUE of dart's tree"),
+    ("dart@eagle3_depth=2", "its tree knobs: budget, beam_width"),
+    ("dart@budget=-1", "DART tree budget"),
+    ("dart@budget=many", "must be a number"),
+    ("prompt_lookup@budget=3", "write prompt_lookup@fixed"),
+])
+def test_bad_variants_name_the_entry(questions_file, capsys, entry, needle):
+    last = _fails(["--questions", questions_file, "--methods", f"vanilla,{entry}", "--bandwidth-mib", "0",
+                   "--max-busy", "1"], capsys, needle)
+    assert entry in last
+
+
+def test_an_answers_time_is_its_generation_alone(tiny_dir, monkeypatch):
+    """The report's bookkeeping after a generation (tree sizes, accepted sources) is not timed as the method's: a
+    clock that jumps 100 s inside accepted_sources leaves the answer's wall time below it."""
+    from dart_core.models.loader import load_target
+    target = load_target(str(tiny_dir), dtype=torch.float32, device="cpu")
+    runner = runners.METHODS["prompt_lookup"].factory(target, argparse.Namespace(tree="fixed"))
+    clock, now = {"jump": 0.0}, runners.time.perf_counter
+    monkeypatch.setattr(runners.time, "perf_counter", lambda: now() + clock["jump"])
+    counted = runners.accepted_sources
+
+    def slow_bookkeeping(traces, drafter):
+        clock["jump"] += 100.0
+        return counted(traces, drafter)
+    monkeypatch.setattr(runners, "accepted_sources", slow_bookkeeping)
+    out, wall = runners.run_answer(runner, [1, 2, 3, 4, 1, 2, 3], GenerationConfig(max_new_tokens=6),
+                                   torch.device("cpu"))
+    assert clock["jump"] == 100.0 and out.tokens   # the bookkeeping ran, after the generation's clock stopped
+    assert 0 < wall < 100.0 and wall == out.wall_s
 
 
 def test_bad_tree_mode_fails_at_parse_time(questions_file, capsys):
