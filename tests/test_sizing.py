@@ -217,6 +217,27 @@ def test_draft_cost_fit_is_non_negative_and_recovers_a_linear_cost():
     assert (_nonneg_lstsq(X, np.array([3.0, 2.0, 1.0])) >= 0).all()    # a falling cost fits as flat
 
 
+def test_the_draft_cost_fit_of_a_column_that_never_varies_is_lstsqs():
+    """DART runs one head forward a step, so the forwards column equals the constant one: the normal equations are
+    singular, and the fit must price every work as lstsq's minimum-norm solution does (the running sums' Cholesky
+    with its tiny ridge), not blow up."""
+    rng = np.random.default_rng(3)
+    cost = DraftCost()
+    X, y = [], []
+    for _ in range(40):
+        work = (1, int(rng.integers(1, 40)), int(rng.integers(0, 400)))
+        t = 0.001 + 0.0001 * work[1] + 0.00001 * work[2] + float(rng.normal(0, 1e-5))
+        cost.add(work, t)
+        X.append(DraftCost.features(work))
+        y.append(t)
+    X = np.array(X)
+    w = np.sqrt(0.95 ** np.arange(len(y) - 1, -1, -1))       # DRAFT_FORGET per newer sample
+    ref = np.linalg.lstsq(X * w[:, None], np.array(y) * w, rcond=None)[0]
+    assert (cost.coef >= 0).all() and np.all(np.isfinite(cost.coef))
+    assert np.allclose(X @ cost.coef, X @ ref, atol=1e-9)
+    assert cost.coef[0] == pytest.approx(cost.coef[1], rel=1e-6)   # the minimum norm splits the constant evenly
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     from tiny_models import make_tiny_app_models
@@ -652,10 +673,10 @@ def test_make_auto_seeds_the_draft_cost_once_per_drafter_and_reports(tiny):
     costs = CostModel(VerifyCurve([1, 64], [0.001, 0.002]), 0.0)
     drafters = _drafters(tiny)
     auto = make_auto(drafters["dart"], costs)
-    assert "dart" in costs.drafts and len(costs.drafts["dart"].samples) >= 4
-    n = len(costs.drafts["dart"].samples)
+    assert "dart" in costs.drafts and costs.drafts["dart"].samples >= 4
+    n = costs.drafts["dart"].samples
     make_auto(drafters["dart"], costs, fixed={"budget": 3})
-    assert len(costs.drafts["dart"].samples) == n                 # timed once per drafter name
+    assert costs.drafts["dart"].samples == n                 # timed once per drafter name
     out = SpeculativeEngine(target, auto).generate([5, 9, 11, 4], GenerationConfig(max_new_tokens=24, max_length=100))
     assert out.tokens == SpeculativeEngine(target).generate([5, 9, 11, 4], GenerationConfig(max_new_tokens=24,
                                                                                             max_length=100)).tokens

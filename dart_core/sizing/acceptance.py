@@ -72,16 +72,16 @@ def chain_conditional(hit1: Sequence[float], chain: float, tol: float = 1e-6) ->
     return rates(0.5 * (lo + hi))
 
 
-def _sibling_ranks(parents: np.ndarray, scores: np.ndarray | None) -> np.ndarray:
+def _sibling_ranks(parents: Sequence[int], scores: Sequence[float] | None) -> list[int]:
     """Each node's rank among its parent's children, by score (desc), ties by node index (the root: 0)."""
     n = len(parents)
-    ranks = np.zeros(n, dtype=np.int64)
+    ranks = [0] * n
     by_parent: dict[int, list[int]] = {}
     for i in range(1, n):
-        by_parent.setdefault(int(parents[i]), []).append(i)
+        by_parent.setdefault(parents[i], []).append(i)
     for kids in by_parent.values():
-        if scores is not None:
-            kids = sorted(kids, key=lambda i: (-float(scores[i]), i))
+        if scores is not None and len(kids) > 1:
+            kids = sorted(kids, key=lambda i: (-scores[i], i))
         for r, i in enumerate(kids):
             ranks[i] = r
     return ranks
@@ -173,26 +173,32 @@ class AcceptanceModel:
         return np.where(self._request_trials > 0, self.rates, scaled)
 
     def observe(self, parents: np.ndarray, scores: np.ndarray | None, accepted_nodes: Sequence[int]) -> None:
-        """One verify step: every node whose parent was accepted is a trial of its (depth, rank) cell."""
-        parents = np.asarray(parents)
-        if len(parents) <= 1:
+        """One verify step: every node whose parent was accepted is a trial of its (depth, rank) cell. In plain
+        Python over lists (this runs after every verify, where numpy's per-element calls are slow)."""
+        parents = np.asarray(parents).tolist()
+        n = len(parents)
+        if n <= 1:
             return
-        accepted = np.zeros(len(parents), dtype=bool)
-        accepted[list(accepted_nodes)] = True
-        depth = np.zeros(len(parents), dtype=np.int64)
-        for i in range(1, len(parents)):
+        scores = None if scores is None else np.asarray(scores, dtype=np.float64).tolist()
+        accepted = [False] * n
+        for i in accepted_nodes:
+            accepted[int(i)] = True
+        depth = [0] * n
+        for i in range(1, n):
             depth[i] = depth[parents[i]] + 1
         ranks = _sibling_ranks(parents, scores)
-        for i in range(1, len(parents)):
+        for i in range(1, n):
             if not accepted[parents[i]]:
                 continue
             d, r = min(depth[i], MAX_DEPTH) - 1, min(ranks[i], MAX_RANK - 1)
             x = 1.0 if accepted[i] else 0.0
+            longrun = float(self.longrun[d, r])
+            rate = float(self.rates[d, r])
             self._request_trials[d, r] += 1
             self._request_hits += x
-            self._request_expected += self.longrun[d, r]
-            self.rates[d, r] += self.request_alpha * (x - self.rates[d, r])
-            self.longrun[d, r] += self.longrun_alpha * (x - self.longrun[d, r])
+            self._request_expected += longrun
+            self.rates[d, r] = rate + self.request_alpha * (x - rate)
+            self.longrun[d, r] = longrun + self.longrun_alpha * (x - longrun)
             self.trials[d, r] += 1
             self.hits[d, r] += x
 

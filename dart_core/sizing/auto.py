@@ -12,8 +12,9 @@ with the acceptance model's expectation for the best tree of that shape and the 
 sets the best. When no tree is expected to beat a plain target step, it takes plain steps (the head does
 not run; its features wait) and every ``probe_every`` steps drafts once with the best tree anyway, so the
 acceptance model keeps learning and speculation returns when it pays again. Every step's stage times
-refresh the cost model and its accepted path the acceptance model. The choice never changes the output:
-every tree is verified by the same lossless loop.
+refresh the cost model and its accepted path the acceptance model, in a batch before each decision (one step at
+a time, right after its verify, the same work cost the bundled target 0.12 ms a step). The choice never changes
+the output: every tree is verified by the same lossless loop.
 """
 from __future__ import annotations
 
@@ -100,11 +101,13 @@ class AutoTree:
         self._step = 0
         self._plain_run = 0
         self._last: TreeChoice = PLAIN
+        self._applied: TreeChoice | None = None     # the setting the drafter holds (None: unknown, set it again)
         self._last_expected = 1.0
         self._last_work: tuple[int, int, int] = (0, 0, 0)
         self._keys = 0                              # the request's length at this step: what a verify attends to
         self._best_tree: TreeChoice | None = None
         self._tau_of: dict[TreeChoice, float] = {}
+        self._seen: list[tuple] = []                # steps not yet learnt from (see step_done)
         self._regime = "head"                       # the regime whose state the attributes hold
         self._stash: dict[str, dict] = {}          # the other regimes' REGIME_STATE
         self.regime_steps: Counter = Counter()
@@ -139,6 +142,7 @@ class AutoTree:
 
     def rates(self) -> list[dict]:
         """Every setting with its expected tau, predicted step seconds and expected tokens/s (best first)."""
+        self.learn()
         tau, step = self._expected()
         rows = [{"choice": c, "label": c.label, "nodes": c.nodes, "tau": float(t), "step_s": float(s),
                  "tokens_per_s": float(t / max(s, 1e-9))} for c, t, s in zip(self.space, tau, step)]
@@ -146,6 +150,7 @@ class AutoTree:
         return rows
 
     def choose(self) -> TreeChoice:
+        self.learn()
         tau, step = self._expected()
         tps = tau / np.maximum(step, 1e-9)
         drafting = np.where(self._plain, -np.inf, tps)
@@ -160,6 +165,7 @@ class AutoTree:
 
     # ------------------------------------------------------------------ the drafter protocol
     def begin(self, prompt_ids: Sequence[int], prefill_aux: torch.Tensor | None) -> None:
+        self.learn()                                      # the last request's steps, into its own rates
         self.costs.save(min_steps=SAVE_AFTER_STEPS)       # what the last answers measured outlives the process
         self.inner.begin(prompt_ids, prefill_aux)
         self.acceptance.begin_request()
@@ -174,6 +180,7 @@ class AutoTree:
         decides at once)."""
         if regime == self._regime:
             return
+        self.learn()                                      # the steps so far belong to the regime being left
         self._stash[self._regime] = {a: getattr(self, a) for a in REGIME_STATE}
         state = self._stash.pop(regime, None)
         if state is None:
@@ -200,7 +207,9 @@ class AutoTree:
             proposal = skip(context) if skip is not None else Proposal(DraftTree.root_only(int(context[-1])))
         else:
             self._plain_run = 0
-            apply_choice(self.inner, choice)
+            if choice != self._applied:             # a decision holds for several steps: set the knobs once
+                apply_choice(self.inner, choice)
+                self._applied = choice
             # rows through the head = the setting's own + the positions it catches up on (after plain steps,
             # many): priced as such, a catch-up never makes drafting look dearer than it is
             caught_up = getattr(self.inner, "waiting_positions", 0)
@@ -222,18 +231,29 @@ class AutoTree:
         return int(nbytes()) if nbytes is not None else 0
 
     def step_done(self, trace: StepTrace) -> None:
-        """After each verify step (the engine calls it): refresh both models, count the setting."""
+        """After each verify step (the engine calls it): count the setting and keep what the models learn from it.
+        The learning itself waits for the next decision (:meth:`learn`): right after a verify has streamed the
+        weights through the caches, the same Python and numpy work costs several times what it costs in a batch
+        (the two models' refresh: 0.12 ms a step on the bundled target, 2-vCPU Zen 4, against ~0.02 batched)."""
         tree = trace.tree
         choice = self._last
         self.chosen[choice.label] += 1
-        if choice.plain:
-            self.costs.observe(trace.timings, len(tree), keys=self._keys)
-            return
-        self.acceptance.observe(tree.parents, tree.scores, trace.accepted_nodes)
-        self.costs.observe(trace.timings, len(tree), self.name, self._last_work, self._keys)
-        if len(tree) == choice.nodes or self.kind == "prompt_lookup":   # not cut short at the answer's end
+        self._seen.append((choice, tree.parents, tree.scores, trace.accepted_nodes, trace.timings, len(tree),
+                           self._last_work, self._keys))
+        if not choice.plain and (len(tree) == choice.nodes or self.kind == "prompt_lookup"):  # not cut at the end
             self.expected_tau.append(self._last_expected)
             self.achieved_tau.append(float(len(trace.accepted_nodes)))   # accepted drafts + the bonus
+
+    def learn(self) -> None:
+        """Refresh both models from the steps seen since the last call, in their order: the acceptance model from
+        each drafted tree's accepted path, the cost model from each step's stage times."""
+        seen, self._seen = self._seen, []
+        for choice, parents, scores, accepted, timings, nodes, work, keys in seen:
+            if choice.plain:
+                self.costs.observe(timings, nodes, keys=keys)
+                continue
+            self.acceptance.observe(parents, scores, accepted)
+            self.costs.observe(timings, nodes, self.name, work, keys)
 
     # ------------------------------------------------------------------ start-up and reports
     def calibrate(self, prompt_len: int = 16, reps: int = 2) -> float:
@@ -254,6 +274,7 @@ class AutoTree:
         if self.needs_aux:
             fc = self.inner.head.fc.weight
             aux = torch.zeros(prompt_len, fc.shape[1], dtype=fc.dtype, device=fc.device)
+        self._applied = None                            # the timed proposals leave the knobs at their last
         for choice in sorted(picks, key=lambda c: c.nodes):
             apply_choice(self.inner, choice)
             self.inner.begin(prompt, aux)
@@ -271,6 +292,7 @@ class AutoTree:
 
     def report(self) -> dict:
         """What was chosen (steps per setting), expected against achieved tau, and the models' state."""
+        self.learn()
         exp, ach = self.expected_tau, self.achieved_tau
         return {"chosen": dict(self.chosen.most_common()),
                 "expected_tau": round(float(np.mean(exp)), 3) if exp else None,

@@ -22,10 +22,11 @@ forwards it runs, how many rows they hold and how many candidates its tree build
 """
 from __future__ import annotations
 
+import bisect
 import json
 import logging
+import math
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -79,7 +80,20 @@ class VerifyCurve:
     drift: float = field(default=0.0, repr=False)   # recent common log error of the steps (see observe)
 
     def __call__(self, nodes: int, keys: int | None = None) -> float:
-        return float(self.table(np.array([nodes]), keys)[0])
+        """One size's seconds, as :meth:`table` prices it, in plain floats: every step's refresh calls this, right
+        after a verify has streamed the weights through the caches, where a few numpy calls cost ~0.1 ms."""
+        n = max(float(nodes), 1.0)
+        s, t = self.sizes, self.seconds
+        if len(s) == 1:
+            base = t[0]
+        elif n > s[-1]:
+            base = t[-1] + max((t[-1] - t[-2]) / (s[-1] - s[-2]), 0.0) * (n - s[-1])
+        elif n <= s[0]:
+            base = t[0]
+        else:
+            j = bisect.bisect_right(s, n) - 1            # s[j] <= n < s[j + 1], or n == s[-1]
+            base = t[j] if j == len(s) - 1 else t[j] + (t[j + 1] - t[j]) * (n - s[j]) / (s[j + 1] - s[j])
+        return base + self._key_seconds(n, keys)
 
     def table(self, nodes: np.ndarray, keys: int | None = None) -> np.ndarray:
         """Seconds for each tree size in ``nodes`` (one vectorised call: the chooser prices every size at once),
@@ -94,9 +108,14 @@ class VerifyCurve:
         return base + self.key_term(n, keys)
 
     def key_term(self, nodes, keys: int | None):
-        """What ``keys`` cached positions add to a verify of ``nodes`` over the measuring prefix's."""
+        """What ``keys`` cached positions add to a verify of ``nodes`` (an array) over the measuring prefix's."""
         extra = max(int(keys) - PREFIX_TOKENS, 0) if keys is not None else 0
         return extra * (self.key_s + self.key_node_s * np.asarray(nodes, dtype=np.float64))
+
+    def _key_seconds(self, nodes: float, keys: int | None) -> float:
+        """:meth:`key_term` for one size, in plain floats."""
+        extra = max(int(keys) - PREFIX_TOKENS, 0) if keys is not None else 0
+        return extra * (self.key_s + self.key_node_s * nodes)
 
     def key_text(self) -> str:
         """The cost per cached key in words, for logs and the page ("" when there is none)."""
@@ -114,11 +133,11 @@ class VerifyCurve:
         each other (a start-up timed on a busy machine heals) while a speed change seen at one size alone
         leaves the shape as it is. ``keys``: the cached positions the verify read; their share (key_term) is
         taken out first, so long requests do not make every tree look dear to short ones."""
-        seconds = float(seconds - self.key_term(nodes, keys))
+        seconds = float(seconds) - self._key_seconds(max(float(nodes), 1.0), keys)
         predicted = self(nodes)
         if not (seconds > 0 and predicted > 0):
             return
-        err = float(np.log(seconds / predicted))
+        err = math.log(seconds / predicted)      # plain floats throughout: see __call__
         self.drift += SPEED_ALPHA * (err - self.drift)
         s = self.sizes
         if nodes <= s[0]:
@@ -126,12 +145,13 @@ class VerifyCurve:
         elif nodes >= s[-1]:
             pairs = [(len(s) - 1, 1.0)]
         else:
-            j = int(np.searchsorted(s, nodes))
+            j = bisect.bisect_left(s, nodes)
             w = (nodes - s[j - 1]) / (s[j] - s[j - 1])
             pairs = [(j - 1, 1.0 - w), (j, w)]
-        self.seconds = [t * float(np.exp(SPEED_ALPHA * err)) for t in self.seconds]
+        level = math.exp(SPEED_ALPHA * err)
+        self.seconds = [t * level for t in self.seconds]
         for i, w in pairs:
-            self.seconds[i] = max(self.seconds[i] * float(np.exp(SHAPE_ALPHA * w * (err - self.drift))), 1e-6)
+            self.seconds[i] = max(self.seconds[i] * math.exp(SHAPE_ALPHA * w * (err - self.drift)), 1e-6)
         # a bigger tree never costs less: the sizes just measured stand, their neighbours give way (lifting a
         # measured size back up to an unmeasured smaller one would undo the measurement)
         lo = pairs[0][0]
@@ -143,10 +163,17 @@ class VerifyCurve:
 
 @dataclass
 class DraftCost:
-    """One drafter's step cost (head forwards + tree build) from its work: a + b*forwards + c*rows + e*cands."""
-    samples: deque = field(default_factory=lambda: deque(maxlen=256))
+    """One drafter's step cost (head forwards + tree build) from its work: a + b*forwards + c*rows + e*cands.
+
+    Least squares over every sample, the older ones down-weighted by DRAFT_FORGET per newer sample (the machine's
+    speed drifts, and a fit that still averaged the old speed priced drafts at a speed the verify curve had already
+    left): kept as the weighted normal equations' sums, updated in plain floats at each sample (a step adds one,
+    right after a verify, where numpy calls are slow; a fit over a 256-sample window cost ~0.45 ms a decision)."""
+    samples: int = 0                  # samples added
     _coef: np.ndarray = field(default_factory=lambda: np.zeros(4), repr=False)
     _stale: bool = field(default=False, repr=False)
+    _xtx: list = field(default_factory=lambda: [[0.0] * 4 for _ in range(4)], repr=False)   # sum w x x^T
+    _xty: list = field(default_factory=lambda: [0.0] * 4, repr=False)                       # sum w x y
 
     @staticmethod
     def features(work: Sequence[float]) -> np.ndarray:
@@ -156,7 +183,7 @@ class DraftCost:
     @property
     def coef(self) -> np.ndarray:
         """The fitted coefficients, refitted here when samples came in since the last read: every step adds one,
-        but the chooser reads them only every few steps, and a fit over the window cost about 0.3 ms a step."""
+        but the chooser reads them only every few steps."""
         if self._stale:
             self.refit()
         return self._coef
@@ -167,34 +194,64 @@ class DraftCost:
         self._stale = False
 
     def add(self, work: Sequence[float], seconds: float) -> None:
-        self.samples.append((self.features(work), float(seconds)))
+        forwards, rows, candidates = work
+        x = (1.0, float(forwards), float(rows), float(candidates))
+        y = float(seconds)
+        f = DRAFT_FORGET
+        for i in range(4):
+            row = self._xtx[i]
+            for j in range(4):
+                row[j] = f * row[j] + x[i] * x[j]
+            self._xty[i] = f * self._xty[i] + x[i] * y
+        self.samples += 1
         self._stale = True
 
     def refit(self) -> None:
         self._stale = False
-        if not self.samples:
-            return
-        X = np.stack([x for x, _ in self.samples])
-        y = np.array([t for _, t in self.samples])
-        # recent steps weigh more: the machine's speed drifts, and a fit that still averaged the old speed over
-        # its whole window priced drafts at a speed the verify curve had already left
-        w = np.sqrt(DRAFT_FORGET ** np.arange(len(y) - 1, -1, -1))
-        self._coef = _nonneg_lstsq(X * w[:, None], y * w)
+        if self.samples:
+            self._coef = _nonneg_normal(self._xtx, self._xty)
+
+
+def _nonneg_normal(A, b) -> np.ndarray:
+    """Least squares from its normal equations (A = X^T W X, b = X^T W y) with every coefficient >= 0 (a stage
+    never gets cheaper with more work): drop the most negative column until none is left (a small active-set solve;
+    4 columns). Each solve is a Cholesky factorisation in plain floats with a ridge of 1e-12 of A's trace: a column
+    that never varied (DART's one forward a step, beside the constant) gets the minimum-norm share, as lstsq on X
+    would give it, and numpy's LAPACK calls cost ~0.2 ms a decision right after a verify."""
+    A = [[float(v) for v in row] for row in np.asarray(A, dtype=np.float64)]
+    b = [float(v) for v in np.asarray(b, dtype=np.float64)]
+    active = list(range(len(b)))
+    coef = np.zeros(len(b))
+    while active:
+        sol = _ridge_solve([[A[i][j] for j in active] for i in active], [b[i] for i in active])
+        if min(sol) >= 0:
+            coef[active] = sol
+            return coef
+        active.pop(min(range(len(sol)), key=sol.__getitem__))
+    return coef
+
+
+def _ridge_solve(A: list[list[float]], b: list[float]) -> list[float]:
+    """x = (A + ridge I)^-1 b for a symmetric positive semi-definite A (Cholesky, plain floats)."""
+    n = len(b)
+    ridge = 1e-12 * max(sum(A[i][i] for i in range(n)), 1e-300)
+    L = [[0.0] * n for _ in range(n)]
+    for i in range(n):
+        for j in range(i + 1):
+            v = A[i][j] + (ridge if i == j else 0.0) - sum(L[i][k] * L[j][k] for k in range(j))
+            L[i][j] = math.sqrt(max(v, ridge)) if i == j else v / L[j][j]
+    y = [0.0] * n
+    for i in range(n):
+        y[i] = (b[i] - sum(L[i][k] * y[k] for k in range(i))) / L[i][i]
+    x = [0.0] * n
+    for i in range(n - 1, -1, -1):
+        x[i] = (y[i] - sum(L[k][i] * x[k] for k in range(i + 1, n))) / L[i][i]
+    return x
 
 
 def _nonneg_lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with every coefficient >= 0 (a stage never gets cheaper with more work): drop the
-    most negative column until none is left (a small active-set solve; 4 columns)."""
-    active = list(range(X.shape[1]))
-    coef = np.zeros(X.shape[1])
-    while active:
-        sol, *_ = np.linalg.lstsq(X[:, active], y, rcond=None)
-        if (sol >= 0).all():
-            coef[:] = 0.0
-            coef[active] = sol
-            return coef
-        active.pop(int(np.argmin(sol)))
-    return coef
+    """:func:`_nonneg_normal` for the rows X and targets y."""
+    return _nonneg_normal(X.T @ X, X.T @ y)
 
 
 def _machine_key(target) -> dict:
