@@ -775,6 +775,24 @@ def test_cli_runs_a_named_set_from_the_data_dir(tiny_dir, hub_cache, tmp_path, c
 
 
 @pytest.mark.bundled
+def test_chooser_cost_times_each_part_on_the_bundled_model(questions_file, capsys):
+    """benchmarks/chooser_cost.py: per step of automatic trees, the decision, the learning, the step's record and
+    the drafting it wraps, each timed; a method without automatic trees is refused by name."""
+    chooser_cost = _bench_script("chooser_cost")
+    assert chooser_cost.main(["--methods", "dart_context,eagle3", "--questions", str(questions_file), "--limit", "2",
+                              "--max-new-tokens", "24", "--threads", "1"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("| dart_context", "| eagle3"))]
+    assert len(rows) == 2
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        steps, times = int(cells[1]), [float(c) for c in cells[2:]]
+        assert steps > 0 and times[0] > 0 and times[2] > 0   # every step recorded, a decision every few
+        assert times[6] >= times[5] > 0                      # the wrapped propose inside the chooser's
+    with pytest.raises(SystemExit, match="vanilla has no automatic trees"):
+        chooser_cost.main(["--methods", "vanilla", "--questions", str(questions_file), "--limit", "1",
+                           "--max-new-tokens", "4"])
+
+
 def test_draft_cost_and_step_stages_run_on_the_bundled_model(tmp_path, capsys):
     """benchmarks/draft_cost.py (drafting step against a plain step, per head backend) and step_stages.py (each
     stage in place for fixed trees, answers checked against vanilla) run and write what they print."""
