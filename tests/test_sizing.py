@@ -217,6 +217,20 @@ def test_draft_cost_fit_is_non_negative_and_recovers_a_linear_cost():
     assert (_nonneg_lstsq(X, np.array([3.0, 2.0, 1.0])) >= 0).all()    # a falling cost fits as flat
 
 
+def test_one_size_is_priced_as_the_table_prices_it():
+    """VerifyCurve's scalar price (every step's refresh) and its vectorised table (every decision) agree at every
+    size: below, at and between the measured sizes, past the last one, and behind any number of cached keys."""
+    curve = VerifyCurve([1, 2, 3, 5, 9, 17, 33, 64], [0.010, 0.0106, 0.0112, 0.0125, 0.0145, 0.02, 0.03, 0.05],
+                        key_s=1e-6, key_node_s=5e-7)
+    nodes = [0, 1, 2, 4, 5, 7, 9, 40, 64, 65, 100]
+    for keys in (None, 0, 64, 65, 700, 5000):
+        table = curve.table(np.array(nodes), keys)
+        for n, t in zip(nodes, table):
+            assert curve(n, keys) == pytest.approx(float(t), rel=1e-12, abs=1e-15), (n, keys)
+    single = VerifyCurve([9], [0.02])
+    assert single(1) == single(30) == pytest.approx(0.02)
+
+
 def test_the_draft_cost_fit_of_a_column_that_never_varies_is_lstsqs():
     """DART runs one head forward a step, so the forwards column equals the constant one: the normal equations are
     singular, and the fit must price every work as lstsq's minimum-norm solution does (the running sums' Cholesky
