@@ -28,7 +28,7 @@ from dart_core.sizing import auto as auto_mod
 from dart_core.sizing import costs as costs_mod
 from dart_core.sizing.acceptance import AcceptanceModel
 from dart_core.sizing.auto import PROBE_EVERY, AutoTree, make_auto
-from dart_core.sizing.costs import CostCacheError, CostModel, DraftCost, VerifyCurve, _nonneg_lstsq
+from dart_core.sizing.costs import CostCacheError, CostModel, DraftCost, VerifyCurve, _nonneg_normal
 from dart_core.sizing.spaces import PLAIN, apply_choice, tree_space
 from tiny_models import stand_in_drafter
 
@@ -214,7 +214,8 @@ def test_draft_cost_fit_is_non_negative_and_recovers_a_linear_cost():
         cost.add(work, 0.002 + 0.001 * work[0] + 0.0001 * work[1] + 0.00001 * work[2])
     assert np.allclose(cost.coef, [0.002, 0.001, 0.0001, 0.00001], atol=1e-6)
     X = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
-    assert (_nonneg_lstsq(X, np.array([3.0, 2.0, 1.0])) >= 0).all()    # a falling cost fits as flat
+    y = np.array([3.0, 2.0, 1.0])
+    assert (_nonneg_normal(X.T @ X, X.T @ y) >= 0).all()    # a falling cost fits as flat
 
 
 def test_one_size_is_priced_as_the_table_prices_it():

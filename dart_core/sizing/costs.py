@@ -93,7 +93,7 @@ class VerifyCurve:
         else:
             j = bisect.bisect_right(s, n) - 1            # s[j] <= n < s[j + 1], or n == s[-1]
             base = t[j] if j == len(s) - 1 else t[j] + (t[j + 1] - t[j]) * (n - s[j]) / (s[j + 1] - s[j])
-        return base + self._key_seconds(n, keys)
+        return base + self.key_term(n, keys)
 
     def table(self, nodes: np.ndarray, keys: int | None = None) -> np.ndarray:
         """Seconds for each tree size in ``nodes`` (one vectorised call: the chooser prices every size at once),
@@ -108,12 +108,8 @@ class VerifyCurve:
         return base + self.key_term(n, keys)
 
     def key_term(self, nodes, keys: int | None):
-        """What ``keys`` cached positions add to a verify of ``nodes`` (an array) over the measuring prefix's."""
-        extra = max(int(keys) - PREFIX_TOKENS, 0) if keys is not None else 0
-        return extra * (self.key_s + self.key_node_s * np.asarray(nodes, dtype=np.float64))
-
-    def _key_seconds(self, nodes: float, keys: int | None) -> float:
-        """:meth:`key_term` for one size, in plain floats."""
+        """What ``keys`` cached positions add to a verify of ``nodes`` (a float, or an array of sizes) over the
+        measuring prefix's."""
         extra = max(int(keys) - PREFIX_TOKENS, 0) if keys is not None else 0
         return extra * (self.key_s + self.key_node_s * nodes)
 
@@ -133,7 +129,7 @@ class VerifyCurve:
         each other (a start-up timed on a busy machine heals) while a speed change seen at one size alone
         leaves the shape as it is. ``keys``: the cached positions the verify read; their share (key_term) is
         taken out first, so long requests do not make every tree look dear to short ones."""
-        seconds = float(seconds) - self._key_seconds(max(float(nodes), 1.0), keys)
+        seconds = float(seconds) - self.key_term(max(float(nodes), 1.0), keys)
         predicted = self(nodes)
         if not (seconds > 0 and predicted > 0):
             return
@@ -247,11 +243,6 @@ def _ridge_solve(A: list[list[float]], b: list[float]) -> list[float]:
     for i in range(n - 1, -1, -1):
         x[i] = (y[i] - sum(L[k][i] * x[k] for k in range(i + 1, n))) / L[i][i]
     return x
-
-
-def _nonneg_lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """:func:`_nonneg_normal` for the rows X and targets y."""
-    return _nonneg_normal(X.T @ X, X.T @ y)
 
 
 def _machine_key(target) -> dict:
