@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     template = get_template(target.template_name)
     prompts = [encode_chat(target.tokenizer, template, [{"role": "user", "content": q.turns[0]}]) for q in questions]
     machine = describe_machine(target.device, target.dtype)
-    print(f"# chooser cost per step: {machine.get('cpu')}, {args.threads or torch.get_num_threads()} threads, "
+    threads = args.threads or torch.get_num_threads()
+    print(f"# chooser cost per step: {machine.get('cpu_model')}, path {machine.get('gemm_path')}, {threads} threads, "
           f"{len(prompts)} prompts, {args.max_new_tokens} new tokens")
     print("| method | steps | " + " | ".join(f"{p} ms" for p in PARTS) + " | verify ms |")
     print("|---|---:|" + "---:|" * (len(PARTS) + 1))
