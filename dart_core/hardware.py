@@ -220,6 +220,44 @@ def _cpu_times() -> tuple[int, int] | None:
     return sum(values) - idle, sum(values)
 
 
+class OtherLoad:
+    """CPU time that other processes used while this process's timed work ran, summed over start/stop pairs.
+
+    A browser on the same 2 cores as the page took about one core while a run streamed, and every engine's step
+    then took twice as long; a page that times engines says so rather than leaving its speeds unexplained.
+    ``cpus``: the other processes' mean number of busy CPUs over the timed intervals (steal time included: a
+    hypervisor that ran someone else counts too); None without /proc/stat or before any interval. Each sample
+    reads /proc/stat and this process's times (jiffies, 10 ms), so one short interval is coarse; the errors of
+    many are unbiased and the sum is kept unclamped until the end."""
+
+    def __init__(self):
+        self.other_s = 0.0
+        self.wall_s = 0.0
+        self._start: tuple[float, float, float] | None = None
+        self._hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def _sample(self) -> tuple[float, float, float] | None:
+        machine = _cpu_times()
+        if machine is None:
+            return None
+        own = os.times()
+        return machine[0] / self._hz, own.user + own.system, time.perf_counter()
+
+    def start(self) -> None:
+        self._start = self._sample()
+
+    def stop(self) -> None:
+        a, self._start = self._start, None
+        b = self._sample() if a is not None else None
+        if b is not None:
+            self.other_s += (b[0] - a[0]) - (b[1] - a[1])
+            self.wall_s += b[2] - a[2]
+
+    @property
+    def cpus(self) -> float | None:
+        return max(0.0, self.other_s / self.wall_s) if self.wall_s > 0 else None
+
+
 def cpu_busy_fraction(interval_s: float = 2.0) -> float | None:
     """Share of the machine's CPU time (all cores) that something was using over ``interval_s``."""
     a = _cpu_times()

@@ -471,6 +471,43 @@ def test_figures_from_the_recorded_trace():
     assert n.accepted_path == list(st.accepted_nodes)
 
 
+
+def test_comparison_allocates_the_caches_before_the_clocks_start(tiny, monkeypatch):
+    """A fresh engine's KV cache (max_length positions a layer, zeroed) is allocated when the comparison is set up,
+    not inside its first timed step: the page once timed it as DART's prefill (0.8x instead of 1.5x vanilla)."""
+    target = tiny[0]
+    cfg = GenerationConfig(8, 256)
+    engines = {"dart": oracle_dart_engine(target, target.tokenizer.encode(PROMPT), cfg),
+               "vanilla": SpeculativeEngine(target)}
+    cmp = Comparison(engines, target.tokenizer.encode(PROMPT), cfg, decode=target.tokenizer)
+    sessions = {n: e._session for n, e in engines.items()}
+    assert all(s is not None and s.capacity >= 256 for s in sessions.values())
+    made = []
+    real = type(target).new_session
+    monkeypatch.setattr(type(target), "new_session", lambda self, cap: made.append(cap) or real(self, cap))
+    for _ in cmp.run():
+        pass
+    assert made == [], "a cache was allocated inside the timed steps"
+    assert {n: e._session for n, e in engines.items()} == sessions
+    assert cmp.record.runs["dart"].tokens == cmp.record.runs["vanilla"].tokens
+
+
+def test_reserve_refuses_a_busy_engine_and_skips_a_bad_config(tiny):
+    from dart_core.engine.decoding import EngineBusyError
+    target = tiny[0]
+    engine = SpeculativeEngine(target)
+    bad = GenerationConfig(8, 256)
+    bad.max_length = 0
+    engine.reserve(bad)            # stream reports the bad config itself; nothing is allocated for it
+    assert engine._session is None
+    gen = engine.stream(target.tokenizer.encode(PROMPT), GenerationConfig(4, 256))
+    next(gen)
+    with pytest.raises(EngineBusyError, match="running a generation"):
+        engine.reserve(GenerationConfig(4, 512))
+    gen.close()
+    engine.reserve(GenerationConfig(4, 512))   # free again: the cache grows to the new length
+    assert engine._session.capacity >= 512
+
 def test_replay_of_the_recorded_trace_renders_every_view(vis):
     replayed = vis.replay(None, str(RECORDED))
     assert replayed[vis.status].startswith("**Replaying"), replayed[vis.status]
@@ -715,3 +752,55 @@ def test_guided_examples_each_ask_one_question():
     assert [k for k, _, _ in EXAMPLES] == ["Chat", "Code", "Math"]
     for _, prompt, question in EXAMPLES:
         assert prompt.strip() and question.rstrip().endswith("?") and len(question) < 240
+
+
+def test_other_load_counts_other_processes_not_this_one():
+    """The page's busy-machine note rests on OtherLoad: a busy-looping child process is counted, this process's
+    own spinning is not."""
+    import subprocess
+    import time as _time
+    from dart_core.hardware import OtherLoad, _cpu_times
+    if _cpu_times() is None:
+        pytest.skip("no /proc/stat on this platform")
+    own = OtherLoad()
+    own.start()
+    t = _time.perf_counter()
+    while _time.perf_counter() - t < 0.6:
+        pass
+    own.stop()
+    hog = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 30: pass"])
+    try:
+        _time.sleep(0.3)   # the child is running
+        other = OtherLoad()
+        other.start()
+        _time.sleep(0.6)
+        other.stop()
+    finally:
+        hog.kill()
+        hog.wait()
+    assert other.cpus is not None and other.cpus > 0.6, other.cpus
+    assert own.cpus is not None and own.cpus < other.cpus - 0.4, (own.cpus, other.cpus)
+    assert OtherLoad().cpus is None   # no interval yet
+
+
+def test_busy_machine_note_names_the_load_only_above_the_threshold():
+    from dart_core.page.handlers import BUSY_CPUS, load_note
+    assert load_note(None) == "" and load_note(BUSY_CPUS) == "" and load_note(0.0) == ""
+    note = load_note(0.93, cpus=2)
+    assert "0.9 of its 2 CPUs" in note and "browser" in note and "python -m dart_core.bench" in note
+
+
+def test_a_run_on_the_page_records_the_other_programs_load(vis):
+    """The run's export keeps what other programs took from the CPUs while the engines ran."""
+    tab = TabState()
+    values = [KNOBS[n].default if n in KNOBS else None for n in SETTING_NAMES]
+    values[SETTING_NAMES.index("max_new_tokens")] = 6
+    out = None
+    for out in vis.run(tab, PROMPT, *values):
+        pass
+    meta = tab.record.meta
+    if "other_cpus" not in meta:
+        pytest.skip("no /proc/stat on this platform")
+    assert meta["other_cpus"] >= 0.0
+    again = RunRecord.from_export(json.loads(json.dumps(tab.record.to_export())))
+    assert again.meta["other_cpus"] == meta["other_cpus"]

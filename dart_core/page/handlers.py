@@ -9,6 +9,7 @@ Stop pressed while the request still waits in Gradio's queue is not lost when it
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 import time
 from datetime import datetime, timezone
@@ -28,10 +29,24 @@ from .tabs import FRAME_ALL, StepSession, TabState, fmt_bytes
 logger = logging.getLogger("dart_app")
 
 UI_INTERVAL_S = 0.2                      # streaming: redraw the answers at most this often
+BUSY_CPUS = 0.25                         # other programs' busy CPUs in a run above which the status warns
 MEMORY_CHECK_S = 0.5                     # a run checks the tabs' memory budget at most this often
 STOPPED_IN_QUEUE = ("**Stopped** before it started: **Stop** was pressed while this {what} waited in the queue, "
                     "so no engine ran. Press the button again to start it.")
 
+
+
+def load_note(other_cpus: float | None, cpus: int | None = None) -> str:
+    """A sentence for the status when other programs kept more than ``BUSY_CPUS`` CPUs busy while the engines'
+    clocks ran (``ui.session.Comparison.other_load``); empty otherwise. Measured on a 2-core machine: a browser
+    on the same cores took about one of them while a run streamed, and every engine's step took twice as long."""
+    if other_cpus is None or other_cpus <= BUSY_CPUS:
+        return ""
+    cpus = cpus or os.cpu_count() or 1
+    return (f" ⚠ **This machine was busy**: while the engines ran, other programs kept {other_cpus:.1f} of its "
+            f"{cpus} CPUs busy (a browser on the same machine counts), so every engine ran slower than it does "
+            "alone and the speedups are noisier. Run again once it is quiet, or measure with "
+            "`python -m dart_core.bench`, which refuses a busy machine.")
 
 class Handlers:
     """The page's event handlers (see the module docstring)."""
@@ -173,6 +188,10 @@ class Handlers:
                     "new tokens); the server log has the details.")
             head = fail if head == "✓ **Done.**" else f"{head} {fail}"
         status = head + f" Engine time {busy:.2f} s in all.{note}"
+        other = cmp.other_load.cpus
+        if other is not None:
+            cmp.record.meta["other_cpus"] = round(other, 2)   # kept in the export beside the settings
+        status += load_note(other)
         status += " Move the **answer token position** slider to inspect the step that produced each token."
         if settings.tree == "auto" and self.view_slots:
             status += " Tree sizes were chosen automatically (see *Cost of a tree*)."

@@ -28,6 +28,7 @@ from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
 from ..config import ConfigError, GenerationConfig
 from ..engine.decoding import GenerationResult, SpeculativeEngine
 from ..engine.trace import StepTrace
+from ..hardware import OtherLoad
 from ..methods import TREE_NAMES, tree_request
 from ..presets import KNOBS, TREE_MODES, Limit
 from ..sizing.auto import AutoTree
@@ -200,6 +201,9 @@ class Comparison:
         self.config = config
         self.engines = dict(engines)
         self.lease = lease
+        for engine in self.engines.values():   # caches allocated before the clocks start (see reserve)
+            engine.reserve(config)
+        self.other_load = OtherLoad()   # what other programs took from the CPUs while the engines' clocks ran
         self._gens: dict[str, Generator[StepTrace, None, GenerationResult]] = {
             name: engine.stream(list(prompt_ids), config) for name, engine in self.engines.items()}
         self.record = RunRecord(runs={n: EngineRun(n, variant=engine_variant(e)) for n, e in self.engines.items()},
@@ -224,32 +228,37 @@ class Comparison:
         run = self.record.runs[name]
         if run.done:
             return None
+        self.other_load.start()
         t0 = time.perf_counter()
         try:
             trace = next(self._gens[name])
         except StopIteration as finished:
-            run.busy_s += time.perf_counter() - t0
+            self._clock(run, t0)
             result: GenerationResult = finished.value
             run.tokens = list(result.tokens)  # the engine's own answer is the truth (covers prefill-only runs)
             run.done, run.stop_reason = True, result.stats.stop_reason
             self._release_if_done()
             return None
         except ConfigError as exc:
-            run.busy_s += time.perf_counter() - t0
+            self._clock(run, t0)
             run.done, run.stop_reason, run.error = True, "error", str(exc)
             self._release_if_done()
             return None
         except Exception as exc:  # noqa: BLE001 - one engine's failure must not take the page down
-            run.busy_s += time.perf_counter() - t0
+            self._clock(run, t0)
             logger.exception("engine %s failed", name)
             run.done, run.stop_reason, run.error = True, "error", f"{type(exc).__name__}: {exc}"
             self._release_if_done()
             return None
-        run.busy_s += time.perf_counter() - t0
+        self._clock(run, t0)
         run.add_step(trace, auto_tree_label(self.engines[name]))
         if trace.stop_reason is not None:  # finish now: the generator's epilogue is bookkeeping only
             self.advance(name)
         return trace
+
+    def _clock(self, run: EngineRun, t0: float) -> None:
+        run.busy_s += time.perf_counter() - t0
+        self.other_load.stop()
 
     def round(self) -> dict[str, StepTrace | None]:
         """One step of every unfinished engine (step-once mode)."""
