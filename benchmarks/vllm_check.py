@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dart-model", default=None, metavar="DIR", help="DART head (default: the shipped one)")
     p.add_argument("--num-speculative-tokens", type=int, default=3, metavar="K", help="draft tokens a step (3)")
     p.add_argument("--batch-size", type=int, default=4, metavar="B", help="requests in flight in the batch phase (4)")
+    p.add_argument("--tokens-by-batch", default=None, metavar="A-B:K,...",
+                   help="draft tokens by how many requests run together, e.g. 1-4:3,5-1024:0 (no drafting from 5): "
+                        "vLLM's num_speculative_tokens_per_batch_size; K at most --num-speculative-tokens")
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
                    help="vLLM's dtype, and ours for the reference answers (bfloat16)")
@@ -98,6 +101,7 @@ def check_args(args) -> dict:
                              ("--max-model-len", args.max_model_len, 16)):
         if value < low:
             raise CheckError(f"{flag} must be >= {low}, got {value}")
+    schedule = parse_tokens_by_batch(args.tokens_by_batch, args.num_speculative_tokens)
     if not 0.0 < args.gpu_memory_utilization <= 1.0:
         raise CheckError(f"--gpu-memory-utilization must lie in (0, 1], got {args.gpu_memory_utilization}")
     heads = {"eagle3": args.eagle3_model or str(asset_path("eagle3", "smollm2-135m-instruct")),
@@ -112,7 +116,33 @@ def check_args(args) -> dict:
         sources = [resolve_question_source(q, args.data_dir) for q in args.questions]
     except BenchInputError as exc:
         raise CheckError(str(exc)) from None
-    return {"methods": methods, "heads": {m: heads[m] for m in methods}, "sources": sources}
+    return {"methods": methods, "heads": {m: heads[m] for m in methods}, "sources": sources, "schedule": schedule}
+
+
+def parse_tokens_by_batch(text: str | None, k: int) -> list[list[int]] | None:
+    """``1-4:3,5-1024:0`` -> [[1, 4, 3], [5, 1024, 0]] (vLLM's inclusive batch-size ranges, sorted, from 1, not
+    overlapping), or CheckError saying what is wrong."""
+    if text is None:
+        return None
+    out = []
+    for part in (x.strip() for x in text.split(",")):
+        try:
+            sizes, tokens = part.split(":")
+            low, high = (int(v) for v in sizes.split("-"))
+            out.append([low, high, int(tokens)])
+        except ValueError:
+            raise CheckError(f"--tokens-by-batch: {part!r} is not FIRST-LAST:K (e.g. 1-4:3,5-1024:0)") from None
+    out.sort()
+    if out[0][0] != 1:
+        raise CheckError("--tokens-by-batch: the first range must start at batch size 1")
+    for (a, b, t), prev in zip(out, [None] + out[:-1]):
+        if a < 1 or b < a:
+            raise CheckError(f"--tokens-by-batch: {a}-{b} is not a range of batch sizes >= 1")
+        if prev is not None and a <= prev[1]:
+            raise CheckError(f"--tokens-by-batch: {prev[0]}-{prev[1]} and {a}-{b} overlap")
+        if not 0 <= t <= k:
+            raise CheckError(f"--tokens-by-batch: K = {t} for {a}-{b} must lie in 0..{k} (--num-speculative-tokens)")
+    return out
 
 
 def require_vllm() -> str:
@@ -219,6 +249,8 @@ def run_engine(method: str, settings: dict) -> dict:
     if method != BASELINE:
         spec = {"method": "eagle3", "model": settings["heads"][method],
                 "num_speculative_tokens": settings["num_speculative_tokens"]}
+        if settings.get("tokens_by_batch"):
+            spec["num_speculative_tokens_per_batch_size"] = settings["tokens_by_batch"]
     t0 = time.perf_counter()
     llm = LLM(model=settings["target"], dtype=settings["dtype"], max_model_len=settings["max_model_len"],
               max_num_seqs=settings["batch_size"], gpu_memory_utilization=settings["gpu_memory_utilization"],
@@ -316,7 +348,9 @@ def render(report: dict) -> str:
     s = report["settings"]
     b = f"batch_{s['batch_size']}"
     lines = [f"vLLM {s['vllm']} on {s['machine']}; target {s['target']}; {len(report['questions'])} questions, "
-             f"{s['max_new_tokens']} new tokens at most, k = {s['num_speculative_tokens']}, {s['dtype']}", "",
+             f"{s['max_new_tokens']} new tokens at most, k = {s['num_speculative_tokens']}"
+             + (f" (by batch size: {', '.join(f'{a}-{b}: {t}' for a, b, t in s['tokens_by_batch'])})"
+                if s.get("tokens_by_batch") else "") + f", {s['dtype']}", "",
              f"| engine | start s | tok/s batch 1 | tok/s {b} | accept len (b1) | accept rate (b1) | per position (b1) "
              f"| = vLLM vanilla (b1) | = ours (b1) | {b} = batch 1 |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -365,6 +399,7 @@ def main(argv=None) -> int:
     ours = None if args.no_ours else our_answers(target, prompts, args.max_new_tokens, args.max_model_len)
     settings = {"target": path, "heads": resolved["heads"], "methods": resolved["methods"],
                 "num_speculative_tokens": args.num_speculative_tokens, "batch_size": args.batch_size,
+                "tokens_by_batch": resolved["schedule"],
                 "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "max_model_len": args.max_model_len,
                 "gpu_memory_utilization": args.gpu_memory_utilization, "compile": args.compile, "eos": list(target.eos_token_ids),
                 "question_sources": [str(s.path) for s in resolved["sources"]], "limit": args.limit,

@@ -157,12 +157,26 @@ def run_check(*args, hide_vllm=False):
     (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must lie in"),
     (["--dart-model", "/nonexistent", "--methods", "dart"], "--dart-model: /nonexistent holds no config.json"),
     (["--engine-run", "dart"], "--engine-run is internal"),
+    (["--tokens-by-batch", "1-4"], "--tokens-by-batch: '1-4' is not FIRST-LAST:K"),
+    (["--tokens-by-batch", "2-4:3"], "the first range must start at batch size 1"),
+    (["--tokens-by-batch", "1-4:3,4-8:1"], "1-4 and 4-8 overlap"),
+    (["--tokens-by-batch", "1-4:5"], "K = 5 for 1-4 must lie in 0..3"),
+    (["--tokens-by-batch", "1-0:1"], "1-0 is not a range of batch sizes"),
 ])
 def test_vllm_check_flag_errors_come_first(tmp_path, args, message):
     q = tmp_path / "q.jsonl"
     q.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["hi"]}) + "\n")
     r = run_check("--questions", str(q), *args)
     assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_tokens_by_batch_becomes_vllms_schedule():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("vllm_check", CHECK)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.parse_tokens_by_batch(None, 3) is None
+    assert mod.parse_tokens_by_batch("5-1024:0, 1-4:3", 3) == [[1, 4, 3], [5, 1024, 0]]
 
 
 def test_a_missing_table_file_is_never_taken_for_a_hub_repo():

@@ -99,7 +99,7 @@ class DartEagle3ForCausalLM(Eagle3LlamaForCausalLM):
         tails = torch.zeros((n, self.chain.context_tokens), dtype=torch.float32, device=hidden_states.device)
         if mask_pass:                      # DART's mask slots (DartHead.mask_inputs)
             rep = self.mask_rep.to(hidden_states.dtype)
-            x, residual = rep.expand(n, -1), rep[:H].expand(n, -1)
+            x, residual = rep.expand(n, -1).contiguous(), rep[:H].expand(n, -1).contiguous()
         else:                              # verified positions: next token + fc(aux) (DartHead.embed_inputs)
             embeds = self.model.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
             x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden_states)], dim=-1)
