@@ -111,7 +111,10 @@ def test_preload_never_lists_full_trie(cfg):
 def test_hardware_values_are_spaces_flavours(cfg):
     hub = pytest.importorskip("huggingface_hub")
     flavours = {h.value for h in hub.SpaceHardware}
-    assert set(space.HARDWARE) <= flavours
+    missing = set(space.HARDWARE) - flavours
+    if int(hub.__version__.split(".")[0]) < 2:   # 1.x (what transformers' floor brings) predates the RTX PRO 6000s
+        missing = {f for f in missing if not f.startswith("rtx-pro-6000")}
+    assert not missing, f"not Spaces flavours in huggingface_hub {hub.__version__}: {sorted(missing)}"
     assert cfg.settings["suggested_hardware"] in flavours and cfg.settings["suggested_hardware"] != "cpu-basic"
 
 

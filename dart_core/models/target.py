@@ -11,6 +11,7 @@ layers ``2, L//2, L-3`` (HF ``output_hidden_states`` indices), concatenated -> [
 """
 from __future__ import annotations
 
+import inspect
 import logging
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -129,6 +130,10 @@ class TargetModel:
         L = self.num_layers
         self.aux_layer_ids = (2, L // 2, L - 3) if L >= 4 else (0, L // 2, L - 1)
         self.eos_token_ids = _eos_ids(model, tokenizer)
+        # transformers 5.24 renamed the forward's past_key_values to cache; an older forward takes an unknown
+        # ``cache=`` into **kwargs and ignores it (the cache then stays empty), so the name is read off the forward.
+        params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         # The lean CPU path (models/fast_forward.py) when it applies; the HF forward otherwise.
         self.fast: FastForward | None = None
         self.fast_unavailable_reason: str | None = None
@@ -227,7 +232,7 @@ class TargetModel:
             input_ids=input_ids.view(1, -1).to(self.device),
             position_ids=position_ids.view(1, -1).to(self.device),
             attention_mask=attention_mask,
-            cache=cache,
+            **{self._cache_kwarg: cache},
             use_cache=True,
             output_hidden_states=want_aux,
             logits_to_keep=1 if last_only else 0,
