@@ -226,9 +226,13 @@ class OtherLoad:
     A browser on the same 2 cores as the page took about one core while a run streamed, and every engine's step
     then took twice as long; a page that times engines says so rather than leaving its speeds unexplained.
     ``cpus``: the other processes' mean number of busy CPUs over the timed intervals (steal time included: a
-    hypervisor that ran someone else counts too); None without /proc/stat or before ``MIN_WALL_S`` were timed. Each sample
-    reads /proc/stat and this process's times (jiffies, 10 ms), so one short interval is coarse; the errors of
-    many are unbiased and the sum is kept unclamped until the end."""
+    hypervisor that ran someone else counts too); None without /proc/stat or before ``MIN_WALL_S`` were timed.
+    Each sample reads /proc/stat and this process's times (jiffies, 10 ms), so one short interval is coarse; the
+    errors of many are unbiased and the sum is kept unclamped until the end."""
+
+    #: timed seconds below which ``cpus`` says nothing: /proc/stat counts 10-ms jiffies, and a run of tiny steps
+    #: (0.02 s in all) read 0.6 busy CPUs from one or two stray ticks
+    MIN_WALL_S = 0.5
 
     def __init__(self):
         self.other_s = 0.0
@@ -252,10 +256,6 @@ class OtherLoad:
         if b is not None:
             self.other_s += (b[0] - a[0]) - (b[1] - a[1])
             self.wall_s += b[2] - a[2]
-
-    #: timed seconds below which ``cpus`` says nothing: /proc/stat counts 10-ms jiffies, and a run of tiny steps
-    #: (0.02 s in all) read 0.6 busy CPUs from one or two stray ticks
-    MIN_WALL_S = 0.5
 
     @property
     def cpus(self) -> float | None:

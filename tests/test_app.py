@@ -492,6 +492,23 @@ def test_comparison_allocates_the_caches_before_the_clocks_start(tiny, monkeypat
     assert cmp.record.runs["dart"].tokens == cmp.record.runs["vanilla"].tokens
 
 
+def test_a_busy_engine_fails_in_its_own_column_not_the_comparison(tiny):
+    target = tiny[0]
+    busy = SpeculativeEngine(target)
+    gen = busy.stream(target.tokenizer.encode(PROMPT), GenerationConfig(4, 256))
+    next(gen)
+    try:
+        cmp = Comparison({"vanilla": busy, "other": SpeculativeEngine(target)}, target.tokenizer.encode(PROMPT),
+                         GenerationConfig(4, 256), decode=target.tokenizer)
+        for _ in cmp.run():
+            pass
+        runs = cmp.record.runs
+        assert runs["vanilla"].error and "already running" in runs["vanilla"].error
+        assert runs["other"].error is None and len(runs["other"].tokens) == 4
+    finally:
+        gen.close()
+
+
 def test_reserve_refuses_a_busy_engine_and_skips_a_bad_config(tiny):
     from dart_core.engine.decoding import EngineBusyError
     target = tiny[0]

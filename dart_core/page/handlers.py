@@ -35,7 +35,6 @@ STOPPED_IN_QUEUE = ("**Stopped** before it started: **Stop** was pressed while t
                     "so no engine ran. Press the button again to start it.")
 
 
-
 def load_note(other_cpus: float | None, cpus: int | None = None) -> str:
     """A sentence for the status when other programs kept more than ``BUSY_CPUS`` CPUs busy while the engines'
     clocks ran (``ui.session.Comparison.other_load``); empty otherwise. Measured on a 2-core machine: a browser
@@ -47,6 +46,7 @@ def load_note(other_cpus: float | None, cpus: int | None = None) -> str:
             f"{cpus} CPUs busy (a browser on the same machine counts), so every engine ran slower than it does "
             "alone and the speedups are noisier. Run again once it is quiet, or measure with "
             "`python -m dart_core.bench`, which refuses a busy machine.")
+
 
 class Handlers:
     """The page's event handlers (see the module docstring)."""

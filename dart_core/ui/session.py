@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
 
 from ..config import ConfigError, GenerationConfig
-from ..engine.decoding import GenerationResult, SpeculativeEngine
+from ..engine.decoding import EngineBusyError, GenerationResult, SpeculativeEngine
 from ..engine.trace import StepTrace
 from ..hardware import OtherLoad
 from ..methods import TREE_NAMES, tree_request
@@ -202,7 +202,10 @@ class Comparison:
         self.engines = dict(engines)
         self.lease = lease
         for engine in self.engines.values():   # caches allocated before the clocks start (see reserve)
-            engine.reserve(config)
+            try:
+                engine.reserve(config)
+            except EngineBusyError:             # its first step says so, in its own column
+                pass
         self.other_load = OtherLoad()   # what other programs took from the CPUs while the engines' clocks ran
         self._gens: dict[str, Generator[StepTrace, None, GenerationResult]] = {
             name: engine.stream(list(prompt_ids), config) for name, engine in self.engines.items()}
