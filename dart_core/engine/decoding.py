@@ -116,13 +116,14 @@ class SpeculativeEngine:
             raise EngineBusyError(f"engine {self.name!r} is running a generation; its cache cannot be reserved "
                                   "for another one (close the other one first)")
         try:
-            tree_nodes = self.drafter.max_tree_nodes if self.drafter is not None else 1
-            self._session_for(config.max_length + tree_nodes)
+            self._session_for(config)
         finally:
             self._owner.release()
 
-    def _session_for(self, capacity: int):
-        # Reuse the preallocated cache across requests when it is big enough.
+    def _session_for(self, config: GenerationConfig):
+        # A generation's cache: max_length positions and one tree past them. Reuse the preallocated cache across
+        # requests when it is big enough.
+        capacity = config.max_length + (self.drafter.max_tree_nodes if self.drafter is not None else 1)
         if (self._session is None or self._session_capacity < capacity
                 or self._session.cache.key_dtype != self.target.activation_dtype):
             self._session = self.target.new_session(capacity)
@@ -163,8 +164,7 @@ class SpeculativeEngine:
         drafter = self.drafter
         want_aux = bool(drafter is not None and drafter.needs_aux)
         step_done = getattr(drafter, "step_done", None)   # optional: a drafter that learns from whole steps
-        tree_nodes = drafter.max_tree_nodes if drafter is not None else 1
-        session = self._session_for(config.max_length + tree_nodes)
+        session = self._session_for(config)
         eos = set(self.target.eos_token_ids)
         generator = None
         if not config.greedy:
