@@ -158,13 +158,15 @@ def last_level_cache_bytes() -> int | None:
 
 
 def gemm_paths() -> dict:
-    """The native small-GEMM path calls run now (``gemm_path``: what the decoder and the LM head ran) and the
-    paths this CPU runs, best first; None where the extension is missing."""
+    """The native small-GEMM path calls run now (``gemm_path``: what the decoder and the LM head ran), the
+    paths this CPU runs, best first, and how a call's rows are cut among threads (``gemm_split``: ranges per thread,
+    0 = chunks; models/gemm_split.py); None where the extension is missing."""
     try:
         from . import _native
-        return {"gemm_path": _native.small_gemm_path(), "gemm_paths": list(_native.small_gemm_paths())}
+        return {"gemm_path": _native.small_gemm_path(), "gemm_paths": list(_native.small_gemm_paths()),
+                "gemm_split": int(_native.small_gemm_split())}
     except Exception:  # noqa: BLE001 - an extension that does not load is reported as no path
-        return {"gemm_path": None, "gemm_paths": None}
+        return {"gemm_path": None, "gemm_paths": None, "gemm_split": None}
 
 
 def measure_memory_bandwidth_gbs(size_mib: int | None = None, repeats: int = 5,

@@ -241,7 +241,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "hidden_size": target.hidden_size, "vocab_size": target.vocab_size, "weight_bytes": target.weight_bytes,
             "weight_pages": target.fast.weight_pages.describe() if target.fast is not None else None,
             # how the CPU kernels' path was chosen (timed at load, cached, or fixed), with each path's times
-            "gemm_path_choice": target.fast.gemm_path.describe() if target.fast is not None else None},
+            "gemm_path_choice": target.fast.gemm_path.describe() if target.fast is not None else None,
+            # and how each call's rows were cut among the threads (models/gemm_split.py)
+            "gemm_split_choice": target.fast.gemm_split.describe() if target.fast is not None else None},
         "methods": summarize(records, runners, target.weight_bytes, bandwidth["read"], config.greedy),
         "answers": {name: [asdict(r) for r in recs] for name, recs in records.items()},
         "busy_warning": busy,

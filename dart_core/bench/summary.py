@@ -195,6 +195,7 @@ def render_markdown(report: dict) -> str:
         f"Machine: {m['cpu_model']}" + (f", GPU {m['gpu']}" if m.get("gpu") else "")
         + (f", CPU {t['gemm_path_choice']}" if t.get("gemm_path_choice")
            else f", CPU kernels' path {m['gemm_path']}" if m.get("gemm_path") else "")
+        + (f", {t['gemm_split_choice']}" if t.get("gemm_split_choice") else "")
         + f", {m['torch_threads']} torch threads"
         + (f" (idle OpenMP threads: {m['openmp_wait']})" if m.get("openmp_wait") else "")
         + ", load average at start "

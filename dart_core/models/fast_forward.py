@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..openmp import warn_if_spinning
-from . import gemv_prefetch, kernel_path
+from . import gemm_split, gemv_prefetch, kernel_path
 from .huge_pages import move_to_huge_pages
 from .kv_cache import CacheFullError, PreallocatedCache
 from .native_linear import KERNEL_DTYPES, kernel_array
@@ -142,6 +142,8 @@ class FastForward:
                     f" {sum(m.nbytes for m in matrices)}B")
         self.gemm_path = kernel_path.choose(matrices, threads, model_id, str(self.lm_head_array.dtype))
         self.gemv_prefetch = gemv_prefetch.choose(matrices, threads)
+        # and how each call's rows are cut among the threads (timed on the chosen path, kept with it)
+        self.gemm_split = gemm_split.choose(matrices, threads, model_id, str(self.lm_head_array.dtype))
 
     @torch.inference_mode()
     def forward(self, cache: PreallocatedCache, input_ids: torch.Tensor, position_ids: torch.Tensor,

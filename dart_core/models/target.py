@@ -173,7 +173,10 @@ class TargetModel:
         prefetch = f"; {choice.describe()}" if choice is not None else ""
         how = self.fast.gemm_path
         where = how.describe() if how.path == path else f"kernel path {path}"
-        return f"native small-GEMM ({dtype_name(self.dtype)} weights, {acts}; {where}{prefetch})"
+        from .gemm_split import chosen as chosen_split
+        cut = chosen_split()
+        split = f"; {cut.describe()}" if cut is not None else ""
+        return f"native small-GEMM ({dtype_name(self.dtype)} weights, {acts}; {where}{prefetch}{split})"
 
     @property
     def device(self) -> torch.device:

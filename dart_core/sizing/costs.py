@@ -261,6 +261,8 @@ def _machine_key(target) -> dict:
             "threads": torch.get_num_threads(),
             # the CPU kernels' path (DART_GEMM_PATH) changes what a verify costs
             "gemm_path": gemm_paths()["gemm_path"] if dev.type == "cpu" else None,
+            # and so does how its calls' rows are cut among the threads (models/gemm_split.py)
+            "gemm_split": gemm_paths()["gemm_split"] if dev.type == "cpu" else None,
             # a kernel that changed speed (models/kernel_path.py bumps its version) makes a cached curve stale
             "code": f"{__version__}/{COST_MODEL_VERSION}/kernels {KERNELS_VERSION}"}
 

@@ -120,6 +120,11 @@ void bind_small_gemm(py::module_& m) {
   m.def("_small_gemm_set_legacy", &dart::small_gemm_set_legacy, py::arg("on"),
         "Benchmarks only: run the small-GEMM calls as before the thread pool (OpenMP region per call, equal "
         "ranges; one row with 256-bit blocks). The same results either way.");
+  m.def("small_gemm_set_split", &dart::small_gemm_set_split, py::arg("items_per_thread"),
+        "How every later small-GEMM call cuts its weight rows among the threads: 0 (default) chunks of ~48 KiB "
+        "claimed in order, k in 1-64 equal ranges per thread. The same results at any value; "
+        "dart_core.models.gemm_split times which is faster on this machine.");
+  m.def("small_gemm_split", &dart::small_gemm_split, "The items per thread small_gemm_set_split set (0: chunks).");
   m.def("_small_gemm_set_many_rows", &dart::small_gemm_set_many_rows, py::arg("rows"),
         "Benchmarks only: the AVX-512 path's row count from which a call widens each bf16 weight block once for all "
         "its rows (default 12). The same results at any value.");

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <stdexcept>
 #include <type_traits>
 #include <vector>
 
@@ -24,6 +25,7 @@ namespace gemm {
 
 std::atomic<bool> legacy_mode{false};
 std::atomic<int64_t> many_rows{12};
+std::atomic<int64_t> items_per_thread{0};
 
 }  // namespace gemm
 
@@ -37,10 +39,12 @@ std::atomic<bool> gemv_prefetch_on[5] = {true, true, true, true, true};
 
 template <typename W>
 void run(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, int threads) {
-  // The weight rows are cut into chunks of consecutive rows (multiples of 8, about kChunkBytes of weights each, at
-  // least 2 per thread) that the threads claim in order (parallel_items): each thread streams whole chunks, and a
-  // thread the OS has not scheduled yet (a busy machine) leaves its chunks to the others instead of holding the
-  // call up. An output does not depend on which thread or chunk computes it (the summation order is fixed by K).
+  // The weight rows are cut into chunks of consecutive rows (multiples of 8) that the threads claim in order
+  // (parallel_items): each thread streams whole chunks, and a thread the OS has not scheduled yet (a busy machine)
+  // leaves its chunks to the others instead of holding the call up. The chunks are about kChunkBytes of weights
+  // each, at least 2 per thread, or `items_per_thread` equal ranges per thread (small_gemm_set_split: fewer, longer
+  // streams, which a CPU's prefetchers may follow better). An output does not depend on which thread or chunk
+  // computes it (the summation order is fixed by K).
   // An empty product writes nothing; the multi-row kernels start with 2 rows in the AVX2 path, so
   // M = 0 must never reach them (it once wrote two rows past a 0-row y).
   if (M <= 0 || N <= 0) return;
@@ -130,8 +134,15 @@ void run(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, 
   const int64_t row_bytes = std::max<int64_t>(1, K * static_cast<int64_t>(sizeof(W)));
   // Multiples of 8 rows; of 16 on the AMX path (its tiles' rows).
   const int64_t unit = amx ? 16 : 8;
-  int64_t chunk = std::max<int64_t>(unit, (kChunkBytes / row_bytes + unit - 1) / unit * unit);
-  chunk = std::min(chunk, std::max<int64_t>(unit, (N / (2 * threads) + unit - 1) / unit * unit));
+  const int64_t per_thread = items_per_thread.load(std::memory_order_relaxed);
+  int64_t chunk;
+  if (per_thread > 0) {
+    const int64_t ranges = threads * per_thread;
+    chunk = std::max<int64_t>(unit, ((N + ranges - 1) / ranges + unit - 1) / unit * unit);
+  } else {
+    chunk = std::max<int64_t>(unit, (kChunkBytes / row_bytes + unit - 1) / unit * unit);
+    chunk = std::min(chunk, std::max<int64_t>(unit, (N / (2 * threads) + unit - 1) / unit * unit));
+  }
   while ((N + chunk - 1) / chunk > 4096) chunk *= 2;
   const int64_t chunks = (N + chunk - 1) / chunk;
   parallel_for_items(threads, chunks, [&](int64_t i) { rows(i * chunk, std::min(N, (i + 1) * chunk)); });
@@ -140,6 +151,13 @@ void run(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, 
 }  // namespace
 
 void small_gemm_set_legacy(bool on) { legacy_mode.store(on, std::memory_order_relaxed); }
+
+void small_gemm_set_split(int64_t items) {
+  if (items < 0 || items > 64)
+    throw std::invalid_argument("small_gemm_set_split: items per thread must be 0 (chunks of ~48 KiB) or 1-64");
+  items_per_thread.store(items, std::memory_order_relaxed);
+}
+int64_t small_gemm_split() { return items_per_thread.load(std::memory_order_relaxed); }
 
 void small_gemm_set_many_rows(int64_t rows) { many_rows.store(std::max<int64_t>(1, rows), std::memory_order_relaxed); }
 int64_t small_gemm_many_rows() { return many_rows.load(std::memory_order_relaxed); }

@@ -83,6 +83,15 @@ void small_gemm_set_legacy(bool on);
 void small_gemm_set_many_rows(int64_t rows);
 int64_t small_gemm_many_rows();
 
+// How a call's weight rows are cut among the threads: 0 (the default) in chunks of about 48 KiB of weights, at
+// least two per thread, claimed in order; k > 0 in k equal ranges per thread (1 or 2: one or two long streams a
+// thread). Which streams faster depends on the CPU: on a Zen 4 EPYC (2 threads, the bundled model) one range a
+// thread verified 9-row trees 0.9x the time and a plain step 0.97x; dart_core/models/gemm_split.py times the
+// settings on the model's weights. Only the speed depends on it, never a result. Throws std::invalid_argument
+// outside 0-64. Not meant to be changed while another thread is inside a call.
+void small_gemm_set_split(int64_t items);
+int64_t small_gemm_split();
+
 // Whether the one-row kernel of `path` (M = 1: the plain decoding step's GEMV; on the avx512bf16 path also M = 2,
 // which behaved alike) prefetches weights in software (default true). Only the speed depends on it, never a result.
 // Which is faster differs by CPU and path: on a Zen 5 EPYC the avx512bf16 kernel streamed 88-93% of the read
