@@ -116,17 +116,17 @@ def test_tree_control_reaches_run_settings(vis):
     chooser picks) and keeps every other knob; without it (an older API call) the page's default applies."""
     assert SETTING_NAMES[-1] == "tree" and vis.controls.inputs()[-1] is vis.controls.tree
     assert vis.default_tree == "auto" and vis.controls.tree.value == "auto"
-    fixed = vis._settings(VALUES + ("fixed",))
+    fixed = vis.handlers._settings(VALUES + ("fixed",))
     assert fixed.tree == "fixed" and (fixed.budget, fixed.eagle3_total_token, fixed.eagle3_depth,
                                       fixed.eagle3_top_k) == (16, 16, 3, 4)
     assert fixed.fixed_sizes("dart") is None
-    for auto in (vis._settings(VALUES + ("auto",)), vis._settings(VALUES)):
+    for auto in (vis.handlers._settings(VALUES + ("auto",)), vis.handlers._settings(VALUES)):
         assert auto.tree == "auto"
         assert [getattr(auto, n) for n in SIZE_KNOBS] == [None] * 4, auto
         assert (auto.beam_width, auto.level_top_k, auto.ngram_weight) == (6, 6, 0.5)
         assert auto.fixed_sizes("dart") == {} and auto.fixed_sizes("eagle3") == {}
     with pytest.raises(ConfigError, match="EAGLE-3 depth"):   # auto still checks the sliders it does not apply
-        vis._settings(VALUES[:10] + (2.5, 4, "auto"))
+        vis.handlers._settings(VALUES[:10] + (2.5, 4, "auto"))
     # the control greys the size sliders out in auto mode and says why
     out = vis.tree_mode_changed("fixed")
     assert "sliders apply" in out[vis.tree_note] and out[vis.controls.budget].interactive is True
@@ -144,11 +144,11 @@ def test_auto_run_names_each_steps_tree_and_draws_the_cost_view(vis):
     assert f"(auto: {run.tree_labels[0]})" in first[vis.tree_plot["dart"]].layout.title.subtitle.text
     assert "identical to the baseline" in final[vis.metrics["dart"]]
     # the cost view: verify ms by nodes, DART's tokens/s by budget, and the sentence, from this run's AutoTrees
-    assert vis._autos["dart"].name == "dart" and final[vis.cost_verify_plot].data
+    assert vis.costs._autos["dart"].name == "dart" and final[vis.cost_verify_plot].data
     assert any(t.name == "expected tokens/s" for t in final[vis.cost_rate_plot].data)
     text = final[vis.cost_text]
     assert "verify of a 33-node tree" in text and "DART's chooser" in text and "EAGLE-3's chooser" in text
-    assert vis.cost_view() is vis._cost_view          # a page load shows the last drawing
+    assert vis.cost_view() is vis.costs._cost_view    # a page load shows the last drawing
     views = vis.show_step(final[vis.tab], 3)
     assert "Tree size (auto)" in views[vis.step_text["eagle3"]]
 
@@ -179,7 +179,7 @@ def test_fixed_mode_runs_the_sliders(tiny):
     v = Visualiser(tiny[0], args)
     assert v.default_tree == "fixed" and v.controls.tree.value == "fixed" and v.controls.budget.interactive is not False
     assert "sliders apply" in v.tree_note.value
-    settings = v._settings(VALUES)                    # no tree value: the page's default, fixed
+    settings = v.handlers._settings(VALUES)           # no tree value: the page's default, fixed
     assert settings.tree == "fixed" and settings.budget == 16
     final = list(v.run(None, PROMPT, *VALUES))[-1]
     assert final[v.status].startswith("✓ **Done") and "automatically" not in final[v.status]
@@ -627,10 +627,10 @@ def test_tree_presets_set_the_controls_and_report_each_measured_speed(vis, monke
     # which preset a run's settings are: auto trees, the paper's fixed trees, or neither (custom sliders)
     paper_values = tuple(paper[getattr(vis.controls, n)].value if n in KNOBS and KNOBS[n].engine else v
                          for n, v in zip(SETTING_NAMES, VALUES))
-    assert vis.preset_of(vis._settings(paper_values + ("fixed",))) == "paper"
-    assert vis.preset_of(vis._settings(VALUES + ("auto",))) == "fastest"
-    assert vis.preset_of(vis._settings(VALUES + ("fixed",))) is None
-    vis._preset_runs.clear()
+    assert vis.preset_of(vis.handlers._settings(paper_values + ("fixed",))) == "paper"
+    assert vis.preset_of(vis.handlers._settings(VALUES + ("auto",))) == "fastest"
+    assert vis.preset_of(vis.handlers._settings(VALUES + ("fixed",))) is None
+    vis.trees._preset_runs.clear()
     assert vis.preset_text().count("not run on this server yet") == 2
     # a run under a preset is measured against the same run's vanilla and shown beside that preset
     final = list(vis.run(None, PROMPT, *paper_values, "fixed"))[-1]

@@ -177,7 +177,7 @@ def test_page_in_a_real_browser(served_app):
                                    timeout=60_000)
             # a click on an answer token selects the step that produced it, in every engine
             tab = next(iter(vis.tabs.by_session.values()))
-            best = vis._default_position(tab.record)
+            best = vis.rendering._default_position(tab.record)
             from dart_core.engine.trace_stats import step_for_token
             spans = tab.record.spans("dart")
             dart_steps = tab.record.runs["dart"].traces

@@ -68,14 +68,14 @@ def test_stop_pressed_while_a_run_waits_in_the_queue_stops_it_before_it_starts(v
     tab = TabState()
     queued_at = time.monotonic()          # the run entered the queue ...
     assert "will not start" in vis.stop(tab)   # ... and Stop was pressed while it waited
-    monkeypatch.setattr(vis, "_queued_at", lambda: queued_at)
+    monkeypatch.setattr(vis.handlers, "_queued_at", lambda: queued_at)
     outs = list(vis.run(tab, PROMPT, *VALUES))
     assert len(outs) == 1 and outs[0][vis.status].startswith("**Stopped** before it started"), outs
     assert "waited in the queue" in outs[0][vis.status] and tab.record is None and tab.active == 0
     out = vis.step_once(tab, PROMPT, *VALUES)   # a queued step-once click is cancelled the same way
     assert out[vis.status].startswith("**Stopped** before it started") and tab.step_session is None
     # a request queued after the Stop runs as usual
-    monkeypatch.setattr(vis, "_queued_at", time.monotonic)
+    monkeypatch.setattr(vis.handlers, "_queued_at", time.monotonic)
     assert list(vis.run(tab, PROMPT, *VALUES))[-1][vis.status].startswith("✓ **Done")
     assert "round 1" in vis.step_once(tab, PROMPT, *VALUES)[vis.status]
 
@@ -302,7 +302,7 @@ def test_an_engine_belongs_to_one_run_at_a_time(vis):
     # refused before it touches the cache, and the first answer is still right
     target = vis.target
     ids = target.tokenizer.encode(PROMPT)
-    cfg = vis._config(settings)
+    cfg = vis.handlers._config(settings)
     ref = SpeculativeEngine(target).generate(ids, cfg).tokens
     engine = SpeculativeEngine(target)
     first = Comparison({"vanilla": engine}, ids, cfg, decode=target.tokenizer)

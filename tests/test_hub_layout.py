@@ -394,8 +394,8 @@ def test_app_on_the_hub_layout_streams_through_zerogpu_handlers(loaded, monkeypa
         text = json.dumps(streamed[-1], ensure_ascii=False, default=str)
         assert len(streamed) >= 2 and "Done.**" in text and text.count("tok/s") == 3, text[:2000]
         assert "identical to the baseline" in text
-        assert calls == ["_run_ui"]
+        assert calls == ["run_ui"]
         step = client.predict("Hi", *VALUES, api_name="/step_once")
-        assert "round 1" in json.dumps(step, ensure_ascii=False, default=str) and calls[-1] == "_step_ui"
+        assert "round 1" in json.dumps(step, ensure_ascii=False, default=str) and calls[-1] == "step_ui"
     finally:
         vis.demo.close()

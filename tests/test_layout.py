@@ -343,3 +343,20 @@ def test_one_module_builds_drafters_from_a_method_name():
                 if name in DRAFTER_CLASSES:
                     calls.append(f"{rel}:{node.lineno} {name}(...)")
     assert not calls, f"drafters built outside dart_core.methods: {calls}"
+
+
+def test_the_page_is_composed_not_mixed_in():
+    """The page's parts are objects the Visualiser constructs with what each needs (issue 41): no class in
+    dart_core/page/ inherits from more than one base, so no part reads attributes another part set on a shared
+    ``self``."""
+    files = sorted((PKG / "page").glob("*.py"))
+    assert len(files) > 8
+    classes, mixed = 0, []
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            if isinstance(node, ast.ClassDef):
+                classes += 1
+                if len(node.bases) > 1:
+                    mixed.append(f"{f.name}:{node.lineno} {node.name}({', '.join(map(ast.unparse, node.bases))})")
+    assert classes >= 6   # the rule would pass vacuously if the scan missed the classes
+    assert not mixed, f"classes with several bases in dart_core/page: {mixed}"

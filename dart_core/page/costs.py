@@ -1,13 +1,13 @@
 """The page's explanations of speed: the *Cost of a tree* view (what a verify costs here and what the
 automatic chooser expects each DART budget to earn) and the *Why this speed?* panel (expected speedup by
-acceptance and verify cost, this run's measured point, the visitor's what-if). A mixin of
-:class:`dart_core.page.visualiser.Visualiser`; the cost view is drawn again after each run and shared by every
-tab (``self._cost_view``, under ``self._cost_lock``).
+acceptance and verify cost, this run's measured point, the visitor's what-if), in :class:`CostViews`. The cost
+view is drawn again after each run and shared by every tab (its last drawing, under a lock).
 """
 from __future__ import annotations
 
 import logging
-from typing import Any
+import threading
+from typing import TYPE_CHECKING, Any
 
 from .. import space
 from ..hardware import gemm_paths
@@ -18,6 +18,11 @@ from ..ui.session import RunSettings
 from .controls import SPEC_SLOTS
 from .tabs import TabState
 
+if TYPE_CHECKING:
+    from .engines import EngineFactory
+    from .layout import PageComponents
+    from .trees import TreeControls
+
 logger = logging.getLogger("dart_app")
 
 #: the what-if's draft cost (x one plain step) before a run has measured one
@@ -25,7 +30,21 @@ WHATIF_DRAFT_RATIO = 0.1
 
 
 class CostViews:
-    """The cost-of-a-tree view and the why-this-speed panel (see the module docstring)."""
+    """The cost-of-a-tree view and the why-this-speed panel (see the module docstring): the page's ``cost_text``,
+    ``cost_verify_plot``, ``cost_rate_plot``, ``why_plot`` and ``why_text``, from ``factory``'s cost model and the
+    AutoTrees of the engines in ``view_slots``; ``trees`` gets DART's expected rates and writes the presets' note
+    (``preset_note``) the cost view updates."""
+
+    def __init__(self, page: PageComponents, factory: EngineFactory, view_slots: list[str], trees: TreeControls):
+        self.page = page
+        self.factory = factory
+        self.view_slots = view_slots
+        self.trees = trees
+        # the automatic-tree drafters (dart_core.sizing.AutoTree) the *Cost of a tree* view reads, by engine: the
+        # latest run's (they learn from every step), else ones of its own; and that view, as last drawn
+        self._autos: dict[str, Any] = {}
+        self._cost_view: dict | None = None
+        self._cost_lock = threading.Lock()
 
     def note_engines(self, engines: dict[str, Any]) -> None:
         """Remember the automatic-tree drafters of ``engines`` (a run's, or the warmed-up pool's) for the
@@ -55,24 +74,24 @@ class CostViews:
                 costs = self.factory.costs
                 autos = self._view_autos()
                 rates = autos["dart"].rates() if "dart" in autos else None
-                self._dart_rates = rates
+                self.trees.note_rates(rates)
                 others = {label_of(s): autos[s].rates()[0]["label"] for s in self.view_slots
                           if s != "dart" and s in autos}
                 choice = kernel_path.chosen()
-                out = {self.cost_text: viz_cost.tree_cost_text(costs, rates, others=others,
+                out = {self.page.cost_text: viz_cost.tree_cost_text(costs, rates, others=others,
                                                                kernel=gemm_paths()["gemm_path"],
                                                                kernel_source=choice.source if choice else None),
-                       self.cost_verify_plot: viz_cost.verify_cost_figure(costs),
-                       self.cost_rate_plot: (viz_cost.budget_rate_figure(rates) if rates
+                       self.page.cost_verify_plot: viz_cost.verify_cost_figure(costs),
+                       self.page.cost_rate_plot: (viz_cost.budget_rate_figure(rates) if rates
                                              else viz.empty_fig("DART is not loaded: no budget to weigh")),
-                       self.preset_note: self.preset_text(rates=rates)}
+                       self.page.preset_note: self.trees.preset_text(rates=rates)}
             except Exception as exc:  # noqa: BLE001 - the rest of the page works without this view
                 logger.exception("the cost-of-a-tree view failed")
                 why = f"{type(exc).__name__}: {exc}"
-                out = {self.cost_text: f"⚠ The cost view could not be drawn ({why}; details in the server log).",
-                       self.cost_verify_plot: viz.empty_fig("no cost model"),
-                       self.cost_rate_plot: viz.empty_fig("no cost model"),
-                       self.preset_note: self.preset_text()}
+                out = {self.page.cost_text: f"⚠ The cost view could not be drawn ({why}; details in the server log).",
+                       self.page.cost_verify_plot: viz.empty_fig("no cost model"),
+                       self.page.cost_rate_plot: viz.empty_fig("no cost model"),
+                       self.page.preset_note: self.trees.preset_text()}
             self._cost_view = out
         return out
 
@@ -81,10 +100,10 @@ class CostViews:
         ZeroGPU a GPU is attached only while a request runs, so there the first run draws it."""
         view = self._cost_view
         if view is None and space.on_zerogpu():
-            return {self.cost_text: "The cost of a tree on this machine is measured at the first run.",
-                    self.cost_verify_plot: viz.empty_fig("run a prompt to measure the cost of a tree"),
-                    self.cost_rate_plot: viz.empty_fig("run a prompt to measure the cost of a tree"),
-                    self.preset_note: self.preset_text()}
+            return {self.page.cost_text: "The cost of a tree on this machine is measured at the first run.",
+                    self.page.cost_verify_plot: viz.empty_fig("run a prompt to measure the cost of a tree"),
+                    self.page.cost_rate_plot: viz.empty_fig("run a prompt to measure the cost of a tree"),
+                    self.page.preset_note: self.trees.preset_text()}
         return view if view is not None else self.render_costs()
 
     # ------------------------------------------------------------------ why this speed
@@ -142,7 +161,7 @@ class CostViews:
             logger.exception("the why panel failed")
             fig = viz.empty_fig("no cost model")
             text = f"⚠ This panel could not be drawn ({type(exc).__name__}: {exc})."
-        return {self.why_plot: fig, self.why_text: text}
+        return {self.page.why_plot: fig, self.page.why_text: text}
 
     def whatif_changed(self, tab: TabState | None, alpha: float, verify_ratio: float, depth: float) -> dict:
         """The what-if sliders moved: place that point on the map."""

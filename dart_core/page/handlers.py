@@ -1,6 +1,6 @@
 """The page's event handlers: run (streamed), step once, the step view's slider, token clicks and stages, stop,
-clear, export and replay. A mixin of :class:`dart_core.page.visualiser.Visualiser`; each handler takes the
-tab's :class:`~dart_core.page.tabs.TabState` and returns ``{component: value}`` updates drawn by
+clear, export and replay, in :class:`Handlers`. Each handler takes the tab's
+:class:`~dart_core.page.tabs.TabState` and returns ``{component: value}`` updates drawn by
 :class:`~dart_core.page.render.Rendering`.
 
 Stop is a time, not a flag: a request stops when Stop was pressed after it was *queued* (``_queued_at``), so a
@@ -14,7 +14,7 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import gradio as gr
 
@@ -24,7 +24,15 @@ from ..ui.record import MEMORY_LIMIT, STOPPED, TIME_LIMIT, RunRecord, label_of, 
 from ..ui.session import Comparison, RunSettings, check_prompt_length
 from ..ui.viz import md_text
 from .controls import FRAME_KEYS, SETTING_NAMES, SIZE_KNOBS
-from .tabs import FRAME_ALL, StepSession, TabState, fmt_bytes
+from .tabs import FRAME_ALL, StepSession, TabRegistry, TabState, fmt_bytes
+
+if TYPE_CHECKING:
+    from ..ui.serving import ServingLimits
+    from .costs import CostViews
+    from .engines import EngineFactory
+    from .layout import PageComponents
+    from .render import Rendering
+    from .trees import TreeControls
 
 logger = logging.getLogger("dart_app")
 
@@ -49,7 +57,34 @@ def load_note(other_cpus: float | None, cpus: int | None = None) -> str:
 
 
 class Handlers:
-    """The page's event handlers (see the module docstring)."""
+    """The page's event handlers (see the module docstring), over ``page``'s components.
+
+    ``demo``: the page's Blocks (its queue says when a request was queued); ``target`` and ``template``: the loaded
+    target and its chat template; ``factory``: the engine pool; ``tabs``: the tabs' registry and memory budget;
+    ``limits``: what one visitor may cost; ``max_length`` / ``max_new_tokens``: the page's length caps;
+    ``default_tree``: the tree mode of a request without one; ``shown`` / ``view_slots``: the answer columns and
+    the engines with trees; ``rendering``, ``costs``, ``trees``: what draws the outputs and keeps the cost view
+    and the presets' speeds."""
+
+    def __init__(self, page: PageComponents, demo: gr.Blocks, *, target, template, factory: EngineFactory,
+                 tabs: TabRegistry, limits: ServingLimits, max_length: int, max_new_tokens: int, default_tree: str,
+                 shown: list[str], view_slots: list[str], rendering: Rendering, costs: CostViews,
+                 trees: TreeControls):
+        self.page = page
+        self.demo = demo
+        self.target = target
+        self.template = template
+        self.factory = factory
+        self.tabs = tabs
+        self.limits = limits
+        self.max_length = max_length
+        self.max_new_tokens = max_new_tokens
+        self.default_tree = default_tree
+        self.shown = shown
+        self.view_slots = view_slots
+        self.rendering = rendering
+        self.costs = costs
+        self.trees = trees
 
     def _queued_at(self) -> float:
         """time.monotonic() when the request being handled entered Gradio's queue (now when it did not go
@@ -82,11 +117,11 @@ class Handlers:
         if not isinstance(prompt, str) or not prompt.strip():
             raise ConfigError("the prompt is empty: type a question or pick an example")
         ids = encode_chat(self.target.tokenizer, self.template, [{"role": "user", "content": prompt}])
-        warn = check_prompt_length(len(ids), self.args.max_length, settings.max_new_tokens)
+        warn = check_prompt_length(len(ids), self.max_length, settings.max_new_tokens)
         return ids, warn
 
     def _config(self, settings: RunSettings):
-        return settings.generation_config(self.args.max_length, max_new_tokens_limit=self.max_new_tokens)
+        return settings.generation_config(self.max_length, max_new_tokens_limit=self.max_new_tokens)
 
     def _meta(self, settings: RunSettings) -> dict[str, Any]:
         return {"target": self.target.name, "dtype": dtype_name(self.target.dtype),
@@ -103,7 +138,7 @@ class Handlers:
         tab = tab if isinstance(tab, TabState) else TabState()
         self.tabs.remember(tab, request)
         if tab.stop_requested_since(queued_at):
-            yield {self.tab: tab, self.status: STOPPED_IN_QUEUE.format(what="run")}
+            yield {self.page.tab: tab, self.page.status: STOPPED_IN_QUEUE.format(what="run")}
             return
         tab.active += 1
         try:
@@ -121,7 +156,7 @@ class Handlers:
             ids, warn = self._encode(prompt, settings)
             lease = self.factory.checkout(settings)   # engines no other run holds (item: one run per engine)
         except ConfigError as exc:
-            yield {self.tab: tab, self.status: f"⚠ **Cannot run:** {exc}"}
+            yield {self.page.tab: tab, self.page.status: f"⚠ **Cannot run:** {exc}"}
             return
         cmp = Comparison(lease.engines, ids, config, decode=self.target.tokenizer, prompt=prompt,
                          meta=self._meta(settings), lease=lease)
@@ -147,19 +182,19 @@ class Handlers:
         running = (f"Running {', '.join(label_of(n) for n in cmp.engines)} in turn on one clock "
                    f"(prompt: {len(ids)} tokens){note}. **Stop** takes effect within one step.{cap}")
         try:
-            yield {self.tab: tab, self.status: running, **self.render_answers(cmp.record)}
+            yield {self.page.tab: tab, self.page.status: running, **self.rendering.render_answers(cmp.record)}
             last = time.perf_counter()
             try:
                 for _ in cmp.run(stop=why_stop):
                     if time.perf_counter() - last >= UI_INTERVAL_S:
-                        yield {self.status: running, **self.render_answers(cmp.record)}
+                        yield {self.page.status: running, **self.rendering.render_answers(cmp.record)}
                         last = time.perf_counter()
             except Exception as exc:  # noqa: BLE001 - show it in the page; the server keeps serving
                 logger.exception("run failed")
                 cmp.stop("error")
-                yield {self.tab: tab, self.status: f"⚠ **Internal error:** {type(exc).__name__}: {exc} "
+                yield {self.page.tab: tab, self.page.status: f"⚠ **Internal error:** {type(exc).__name__}: {exc} "
                                                    "(details in the server log)",
-                       **self.render_all(cmp.record, tab=tab)}
+                       **self.rendering.render_all(cmp.record, tab=tab)}
                 return
         finally:
             cmp.close()   # a run closed early (the visitor left) gives its engines back too
@@ -195,9 +230,10 @@ class Handlers:
         status += " Move the **answer token position** slider to inspect the step that produced each token."
         if settings.tree == "auto" and self.view_slots:
             status += " Tree sizes were chosen automatically (see *Cost of a tree*)."
-        self.note_engines(cmp.engines)   # their AutoTrees learned from this run: the cost view shows them
-        self._note_preset_run(settings, cmp.record)
-        yield {self.tab: tab, self.status: status, **self.render_all(cmp.record, tab=tab), **self.render_costs()}
+        self.costs.note_engines(cmp.engines)   # their AutoTrees learned from this run: the cost view shows them
+        self.trees.note_preset_run(settings, cmp.record)
+        yield {self.page.tab: tab, self.page.status: status, **self.rendering.render_all(cmp.record, tab=tab),
+               **self.costs.render_costs()}
 
     def step_once(self, tab: TabState | None, prompt: str, *values, request: gr.Request | None = None) -> dict:
         """Advance every engine by one speculative round and narrate it; starts a new session when the
@@ -207,7 +243,7 @@ class Handlers:
         tab = tab if isinstance(tab, TabState) else TabState()
         self.tabs.remember(tab, request)
         if tab.stop_requested_since(queued_at):
-            return {self.tab: tab, self.status: STOPPED_IN_QUEUE.format(what="step")}
+            return {self.page.tab: tab, self.page.status: STOPPED_IN_QUEUE.format(what="step")}
         tab.active += 1
         try:
             return self._step_once(tab, prompt, values)
@@ -228,7 +264,7 @@ class Handlers:
                 sess = tab.step_session = StepSession(self.factory, settings, ids, config, prompt=prompt,
                                                       meta=self._meta(settings))
         except ConfigError as exc:
-            return {self.tab: tab, self.status: f"⚠ **Cannot step:** {exc}"}
+            return {self.page.tab: tab, self.page.status: f"⚠ **Cannot step:** {exc}"}
         sess.step()
         tab.record = sess.comparison.record
         tab.frame = FRAME_KEYS[1]   # each round starts at its first stage: the drafted candidates
@@ -240,13 +276,13 @@ class Handlers:
                   "walk through the round: drafted, pruned, checked, accepted, committed.")
         if warn:
             status += f" ({warn})"
-        out = {self.tab: tab, self.status: status, **self.render_all(sess.comparison.record, latest=True, tab=tab),
-               **self.render_costs()}
+        out = {self.page.tab: tab, self.page.status: status,
+               **self.rendering.render_all(sess.comparison.record, latest=True, tab=tab), **self.costs.render_costs()}
         latest = [sess.comparison.record.runs[s].traces[-1].position for s in self.view_slots
                   if s in sess.comparison.record.runs and sess.comparison.record.runs[s].traces]
         if latest:
-            out[self.slider] = gr.Slider(minimum=0, maximum=max(sess.comparison.record.max_position(), 1),
-                                         value=latest[0])
+            out[self.page.slider] = gr.Slider(minimum=0, maximum=max(sess.comparison.record.max_position(), 1),
+                                              value=latest[0])
         return out
 
     def show_step(self, tab: TabState | None, position: float) -> dict:
@@ -254,11 +290,11 @@ class Handlers:
         if record is not None:
             self.tabs.touch(tab)    # a tab being looked at is not the least recently used one
         frame, pruned = (tab.frame, tab.show_pruned) if isinstance(tab, TabState) else (FRAME_ALL, False)
-        out = self.render_step_views(record, position, frame=frame, show_pruned=pruned)
-        out[self.timing_plot] = self.render_timing(record, self._marks(record, position))
+        out = self.rendering.render_step_views(record, position, frame=frame, show_pruned=pruned)
+        out[self.page.timing_plot] = self.rendering.render_timing(record, self.rendering.marks(record, position))
         if record is None and isinstance(tab, TabState) and tab.dropped:
             for s in self.view_slots:
-                out[self.step_text[s]] = f"⚠ {tab.dropped[0].upper()}{tab.dropped[1:]}. Run the prompt again."
+                out[self.page.step_text[s]] = f"⚠ {tab.dropped[0].upper()}{tab.dropped[1:]}. Run the prompt again."
         return out
 
     def select_token(self, tab: TabState | None, position: int) -> dict:
@@ -267,9 +303,9 @@ class Handlers:
         record = tab.record if isinstance(tab, TabState) else None
         top = max(record.max_position(), 1) if record is not None else 1
         pos = min(max(int(position), 0), top)
-        return {self.slider: gr.Slider(minimum=0, maximum=top, value=pos), **self.show_step(tab, pos)}
+        return {self.page.slider: gr.Slider(minimum=0, maximum=top, value=pos), **self.show_step(tab, pos)}
 
-    def _select_token_ui(self, tab: TabState | None, evt: gr.SelectData) -> dict:
+    def select_token_ui(self, tab: TabState | None, evt: gr.SelectData) -> dict:
         index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
         return self.select_token(tab, int(index or 0))
 
@@ -285,7 +321,7 @@ class Handlers:
         i = FRAME_KEYS.index(frame) if frame in FRAME_KEYS else 0
         nxt = FRAME_KEYS[(i + 1) % len(FRAME_KEYS)]
         show_pruned = tab.show_pruned if isinstance(tab, TabState) else False
-        return {self.frame: nxt, **self.view_changed(tab, position, nxt, show_pruned)}
+        return {self.page.frame: nxt, **self.view_changed(tab, position, nxt, show_pruned)}
 
     def stop(self, tab: TabState | None) -> str:
         if isinstance(tab, TabState):
@@ -299,14 +335,15 @@ class Handlers:
             tab.request_stop()
             tab.close_step_session()
             tab.record = None
-        out = {self.prompt: "", self.status: "Cleared.", self.export_file: None, **self.render_all(None)}
+        out = {self.page.prompt: "", self.page.status: "Cleared.", self.page.export_file: None,
+               **self.rendering.render_all(None)}
         return out
 
     def export(self, tab: TabState | None) -> dict:
         record = tab.record if isinstance(tab, TabState) else None
         if record is None or not any(r.tokens for r in record.runs.values()):
-            return {self.status: "⚠ Nothing to export yet: run a prompt (or step once) first.",
-                    self.export_file: None}
+            return {self.page.status: "⚠ Nothing to export yet: run a prompt (or step once) first.",
+                    self.page.export_file: None}
         if tab.export_dir is None:
             tab.export_dir = tempfile.mkdtemp(prefix="dart-demo-export-")
         for old in Path(tab.export_dir).glob("*.json"):   # a tab keeps only its latest export
@@ -322,22 +359,22 @@ class Handlers:
                        "accepts under *Replay* (`max_upload_bytes`)")
         if too_big:
             status += f" ⚠ It will not replay here: {too_big}."
-        return {self.export_file: str(path), self.status: status}
+        return {self.page.export_file: str(path), self.page.status: status}
 
     def replay(self, tab: TabState | None, file: Any, request: gr.Request | None = None) -> dict:
         tab = tab if isinstance(tab, TabState) else TabState()
         self.tabs.remember(tab, request)
         if file is None:
-            return {self.tab: tab, self.status: "Choose an exported trace file (.json) to replay."}
+            return {self.page.tab: tab, self.page.status: "Choose an exported trace file (.json) to replay."}
         path = Path(getattr(file, "name", file))
         try:
             record = RunRecord.from_export(path)
         except (OSError, ValueError) as exc:
-            return {self.tab: tab, self.status: f"⚠ **Cannot replay {md_text(path.name)}:** {md_text(exc)}"}
+            return {self.page.tab: tab, self.page.status: f"⚠ **Cannot replay {md_text(path.name)}:** {md_text(exc)}"}
         too_big = self.limits.replay_problem(record)
         if too_big:
             # too_big is this page's own sentence (limits and counts), not the file's text
-            return {self.tab: tab, self.status: f"⚠ **Cannot replay {md_text(path.name)}:** {too_big}."}
+            return {self.page.tab: tab, self.page.status: f"⚠ **Cannot replay {md_text(path.name)}:** {too_big}."}
         tab.request_stop()
         tab.close_step_session()
         tab.record = record
@@ -351,14 +388,14 @@ class Handlers:
         missing = [label_of(s) for s in record.runs if s not in self.shown]
         if missing:
             status += f" (engines this page has no column for: {', '.join(missing)})"
-        return {self.tab: tab, self.status: status, **self.render_all(record, tab=tab)}
+        return {self.page.tab: tab, self.page.status: status, **self.rendering.render_all(record, tab=tab)}
 
     # Gradio injects gr.Request only into positional parameters, so the wired handlers take it first.
-    def _run_ui(self, request: gr.Request, tab: TabState | None, prompt: str, *values) -> Iterator[dict]:
+    def run_ui(self, request: gr.Request, tab: TabState | None, prompt: str, *values) -> Iterator[dict]:
         yield from self.run(tab, prompt, *values, request=request)
 
-    def _step_ui(self, request: gr.Request, tab: TabState | None, prompt: str, *values) -> dict:
+    def step_ui(self, request: gr.Request, tab: TabState | None, prompt: str, *values) -> dict:
         return self.step_once(tab, prompt, *values, request=request)
 
-    def _replay_ui(self, request: gr.Request, tab: TabState | None, file: Any) -> dict:
+    def replay_ui(self, request: gr.Request, tab: TabState | None, file: Any) -> dict:
         return self.replay(tab, file, request=request)

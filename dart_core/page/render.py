@@ -1,11 +1,11 @@
 """Rendering a RunRecord into the page's components, one path for live runs and replays: the answers and their
 metrics, the step view (tree, candidate scores, narration, or one stage of the round), the stage timings and the
-acceptance charts. A mixin of :class:`dart_core.page.visualiser.Visualiser`: it reads the components the layout
-built (``self.answer``, ``self.tree_plot``, ...) and returns ``{component: value}`` updates.
+acceptance charts. :class:`Rendering` returns ``{component: value}`` updates of the layout's components
+(``PageComponents``: ``answer``, ``tree_plot``, ...).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import gradio as gr
 
@@ -16,6 +16,10 @@ from ..ui.record import RunRecord, label_of
 from ..ui.viz import md_text
 from .controls import FRAME_KEYS
 from .tabs import FRAME_ALL, TabState
+
+if TYPE_CHECKING:
+    from .costs import CostViews
+    from .layout import PageComponents
 
 
 #: What each plot frame will show, said inside it until there is a step to draw (the page's first view, and after
@@ -43,6 +47,11 @@ ACCEPTANCE_VIEWS = ("acceptance length per step", "histogram", "acceptance per d
 def unavailable_text(slot: str) -> str:
     """What an unavailable engine's step frames and narration say."""
     return f"{label_of(slot)} is unavailable: see the note at the top of the page."
+
+
+def unavailable_metrics(slot: str) -> str:
+    """What an unavailable engine's metrics line says, under its empty answer."""
+    return f"⚠ **{label_of(slot)} is unavailable** (see the note at the top of the page for how to add it)."
 
 
 def step_placeholders(slot: str, unavailable: bool) -> dict:
@@ -85,23 +94,30 @@ def _shown_step(run, position: int, latest: bool) -> int | None:
 
 
 class Rendering:
-    """The page's rendering (see the module docstring)."""
+    """The page's rendering (see the module docstring): into ``page``'s answers and metrics (``shown`` slots), step
+    views and acceptance charts (``view_slots``); ``unavailable``: engine -> why it cannot run (its frames say so);
+    ``costs`` draws the *Why this speed?* panel every full render updates."""
+
+    def __init__(self, page: PageComponents, *, shown: list[str], view_slots: list[str],
+                 unavailable: Mapping[str, str], costs: CostViews):
+        self.page = page
+        self.shown = shown
+        self.view_slots = view_slots
+        self.unavailable = unavailable
+        self.costs = costs
 
     def render_answers(self, record: RunRecord | None) -> dict:
         out: dict = {}
         metrics = record.metrics() if record is not None else {}
         for s in self.shown:
             if record is None or s not in record.runs:
-                out[self.answer[s]] = []
-                out[self.metrics[s]] = self._unavailable_text(s) if s in self.factory.unavailable else ""
+                out[self.page.answer[s]] = []
+                out[self.page.metrics[s]] = unavailable_metrics(s) if s in self.unavailable else ""
                 continue
             run = record.runs[s]
-            out[self.answer[s]] = record.spans(s)
-            out[self.metrics[s]] = _fmt_metrics(metrics[s], s, run, record.baseline)
+            out[self.page.answer[s]] = record.spans(s)
+            out[self.page.metrics[s]] = _fmt_metrics(metrics[s], s, run, record.baseline)
         return out
-
-    def _unavailable_text(self, slot: str) -> str:
-        return f"⚠ **{label_of(slot)} is unavailable** (see the note at the top of the page for how to add it)."
 
     def render_step_views(self, record: RunRecord | None, position: float | int | None,
                           latest: bool = False, frame: str = FRAME_ALL, show_pruned: bool = False) -> dict:
@@ -113,13 +129,13 @@ class Rendering:
         for s in self.view_slots:
             run = record.runs.get(s) if record is not None else None
             if run is None or not run.traces:
-                why = (unavailable_text(s) if s in self.factory.unavailable
+                why = (unavailable_text(s) if s in self.unavailable
                        else "Run a prompt (or step once) to see its steps.")
-                empty = step_placeholders(s, s in self.factory.unavailable)
-                out[self.tree_plot[s]] = empty["tree"]
-                out[self.scatter_plot[s]] = empty["scores"]
+                empty = step_placeholders(s, s in self.unavailable)
+                out[self.page.tree_plot[s]] = empty["tree"]
+                out[self.page.scatter_plot[s]] = empty["scores"]
                 self._logits(out, s, empty["logits"])
-                out[self.step_text[s]] = why
+                out[self.page.step_text[s]] = why
                 continue
             pos = int(position or 0)
             k = _shown_step(run, pos, latest)
@@ -128,10 +144,10 @@ class Rendering:
                     msg = f"Token 0 came from the prefill (the target's first token), before any {run.label} step."
                 else:
                     msg = f"{run.label} produced only {len(run.tokens)} tokens; token {pos} is past its answer."
-                out[self.tree_plot[s]] = viz.empty_fig(msg)
-                out[self.scatter_plot[s]] = viz.empty_fig(msg)
+                out[self.page.tree_plot[s]] = viz.empty_fig(msg)
+                out[self.page.scatter_plot[s]] = viz.empty_fig(msg)
                 self._logits(out, s, viz.empty_fig(msg))
-                out[self.step_text[s]] = msg
+                out[self.page.step_text[s]] = msg
                 continue
             st = run.traces[k]
             chosen = run.tree_label(k)   # the automatic tree's setting for this step (None: a fixed tree)
@@ -153,18 +169,18 @@ class Rendering:
                 fig = viz_tree.tree_figure(st, record.decode, score_label=score_label, show_pruned=show_pruned,
                                            title=dict(text=f"{run.label} step {st.step}",
                                                       subtitle=dict(text=sub + (f"<br>tree{auto}" if chosen else ""))))
-            out[self.tree_plot[s]] = self._linked(fig, s, record, st)
-            out[self.scatter_plot[s]] = viz_tree.score_scatter(
+            out[self.page.tree_plot[s]] = self._linked(fig, s, record, st)
+            out[self.page.scatter_plot[s]] = viz_tree.score_scatter(
                 st, record.decode, score_label=score_label, title=f"{run.label} step {st.step}: every scored candidate")
             self._logits(out, s, lambda: viz_tree.parallel_logits(
                 st, record.decode, title=f"{run.label} step {st.step}: parallel logits, before pruning"))
-            out[self.step_text[s]] = text
+            out[self.page.step_text[s]] = text
         return out
 
     def _logits(self, out: dict, slot: str, fig) -> None:
         """DART's parallel-logits plot (``fig``, or a function that draws it) into ``out`` when ``slot`` is DART's."""
-        if slot == "dart" and getattr(self, "logits_plot", None) is not None:
-            out[self.logits_plot] = fig() if callable(fig) else fig
+        if slot == "dart" and self.page.logits_plot is not None:
+            out[self.page.logits_plot] = fig() if callable(fig) else fig
 
     def _linked(self, fig, engine: str, record: RunRecord, st) -> Any:
         """Tell the page's hover script (link.js) which answer token each tree node stands for: the figure's
@@ -188,7 +204,7 @@ class Rendering:
         return viz_steps.timing_figure({r.label: r.traces for r in record.runs.values() if r.traces},
                                        mark=marks or None)
 
-    def _marks(self, record: RunRecord | None, position: float | int | None, latest: bool = False) -> dict[str, int]:
+    def marks(self, record: RunRecord | None, position: float | int | None, latest: bool = False) -> dict[str, int]:
         """Engine label -> the step number the step view shows for answer token ``position``."""
         marks: dict[str, int] = {}
         if record is None:
@@ -205,24 +221,24 @@ class Rendering:
     def render_summary(self, record: RunRecord | None, position: int | None = None, latest: bool = False) -> dict:
         out: dict = {}
         if record is None or not any(r.traces for r in record.runs.values()):
-            out[self.timing_plot] = placeholder("timing")
+            out[self.page.timing_plot] = placeholder("timing")
             for s in self.view_slots:
-                    for p, what in zip(self.acc_plots[s], ACCEPTANCE_VIEWS):
+                    for p, what in zip(self.page.acc_plots[s], ACCEPTANCE_VIEWS):
                         out[p] = placeholder("acc", label_of(s), what)
-            out[self.slider] = gr.Slider(minimum=0, maximum=1, value=0)
+            out[self.page.slider] = gr.Slider(minimum=0, maximum=1, value=0)
             return out
-        out[self.timing_plot] = self.render_timing(record, self._marks(record, position, latest))
+        out[self.page.timing_plot] = self.render_timing(record, self.marks(record, position, latest))
         for s in self.view_slots:
             run = record.runs.get(s)
             if run is None or not run.traces:
-                for p in self.acc_plots[s]:
+                for p in self.page.acc_plots[s]:
                     out[p] = viz.empty_fig(f"{label_of(s)}: no steps")
                 continue
             figs = viz_steps.acceptance_figures(run.traces, name=run.label)
-            for p, f in zip(self.acc_plots[s], figs):
+            for p, f in zip(self.page.acc_plots[s], figs):
                 out[p] = f
         top = max(record.max_position(), 1)
-        out[self.slider] = gr.Slider(minimum=0, maximum=top, value=min(self._default_position(record)
+        out[self.page.slider] = gr.Slider(minimum=0, maximum=top, value=min(self._default_position(record)
                                                                        if position is None else position, top))
         return out
 
@@ -245,7 +261,7 @@ class Rendering:
         out.update(self.render_summary(record, pos, latest))
         frame, pruned = (tab.frame, tab.show_pruned) if tab is not None else (FRAME_ALL, False)
         out.update(self.render_step_views(record, pos, latest=latest, frame=frame, show_pruned=pruned))
-        out[self.frame] = frame
-        out[self.show_pruned] = pruned
-        out.update(self.render_why(record))
+        out[self.page.frame] = frame
+        out[self.page.show_pruned] = pruned
+        out.update(self.costs.render_why(record))
         return out
