@@ -150,10 +150,12 @@ def measure_prefill(model: str | None, dtype: str, device: str, n: int, reps: in
 
 def measure(model: str | None, dtype: str, device: str, prefix: int, sizes: list[int], max_depth: int,
             reps: int, warmup: int, seed: int, backends: list[str], head_rows: list[int],
-            gemm_paths: list[str | None] | None = None) -> list[dict]:
-    """One result per backend, LM-head setting and small-GEMM path (``gemm_paths``: None = the current one), all
-    timed in one interleaved loop on one loaded target."""
+            gemm_paths: list[str | None] | None = None, splits: list[int | None] | None = None) -> list[dict]:
+    """One result per backend, LM-head setting, small-GEMM path (``gemm_paths``: None = the current one) and
+    thread split (``splits``: rows cut in chunks (0) or that many ranges a thread; None = the one chosen at load),
+    all timed in one interleaved loop on one loaded target."""
     gemm_paths = gemm_paths or [None]
+    splits = splits or [None]
     native = "native" in backends
     if native:
         from dart_core import _native
@@ -171,35 +173,39 @@ def measure(model: str | None, dtype: str, device: str, prefix: int, sizes: list
         sessions[b] = target.new_session(prefix + max(sizes) + 1)
         sessions[b].prefill(prompt)
     dev = target.device
-    arms = [(b, r, g) for b in backends for r in (head_rows if b == "native" else head_rows[:1])
-            for g in (gemm_paths if b == "native" else [None])]
+    arms = [(b, r, g, c) for b in backends for r in (head_rows if b == "native" else head_rows[:1])
+            for g in (gemm_paths if b == "native" else [None]) for c in (splits if b == "native" else [None])]
     times: dict[tuple, list[float]] = {(*arm, n): [] for arm in arms for n in trees}
     default_rows = target_module.LM_HEAD_FIRST_ROWS
     path_before = _native.small_gemm_path() if native else None
+    split_before = _native.small_gemm_split() if native else None
     try:
         for rep in range(warmup + reps):  # interleaved: load drifts hit every arm alike
-            for b, r, g in arms:
+            for b, r, g, c in arms:
                 target.set_fast_forward(b == "native")
                 target_module.LM_HEAD_FIRST_ROWS = r
                 if b == "native":
                     _native.small_gemm_set_path(g or path_before)
+                    _native.small_gemm_set_split(split_before if c is None else c)
                 for n, tree in trees.items():
                     dt = time_verify(sessions[b], tree, prefix, dev)
                     if rep >= warmup:
-                        times[(b, r, g, n)].append(dt)
+                        times[(b, r, g, c, n)].append(dt)
     finally:
         target_module.LM_HEAD_FIRST_ROWS = default_rows
         if native:
             _native.small_gemm_set_path(path_before)
+            _native.small_gemm_set_split(split_before)
     out = []
-    for b, r, g in arms:
-        one_ms = 1000 * statistics.median(times[(b, r, g, 1)])
+    for b, r, g, c in arms:
+        one_ms = 1000 * statistics.median(times[(b, r, g, c, 1)])
         res = {"dtype": dtype_name(target.dtype), "backend": b, "device": str(dev), "model": target.name,
                "gemm_path": (g or path_before) if b == "native" else None,
+               "gemm_split": (split_before if c is None else c) if b == "native" else None,
                "prefix": prefix, "lm_head_first_rows": "all" if r >= ALL_ROWS or b == "hf" else r,
                "one_token_ms": one_ms, "trees": {}}
         for n in sizes:
-            ms = 1000 * statistics.median(times[(b, r, g, n)])
+            ms = 1000 * statistics.median(times[(b, r, g, c, n)])
             res["trees"][n] = {"nodes": n, "max_depth": int(trees[n].max_depth), "median_ms": ms,
                                "ratio": ms / one_ms}
         out.append(res)
@@ -326,6 +332,10 @@ def main(argv=None) -> int:
     p.add_argument("--paths", default=None,
                    help="comma-separated small-GEMM paths to time side by side, interleaved (the tree table: default "
                         "the current path; --bandwidth: default every path this CPU runs but portable)")
+    p.add_argument("--splits", default=None,
+                   help="comma-separated thread splits of the small GEMM to time side by side, interleaved: chunks "
+                        "(~48 KiB a chunk) or a number of ranges a thread, e.g. chunks,2,1 (default: the one chosen "
+                        "at load, dart_core/models/gemm_split.py)")
     p.add_argument("--before", action="store_true",
                    help="--bandwidth: also time each path as before the thread pool (an OpenMP region per GEMM call; "
                         "one row with 256-bit blocks; the attention keeps the pool), interleaved in the same run")
@@ -373,13 +383,20 @@ def main(argv=None) -> int:
         missing = [x for x in gemm_paths if x not in _native.small_gemm_paths()]
         if missing:
             raise SystemExit(f"--paths: this CPU does not run {missing} (it runs {_native.small_gemm_paths()})")
-    print("| dtype | backend | GEMM path | LM head rows first | nodes | max depth | 1-token step ms | tree ms "
+    splits = None
+    if args.splits:
+        splits = []
+        for x in (x.strip() for x in args.splits.split(",") if x.strip()):
+            if x != "chunks" and not (x.isdigit() and 1 <= int(x) <= 64):
+                p.error(f"--splits {x!r}: each arm is chunks or a number of ranges a thread from 1 to 64")
+            splits.append(0 if x == "chunks" else int(x))
+    print("| dtype | backend | GEMM path | split | LM head rows first | nodes | max depth | 1-token step ms | tree ms "
           "| ratio to 1 token | speedup over hf |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     results = []
     for dtype in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
         rs = measure(args.base_model_name_or_path, dtype, args.device, args.prefix, sizes, args.max_depth,
-                     args.reps, args.warmup, args.seed, backends, head_rows, gemm_paths)
+                     args.reps, args.warmup, args.seed, backends, head_rows, gemm_paths, splits)
         results.extend(rs)
         hf = next((r for r in rs if r["backend"] == "hf"), None)
         for r in rs:
@@ -390,7 +407,8 @@ def main(argv=None) -> int:
                 if hf is not None and r is not hf:
                     base = hf["one_token_ms"] if n == 1 else hf["trees"][n]["median_ms"]
                     vs = f"{base / t['median_ms']:.2f}x"
-                print(f"| {r['dtype']} | {r['backend']} | {r['gemm_path'] or '–'} | {r['lm_head_first_rows']} "
+                split = "–" if r["gemm_split"] is None else "chunks" if r["gemm_split"] == 0 else r["gemm_split"]
+                print(f"| {r['dtype']} | {r['backend']} | {r['gemm_path'] or '–'} | {split} | {r['lm_head_first_rows']} "
                       f"| {t['nodes']} | {t['max_depth']} "
                       f"| {r['one_token_ms']:.1f} | {t['median_ms']:.1f} | {t['ratio']:.2f}x | {vs} |", flush=True)
     heads = {}

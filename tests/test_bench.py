@@ -449,6 +449,16 @@ def test_tree_cost_bandwidth_reports_every_path(tiny_dir, tmp_path, capsys):
                            "--json", str(out2)]) == 0
     assert [r["gemm_path"] for r in json.loads(out2.read_text())["results"]] == paths[:2]
     assert _native.small_gemm_path() == before
+    # and the thread splits, each named, leaving the process's own as it was
+    split = _native.small_gemm_split()
+    assert tree_cost.main(["--base-model-name-or-path", str(tiny_dir), "--dtypes", "float32", "--nodes", "3",
+                           "--prefix", "4", "--reps", "1", "--warmup", "0", "--splits", "chunks,2",
+                           "--json", str(out2)]) == 0
+    assert [r["gemm_split"] for r in json.loads(out2.read_text())["results"]] == [0, 2]
+    assert "| chunks |" in capsys.readouterr().out and _native.small_gemm_split() == split
+    for bad in ("0", "65", "fine"):
+        with pytest.raises(SystemExit):
+            tree_cost.main(["--base-model-name-or-path", str(tiny_dir), "--nodes", "3", "--splits", bad])
 
 
 def test_stream_read_reads_every_byte():
