@@ -275,6 +275,26 @@ def test_every_step_frame_says_what_it_will_show_before_a_run(vis):
         assert "Run a prompt" in " ".join(a.text for a in fig.layout.annotations), frame.label
 
 
+def test_no_plot_frame_is_empty_when_the_page_arrives(vis):
+    """The page as a browser first gets it (its config, before any run or load event) has no empty plot frame,
+    which Gradio draws as a broken-image icon: every plot holds a figure whose one line says what it will show;
+    the cost and why-this-speed frames, drawn by the page's load event, say what they will show until then."""
+    import json as _json
+
+    plots = [c for c in vis.demo.config["components"] if c["type"] in ("plot", "image")]
+    assert len(plots) == 5 * len(vis.view_slots) + 2 + 3
+    lines = {}
+    for c in plots:
+        value = c["props"].get("value")
+        assert value is not None, c["props"].get("label")
+        texts = [a["text"] for a in _json.loads(value["plot"])["layout"].get("annotations", [])]
+        assert len(texts) == 1 and texts[0].strip(), (c["props"].get("label"), texts)
+        lines[c["props"]["elem_id"]] = texts[0]
+    assert lines["cost-verify"].startswith("Verify time by tree size") and "<br>" not in lines["cost-verify"]
+    assert lines["cost-rate"].startswith("DART's expected tokens/s by budget") and "<br>" not in lines["cost-rate"]
+    assert lines["why-plot"].startswith("Expected speedup by acceptance") and "<br>" not in lines["why-plot"]
+
+
 def test_step_once_export_replay_and_clear(vis, tmp_path):
     out = vis.step_once(None, PROMPT, *VALUES)
     tab = out[vis.tab]

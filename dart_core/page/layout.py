@@ -216,10 +216,12 @@ def build_page(target, factory: EngineFactory, tabs: TabRegistry, *, shown: list
                 "by every step) and what the automatic chooser expects each DART budget to earn: the "
                 "reason *auto* picks the tree sizes it picks. Drawn again after each run.")
     cost_text = gr.Markdown(elem_id="cost-text")
+    # the cost and why frames are drawn when the page loads (Visualiser wires demo.load): until then each says what
+    # it will show, as every other frame does before a run
     with gr.Row(equal_height=False):
-        cost_verify_plot = gr.Plot(show_label=False, label="Verify time by tree size",
+        cost_verify_plot = gr.Plot(placeholder("cost_verify"), show_label=False, label="Verify time by tree size",
                                    elem_id="cost-verify", min_width=420)
-        cost_rate_plot = gr.Plot(show_label=False,
+        cost_rate_plot = gr.Plot(placeholder("cost_rate"), show_label=False,
                                  label="DART: expected tokens/s by budget", elem_id="cost-rate", min_width=420,
                                  visible="dart" in available)
     gr.Markdown("### Why this speed?\nA step pays when the tokens it gains (τ, set by how often the target "
@@ -229,7 +231,7 @@ def build_page(target, factory: EngineFactory, tabs: TabRegistry, *, shown: list
                 "compute, so only small trees pay. Move the sliders to ask *what if*.")
     with gr.Row(equal_height=False):
         with gr.Column(scale=3, min_width=420):
-            why_plot = gr.Plot(show_label=False,
+            why_plot = gr.Plot(placeholder("why"), show_label=False,
                                label="Expected speedup by acceptance and verify cost", elem_id="why-plot")
         with gr.Column(scale=2, min_width=260):
             why_text = gr.Markdown(elem_id="why-text")

@@ -32,6 +32,10 @@ PLACEHOLDERS = {
               "before pruning.<br>Run a prompt or step once.",
     "timing": "Stage timings of every step: draft forward,<br>tree build, verify and commit.<br>Run a prompt.",
     "acc": "{label}: {what}.<br>Run a prompt.",
+    # the cost and why frames: drawn when the page loads (costs.py), the first time on a server's first load
+    "cost_verify": "Verify time by tree size on this machine: loading…",
+    "cost_rate": "DART's expected tokens/s by budget: loading…",
+    "why": "Expected speedup by acceptance and verify cost: loading…",
 }
 
 
