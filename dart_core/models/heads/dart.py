@@ -49,14 +49,13 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from .cache import HeadCache
 from .config import HEAD_KINDS, HeadConfig
 from .files import (WEIGHTS_NAME, DartHeadError, HeadTargetMismatch, check_head_matches_target, fill_head,
                     match_state_dict, read_config, read_state, resolve_head_files, save_head)
-from .layers import (AttendFn, DraftHeadBase, MidLayer, RMSNorm, draft_ids_for, flex_attend, head_shapes,
-                     init_head_from_target, sdpa_attend)
+from .layers import (AttendFn, DraftHeadBase, draft_ids_for, flex_attend, head_shapes, init_head_from_target,
+                     sdpa_attend)
 
 logger = logging.getLogger(__name__)
 
@@ -73,15 +72,7 @@ class DartHead(DraftHeadBase):
     error = DartHeadError
 
     def __init__(self, config: HeadConfig):
-        super().__init__()
-        c = self.config = config
-        self.fc = nn.Linear(3 * c.target_hidden_size, c.hidden_size, bias=False)
-        self.midlayer = MidLayer(c, mask_rep=True)
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
-        self._init_vocab_and_embedding(c)
-        self.source: str | None = None
-        self.reset_parameters()
+        super().__init__(config, mask_rep=True)
 
     # ------------------------------------------------------------------ pieces of the forward
     def embed_inputs(self, aux: torch.Tensor, next_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -40,14 +40,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from .cache import HeadCache
 from .config import HEAD_KINDS, HeadConfig
 from .files import (CONFIG_NAME, Eagle3HeadError, check_head_matches_target, fill_head, match_state_dict,
                     read_config, read_state, resolve_head_files, save_head)
-from .layers import (DraftHeadBase, MidLayer, RMSNorm, draft_ids_for, head_shapes, init_head_from_target,
-                     sdpa_attend)
+from .layers import DraftHeadBase, draft_ids_for, head_shapes, init_head_from_target, sdpa_attend
 
 WEIGHTS_NAMES = ("model.safetensors", "pytorch_model.bin")   # preference order
 ARCHITECTURE = HEAD_KINDS["eagle3"].architecture
@@ -67,15 +65,7 @@ class Eagle3Head(DraftHeadBase):
     error = Eagle3HeadError
 
     def __init__(self, config: HeadConfig):
-        super().__init__()
-        c = self.config = config
-        self.fc = nn.Linear(3 * c.target_hidden_size, c.hidden_size, bias=False)
-        self.midlayer = MidLayer(c)   # DART's layer without mask_rep
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
-        self._init_vocab_and_embedding(c)
-        self.source: str | None = None
-        self.reset_parameters()
+        super().__init__(config, mask_rep=False)   # DART's layer without mask_rep
 
     # ------------------------------------------------------------------ forward pieces
     def new_cache(self, capacity: int = 512) -> HeadCache:

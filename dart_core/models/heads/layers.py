@@ -152,12 +152,24 @@ def flex_attend(layout, compiled: bool | None = None) -> AttendFn:
 
 # ---------------------------------------------------------------------------------------------- the head base
 class DraftHeadBase(nn.Module):
-    """What DART and EAGLE-3 heads share: the draft-vocabulary maps ``d2t`` / ``t2d``, a borrowed
-    reference to the target's token embedding and the seeded initialisation. Subclasses set ``kind``
-    and ``error`` and call :meth:`_init_vocab_and_embedding` in their constructor."""
+    """What DART and EAGLE-3 heads share: their layers (fc over the target's three aux features, one decoder
+    layer, a norm and the draft-vocabulary LM head), the draft-vocabulary maps ``d2t`` / ``t2d``, a borrowed
+    reference to the target's token embedding and the seeded initialisation. Subclasses set ``kind`` and
+    ``error``; the two heads differ in their layer's ``mask_rep`` (DART's mask-token embedding) and their forward."""
     kind = "draft"
     error: type[HeadError] = HeadError
     config: Any
+
+    def __init__(self, config, *, mask_rep: bool):
+        super().__init__()
+        c = self.config = config
+        self.fc = nn.Linear(3 * c.target_hidden_size, c.hidden_size, bias=False)
+        self.midlayer = MidLayer(c, mask_rep=mask_rep)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        self._init_vocab_and_embedding(c)
+        self.source: str | None = None
+        self.reset_parameters()
 
     def _init_vocab_and_embedding(self, c) -> None:
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))
