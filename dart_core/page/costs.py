@@ -20,7 +20,7 @@ from .tabs import TabState
 
 if TYPE_CHECKING:
     from .engines import EngineFactory
-    from .layout import PageComponents
+    from .components import PageComponents
     from .trees import TreeControls
 
 logger = logging.getLogger("dart_app")

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ..ui.serving import ServingLimits
     from .costs import CostViews
     from .engines import EngineFactory
-    from .layout import PageComponents
+    from .components import PageComponents
     from .render import Rendering
     from .trees import TreeControls
 

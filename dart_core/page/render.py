@@ -19,7 +19,7 @@ from .tabs import FRAME_ALL, TabState
 
 if TYPE_CHECKING:
     from .costs import CostViews
-    from .layout import PageComponents
+    from .components import PageComponents
 
 
 #: What each plot frame will show, said inside it until there is a step to draw (the page's first view, and after

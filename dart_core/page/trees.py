@@ -17,7 +17,7 @@ from .controls import PRESETS, SIZE_KNOBS
 
 if TYPE_CHECKING:
     from .engines import EngineFactory
-    from .layout import PageComponents
+    from .components import PageComponents
 
 
 def _expected_dart(rates: Any, preset: str) -> str:

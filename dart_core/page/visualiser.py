@@ -23,7 +23,8 @@ from .controls import EXAMPLES, SIZE_KNOBS, SLOTS, SPEC_SLOTS
 from .costs import CostViews
 from .engines import EngineFactory
 from .handlers import Handlers
-from .layout import PageComponents, build_page
+from .components import PageComponents
+from .layout import build_page
 from .render import Rendering
 from .tabs import TabRegistry
 from .trees import TreeControls
