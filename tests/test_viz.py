@@ -645,6 +645,10 @@ def test_tree_cost_sentence_follows_the_measured_curve(curve, words, small):
     assert "timed on this model's weights" in viz_cost.tree_cost_text(costs, kernel="amx", kernel_source="cached")
     assert "as DART_GEMM_PATH sets it" in viz_cost.tree_cost_text(costs, kernel="avx2", kernel_source="DART_GEMM_PATH")
     assert "*avx2* path (vanilla" in viz_cost.tree_cost_text(costs, kernel="avx2", kernel_source="set by the caller")
+    assert "cut among the threads in 2 long ranges a thread" in viz_cost.tree_cost_text(costs, kernel="avx2",
+                                                                                        kernel_split=2)
+    assert "in chunks of ~48 KiB" in viz_cost.tree_cost_text(costs, kernel="avx2", kernel_split=0)
+    assert "cut among" not in viz_cost.tree_cost_text(costs, kernel="avx2")
 
 
 def test_verify_cost_figure_shows_measured_points_and_the_curve():

@@ -80,7 +80,8 @@ class CostViews:
                 choice = kernel_path.chosen()
                 out = {self.page.cost_text: viz_cost.tree_cost_text(costs, rates, others=others,
                                                                kernel=gemm_paths()["gemm_path"],
-                                                               kernel_source=choice.source if choice else None),
+                                                               kernel_source=choice.source if choice else None,
+                                                               kernel_split=gemm_paths()["gemm_split"]),
                        self.page.cost_verify_plot: viz_cost.verify_cost_figure(costs),
                        self.page.cost_rate_plot: (viz_cost.budget_rate_figure(rates) if rates
                                              else viz.empty_fig("DART is not loaded: no budget to weigh")),

@@ -126,13 +126,15 @@ KERNEL_SOURCES = {
 
 def tree_cost_text(costs: Any, rates: Sequence[Mapping[str, Any]] | None = None, *,
                    paper_budget: int = PAPER_BUDGET, others: Mapping[str, str] | None = None,
-                   kernel: str | None = None, kernel_source: str | None = None) -> str:
+                   kernel: str | None = None, kernel_source: str | None = None,
+                   kernel_split: int | None = None) -> str:
     """Why this machine picks the trees it picks, from the measured verify curve: verify(33)/verify(1) near 1
     means the verify is memory-bound (as on a GPU) and big trees are almost free; well above 1, compute-bound
     (a few CPU cores) and small trees win. With DART's ``rates()``: what it picks and at what expected rate;
     ``others``: other engines' chosen settings by label (e.g. {"EAGLE-3": "total_token 8, depth 2, top_k 3"});
     ``kernel``: the CPU kernels' path every engine ran (``hardware.gemm_paths()``), named so a figure says what ran;
-    ``kernel_source``: how it was chosen (``models.kernel_path``'s sources), said in words."""
+    ``kernel_source``: how it was chosen (``models.kernel_path``'s sources), said in words; ``kernel_split``: how
+    each call's rows were cut among the threads (``hardware.gemm_paths()["gemm_split"]``: 0 chunks, k ranges)."""
     v1, vn = 1e3 * float(costs.verify_s(1)), 1e3 * float(costs.verify_s(RATIO_NODES))
     ratio = vn / max(v1, 1e-9)
     if ratio < MEMORY_BOUND_RATIO:
@@ -166,5 +168,10 @@ def tree_cost_text(costs: Any, rates: Sequence[Mapping[str, Any]] | None = None,
     if kernel:
         how = KERNEL_SOURCES.get(kernel_source or "", "")
         text += (f" Every engine here runs the CPU kernels' *{kernel}* path{how} (vanilla included, so their answers "
-                 "stay comparable token for token).")
+                 "stay comparable token for token)")
+        if kernel_split is not None:
+            cut = ("chunks of ~48 KiB" if kernel_split == 0
+                   else f"{kernel_split} long range{'s' if kernel_split > 1 else ''} a thread")
+            text += f", each call's weight rows cut among the threads in {cut} (timed here at load too)"
+        text += "."
     return text
