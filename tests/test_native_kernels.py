@@ -727,3 +727,52 @@ def test_the_reported_repros_are_clear_errors_in_a_fresh_process(call):
             "    print('refused:', e)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "refused:" in r.stdout, (r.returncode, r.stdout, r.stderr)
+
+
+@pytest.mark.parametrize("q_len", [0, 1, 2, 9, 64, 65])
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("inter", [21, 72])
+def test_native_decoder_fused_projections_give_the_same_bits(gemm_path, q_len, bf16, inter):
+    """Where q/k/v (gate/up) lie back to back the decoder runs each group as one GEMM call: the hidden states and
+    the K/V it writes equal, bit for bit, those of the same weights in separate arrays (three calls, two), with
+    Qwen-style biases and q/k norms, an intermediate size no multiple of the vector (the SiLU's tail per row) and
+    row counts across the 64-row chunk."""
+    hidden, heads, kv_heads, D, eps, start = 40, 4, 2, 16, 1e-6, 7
+    rng = np.random.default_rng(q_len + 3 * bf16 + inter)
+    f32 = lambda *shape, s=0.3: (rng.standard_normal(shape) * s).astype(np.float32)   # noqa: E731
+    qd, kvd = heads * D, kv_heads * D
+    qkv, gate_up = f32(qd + 2 * kvd, hidden), f32(2 * inter, hidden)
+    if bf16:
+        qkv, gate_up = bf16_bits(torch.from_numpy(qkv)), bf16_bits(torch.from_numpy(gate_up))
+    rest = {"o": f32(hidden, qd), "down": f32(hidden, inter)}
+    rest = {n: bf16_bits(torch.from_numpy(a)) if bf16 else a for n, a in rest.items()}
+    vecs = {"q_bias": f32(qd), "k_bias": f32(kvd), "v_bias": f32(kvd), "in_norm": 1 + f32(hidden),
+            "post_norm": 1 + f32(hidden), "q_norm": 1 + f32(D), "k_norm": 1 + f32(D)}
+    adjacent = {"q": qkv[:qd], "k": qkv[qd:qd + kvd], "v": qkv[qd + kvd:], "gate": gate_up[:inter],
+                "up": gate_up[inter:]}
+    apart = {n: np.array(a, copy=True) for n, a in adjacent.items()}   # each its own allocation
+    outs = {}
+    for name, mats in (("fused", adjacent), ("apart", apart)):
+        dec = _native.Decoder(hidden, heads, kv_heads, D, inter, eps, bf16)
+        dec.add_layer({**mats, **rest, **vecs})
+        assert dec.fused == ([(True, True)] if name == "fused" else [(False, False)])
+        keys = [np.zeros((kv_heads, start + q_len, D), np.float32)]
+        values = [np.zeros((kv_heads, start + q_len, D), np.float32)]
+        keys[0][:, :start] = values[0][:, :start] = 0.5
+        h = np.random.default_rng(1).standard_normal((q_len, hidden)).astype(np.float32)
+        angles = (start + np.arange(q_len))[:, None] * (10000.0 ** (-np.arange(D // 2) / (D // 2)))[None, :]
+        cos = np.ascontiguousarray(np.tile(np.cos(angles), 2), dtype=np.float32).reshape(q_len, D)
+        sin = np.ascontiguousarray(np.tile(np.sin(angles), 2), dtype=np.float32).reshape(q_len, D)
+        dec.run(h, cos, sin, None, start, _native.DecoderCache(keys, values), 0, 1, 2)
+        outs[name] = (h, keys[0], values[0])
+    for got, want in zip(outs["fused"], outs["apart"]):
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_the_bundled_models_projections_run_fused_on_its_moved_weights(bundled_bf16):
+    """move_to_huge_pages lays each layer's matrices back to back in module order, so q/k/v and gate/up run as one
+    call each; where the weights were not moved (no transparent huge pages) the separate calls run."""
+    fused = set(bundled_bf16.fast.decoder.fused)
+    assert fused <= {(True, True), (False, False)}
+    if bundled_bf16.fast.weight_pages.reason is None:     # the weights were moved into one mapping
+        assert fused == {(True, True)}

@@ -26,7 +26,13 @@ struct LayerWeights {
   const float *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr;      // Qwen2
   const float *in_norm = nullptr, *post_norm = nullptr;
   const float *q_norm = nullptr, *k_norm = nullptr;                          // Qwen3
+  // q, k and v (gate and up) lie back to back in memory, as one matrix [qd + 2 kvd, hidden] ([2 I, hidden]): the
+  // decoder then runs each group as one GEMM call (fused_projections sets these; the same products either way).
+  bool qkv_adjacent = false, gate_up_adjacent = false;
 };
+
+// Marks w's projection groups that lie back to back (see LayerWeights), for weights of `elem` bytes each.
+void fused_projections(const DecoderShape& s, LayerWeights* w, int64_t elem);
 
 // One layer's K/V buffers: [kv_heads, capacity, head_dim] each, float32.
 struct LayerCache {

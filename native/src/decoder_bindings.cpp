@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "binding_checks.hpp"
@@ -151,6 +152,7 @@ struct PyDecoder {
     w.post_norm = vec(d, "post_norm", hid, false);
     w.q_norm = vec(d, "q_norm", D, true);
     w.k_norm = vec(d, "k_norm", D, true);
+    dart::fused_projections(shape, &w, shape.bf16_weights ? 2 : 4);
     layers.push_back(w);
   }
 
@@ -201,5 +203,12 @@ void bind_decoder(py::module_& m) {
       .def("add_layer", &PyDecoder::add_layer, py::arg("arrays"))
       .def("run", &PyDecoder::run, py::arg("h"), py::arg("cos"), py::arg("sin"), py::arg("allowed"),
            py::arg("start"), py::arg("cache"), py::arg("begin"), py::arg("end"), py::arg("threads"))
-      .def_property_readonly("num_layers", [](const PyDecoder& d) { return d.layers.size(); });
+      .def_property_readonly("num_layers", [](const PyDecoder& d) { return d.layers.size(); })
+      .def_property_readonly(
+          "fused", [](const PyDecoder& d) {
+            std::vector<std::pair<bool, bool>> out;
+            for (const auto& w : d.layers) out.emplace_back(w.qkv_adjacent, w.gate_up_adjacent);
+            return out;
+          },
+          "Per layer: (q/k/v run as one GEMM call, gate/up run as one): where their weights lie back to back.");
 }
