@@ -213,7 +213,7 @@ def main(argv=None) -> int:
 
     base = rate("vanilla")
     # bf16 verify of a tree and a 1-token step round differently, so near-tied argmaxes may flip;
-    # fp32 output is identical (tests/test_dart_head.py and tests/test_eagle3.py assert it).
+    # fp32 output is identical (tests/models/test_dart_head.py and tests/models/test_eagle3.py assert it).
     bf16_note = ": bf16 near-ties" if target.dtype == torch.bfloat16 else "!"
     rows = []
     print("| arm | nodes | tau | tok/s | speedup | draft ms | tree ms | verify ms |\n|---|---|---|---|---|---|---|---|")

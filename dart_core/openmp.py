@@ -4,7 +4,7 @@ On a CPU the decoder, the LM head and the draft heads run in native code on thei
 torch operations still run between them (concatenating the aux features, indexing rows of them). When torch runs one
 of those in parallel, its OpenMP worker threads then wait for the next parallel region by spinning: GNU OpenMP (the
 runtime the Linux torch wheels load) spins 300,000 times before it sleeps, about 11 ms of a core on the CPU measured
-here (tests/test_openmp.py), on the very cores the native pool needs.
+here (tests/native/test_openmp.py), on the very cores the native pool needs.
 Measured on a 2-vCPU AMD EPYC (Zen 5, AVX-512), the bundled SmolLM2-135M in bf16, 2 threads, DART at budget 4 on
 GSM8K questions: a 5-node verify took 14.3 ms in place against 8.6 ms for a plain step (1.67x); with idle OpenMP
 threads put to sleep at once it took 9.3 ms against 8.4 (1.10x). Plain decoding hardly changed (it runs fewer torch

@@ -1,4 +1,7 @@
-"""Shared fixtures: models are loaded once per test session."""
+"""Shared settings and fixtures of every test folder (tests/<group>/test_*.py, grouped like the package:
+docs/ARCHITECTURE.md section 1). pytest's default import mode puts this folder on sys.path, so the helper
+modules beside it (tiny_models.py, sampling_checks.py, gradio_server.py, plot_layout.py) import from every
+folder. The bundled model is loaded once per test session."""
 from __future__ import annotations
 
 import atexit

@@ -29,7 +29,8 @@ TOLERANCE_PX = 1.0
 
 
 def browser_or_skip():
-    """Playwright's sync API and the chromium binary, or skip (fail under CI=true); as tests/test_app_browser.py."""
+    """Playwright's sync API and the chromium binary, or skip (fail under CI=true); as
+    tests/page/test_app_browser.py."""
     in_ci = os.environ.get("CI", "").lower() == "true"
     problem = None
     try:

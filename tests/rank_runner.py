@@ -1,4 +1,4 @@
-"""``python -m dart_core.train`` for the torchrun tests (tests/test_training_ranks.py), with one rank killed on
+"""``python -m dart_core.train`` for the torchrun tests (tests/training/test_training_ranks.py), with one rank killed on
 request: when RANK equals KILL_RANK, the function KILL_PATCH ("module:name") sends that process SIGKILL at its
 KILL_AT_CALL-th call, as an out-of-memory kill or a lost node would, with no chance to clean up."""
 import importlib

@@ -333,7 +333,7 @@ class TreeBuilder:
       level ahead of it (score desc, index asc) has them ahead of every descendant too (scores never rise along a
       path, and the shallower wins a tie), so neither it nor its descendants can be among the ``budget`` best;
       by induction over the levels every kept candidate is still expanded and the rest still rank behind the
-      last kept one (tests/test_pruner.py checks it against the full beam). The trace's candidate list, which
+      last kept one (tests/drafters/test_pruner.py checks it against the full beam). The trace's candidate list, which
       the page shows with the pruned candidates, is the full beam's: a :class:`CandidatesOnRequest` that runs
       the pruner again with ``beam_width`` when first read.
     * The config is validated when it changes, not every step (the tree sizer changes ``budget`` in place);

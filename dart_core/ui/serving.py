@@ -4,7 +4,7 @@ A server is *hosted* when it runs on a Hugging Face Space (``SPACE_ID`` is set) 
 (``--listen`` or ``--share``); otherwise it is *local* (one user on 127.0.0.1). ``serving_limits`` picks the
 set; the page (dart_core.page) applies it (Gradio's upload limit, queue size and file clean-up, the run and
 replay checks, the memory budget of cached tabs) and README.md's "Serving limits" table lists the same names and values
-(``python -m dart_core.ui.serving`` prints that table; tests/test_app_serving.py checks README.md against it).
+(``python -m dart_core.ui.serving`` prints that table; tests/page/test_app_serving.py checks README.md against it).
 
     limits = serving_limits(listen=args.listen, share=args.share)   # HOSTED or LOCAL
     limits.run_time_limit_s                                            # 120.0 hosted, None local

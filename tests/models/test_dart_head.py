@@ -594,7 +594,7 @@ def test_shipped_head_on_the_bundled_model(bundled_fp32):
     head = load_dart_head(bundled_head_dir(), t)
     store = open_ngram(None, t.tokenizer)
     # Head quality is judged at a fixed budget of 30 (automatic trees size by this machine's costs, which
-    # says more about the machine than about the head); automatic trees are exercised by tests/test_sizing.py.
+    # says more about the machine than about the head); automatic trees are exercised by tests/sizing/test_sizing.py.
     drafter = DartDrafter(head, store, t.eos_token_ids, pruning=PruningConfig(budget=30))
     dart, vanilla = SpeculativeEngine(t, drafter), SpeculativeEngine(t)
     cfg = GenerationConfig(max_new_tokens=64, max_length=512)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import app  # noqa: E402
 from dart_core.page.controls import SETTING_NAMES  # noqa: E402
 from dart_core.page.visualiser import Visualiser  # noqa: E402

@@ -14,7 +14,7 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import app  # noqa: E402
 from dart_core.page.tabs import TabState  # noqa: E402
 from dart_core.page.visualiser import Visualiser  # noqa: E402
@@ -22,7 +22,7 @@ from dart_core.page.engines import EngineFactory  # noqa: E402
 from dart_core.ui.record import RunRecord  # noqa: E402
 from dart_core.ui.record_schema import ReplayError  # noqa: E402
 
-RECORDED = Path(__file__).resolve().parent / "data" / "recorded_run.json"
+RECORDED = Path(__file__).resolve().parents[1] / "data" / "recorded_run.json"
 BASE = json.loads(RECORDED.read_text(encoding="utf-8"))
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from gradio_server import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 import app  # noqa: E402
 from dart_core.page.serve import wait_for_page  # noqa: E402

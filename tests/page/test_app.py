@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import app  # noqa: E402
 from dart_core.page.controls import EXAMPLES, FRAME_KEYS, SETTING_NAMES, SIZE_KNOBS  # noqa: E402
 from dart_core.page.layout import PAGE_CSS  # noqa: E402
@@ -33,7 +33,7 @@ from dart_core.engine.sampling import accept_greedy  # noqa: E402
 from tiny_models import make_tiny_app_models, stand_in_drafter, tiny_app_argv  # noqa: E402
 from gradio_server import launch_local  # noqa: E402
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 RECORDED = DATA / "recorded_run.json"
 PROMPT = "Write a Python function."
 # page values in SETTING_NAMES order: max_new, temperature, top_p, top_k, budget, beam, level_k, ngram_w,

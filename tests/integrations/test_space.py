@@ -16,7 +16,7 @@ import yaml
 from dart_core import space
 from dart_core.space import LaunchSettings, NativeBuildError, SpaceConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / space.CONFIG_NAME
 
 

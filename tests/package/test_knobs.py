@@ -69,7 +69,7 @@ def test_tree_knobs_map_onto_their_configs_and_the_size_knobs_are_marked():
 def page(tmp_path_factory):
     import sys
     from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     import app
     from dart_core.page.engines import EngineFactory
     from dart_core.page.visualiser import Visualiser

@@ -19,9 +19,9 @@ from dart_core.engine.trace import SOURCE_CONTEXT
 from dart_core.models.heads.dart import new_head_for_target
 from dart_core.models.heads.eagle3 import new_eagle3_head_for_target
 from dart_core.models.loader import load_target
+from sampling_checks import chi_square_p, exact_marginals
 from tiny_models import make_tiny_model_dir
 
-from test_decoding import chi_square_p, exact_marginals
 
 # prompts whose answers the context can continue: the tiny targets repeat themselves, and so do the prompts
 PROMPTS = [[10, 11, 12, 13, 14, 10, 11, 12, 13, 14, 10, 11], [5, 6, 7, 8, 9, 20, 21, 5, 6, 7], [3, 4, 5, 3, 4]]

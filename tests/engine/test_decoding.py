@@ -6,7 +6,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from scipy import stats
 
 from dart_core.config import ConfigError, GenerationConfig
 from dart_core.engine.decoding import SpeculativeEngine
@@ -14,6 +13,7 @@ from dart_core.drafters import AcceptedStep, Proposal, PromptLookupDrafter
 from dart_core.models.loader import load_target
 from dart_core.models.templates import encode_chat, get_template
 from dart_core.engine.tree import DraftTree
+from sampling_checks import chi_square_p, exact_marginals
 from tiny_models import make_tiny_model_dir
 
 
@@ -74,7 +74,7 @@ def tiny(tmp_path_factory):
 
 
 # ---------------------------------------------------------------- greedy: exact equality
-PROMPTS_FILE = Path(__file__).resolve().parent / "data" / "prompts.jsonl"
+PROMPTS_FILE = Path(__file__).resolve().parents[1] / "data" / "prompts.jsonl"
 
 
 def project_rows() -> list[dict]:
@@ -172,43 +172,7 @@ def test_eos_inside_an_accepted_path_stops_there(tiny, monkeypatch):
     assert out.stats.stop_reason == "eos" and out.traces[-1].stop_reason == "eos"
 
 
-# ---------------------------------------------------------------- sampling: lossless
-def exact_marginals(target, prompt, cfg):
-    """Exact distributions of answer tokens 1 and 2 (0-based) under direct sampling from the target.
-
-    With top_k set, each warped row has at most top_k nonzero entries, so only those branches are expanded.
-    """
-    from dart_core.engine.sampling import warp_probs
-
-    def next_probs(seqs):
-        with torch.no_grad():
-            logits = target.model(input_ids=torch.tensor(seqs)).logits[:, -1]
-        return warp_probs(logits, cfg.temperature, cfg.top_k, cfg.top_p).double()
-
-    p0 = next_probs([prompt])[0]
-    firsts = torch.nonzero(p0).view(-1).tolist()
-    p1_given = next_probs([prompt + [a] for a in firsts])            # [A, V]
-    p1 = p0[firsts] @ p1_given
-    pairs, weights = [], []
-    for i, a in enumerate(firsts):
-        for b in torch.nonzero(p1_given[i]).view(-1).tolist():
-            pairs.append(prompt + [a, b])
-            weights.append(float(p0[a] * p1_given[i, b]))
-    p2 = torch.tensor(weights, dtype=torch.float64) @ next_probs(pairs)
-    return p1.numpy(), p2.numpy()
-
-
-def chi_square_p(counts, probs):
-    expected = probs / probs.sum() * counts.sum()
-    big = expected >= 5  # pool rare cells so the chi-square approximation holds
-    obs = np.append(counts[big], counts[~big].sum())
-    exp = np.append(expected[big], expected[~big].sum())
-    if exp[-1] == 0:
-        obs, exp = obs[:-1], exp[:-1]
-    exp = exp * (obs.sum() / exp.sum())  # remove float drift; scipy demands equal totals
-    return stats.chisquare(obs, exp).pvalue
-
-
+# ---------------------------------------------------------------- sampling: lossless (the checks: sampling_checks.py)
 def test_speculative_sampling_matches_the_target_distribution(tiny, monkeypatch):
     """Chi-square goodness of fit of answer tokens 1 and 2 (both produced by speculative steps).
 

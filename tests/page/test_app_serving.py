@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import app  # noqa: E402
 from dart_core.page.controls import SETTING_NAMES  # noqa: E402
 from dart_core.page import handlers  # noqa: E402
@@ -33,7 +33,7 @@ from dart_core.engine.decoding import EngineBusyError, SpeculativeEngine  # noqa
 from gradio_server import launch_local  # noqa: E402
 from tiny_models import make_tiny_app_models, tiny_app_argv  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECORDED = ROOT / "tests" / "data" / "recorded_run.json"
 PROMPT = "Write a Python function."
 OTHER = "Name three colours."

@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 import pytest
 from gradio_server import launch_local  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 SCREENSHOT = ROOT / "docs" / "screenshot.png"              # calibrated trees (README)
 SCREENSHOT_PAPER = ROOT / "docs" / "screenshot-paper.png"  # the paper's trees (README)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import app  # noqa: E402
 from dart_core.page.controls import SETTING_NAMES  # noqa: E402
 from dart_core.page.visualiser import Visualiser  # noqa: E402
@@ -168,7 +168,7 @@ def test_cli_tree_flags_share_the_ranges_and_fail_before_loading(capsys):
             parser.parse_args(["--questions", "q.jsonl", flag, value])
         assert flag in capsys.readouterr().err
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "tune_tree.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "tune_tree.py"
     spec = importlib.util.spec_from_file_location("tune_tree_edges", path)
     tune_tree = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tune_tree)

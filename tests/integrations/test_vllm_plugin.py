@@ -24,7 +24,7 @@ from dart_core.models.loader import load_target
 
 from tiny_models import make_tiny_model_dir
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHECK = ROOT / "benchmarks" / "vllm_check.py"
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 

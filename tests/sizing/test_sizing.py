@@ -110,7 +110,7 @@ def test_the_seed_rates_give_the_held_out_top1_chain():
     assert (seeded.seed_rates[:, :10].sum(axis=1) <= 1.0 + 1e-9).all()      # one child at most is the target's
     assert seeded.value_curve(8, max_depth=5, width=1)[5] == pytest.approx(1.3471, abs=1e-4)
     from pathlib import Path
-    bundled = Path(__file__).resolve().parents[1] / "assets" / "dart" / "smollm2-135m-instruct"
+    bundled = Path(__file__).resolve().parents[2] / "assets" / "dart" / "smollm2-135m-instruct"
     m = AcceptanceModel.for_head_dir(bundled)
     assert "top-1 chain" in m.source
     chain = json.loads((bundled / "eval.json").read_text())["mean_top1_chain"]

@@ -25,14 +25,14 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 import app  # noqa: E402
 from dart_core.page.serve import launch_kwargs  # noqa: E402
 from dart_core.page.visualiser import Visualiser  # noqa: E402
 from gradio_server import launch_local  # noqa: E402
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 CALL_TIMEOUT_S = 30.0      # one call
 PROMPT = "Write a Python function."
 GENERIC = "has not enabled verbose error reporting"   # Gradio's text for an unhandled exception in a handler

@@ -23,7 +23,7 @@ from tiny_models import make_tiny_distill
 pytestmark = pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
                                 reason="torch.distributed with gloo is needed")
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]   # tests/, where rank_runner.py is
 REPO = TESTS.parent
 
 

@@ -100,7 +100,7 @@ def all_runs(lookup_run, dart_run, oracle_run):
 
 def hand_trace(mode: str = "greedy") -> StepTrace:
     """Root 10 -> {11 -> {13, 14}, 12 -> {15}}; the target accepts 11, 13, then says 99 (bonus).
-    Candidates add two pruned ones: 16 under the root and 17 under 13. (tests/test_teaching.py uses it too.)"""
+    Candidates add two pruned ones: 16 under the root and 17 under 13. (tests/page/test_teaching.py uses it too.)"""
     tree = DraftTree.from_parents([10, 11, 12, 13, 14, 15], [-1, 0, 0, 1, 1, 2],
                                   [0.0, -0.1, -0.5, -0.3, -0.9, -0.8])
     cands = ScoredCandidates()

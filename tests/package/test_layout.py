@@ -21,7 +21,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parent.parent / "dart_core"
+PKG = Path(__file__).resolve().parents[2] / "dart_core"
 
 
 def _module_name(path: Path) -> str:
