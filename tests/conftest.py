@@ -1,7 +1,8 @@
 """Shared settings and fixtures of every test folder (tests/<group>/test_*.py, grouped like the package:
 docs/ARCHITECTURE.md section 1). pytest's default import mode puts this folder on sys.path, so the helper
 modules beside it (tiny_models.py, sampling_checks.py, gradio_server.py, plot_layout.py) import from every
-folder. The bundled model is loaded once per test session."""
+folder. The fixtures here serve several folders (the bundled model, loaded once per test session; the tiny
+random targets, once per module); a fixture only one folder uses is in that folder's conftest.py."""
 from __future__ import annotations
 
 import atexit
@@ -144,3 +145,61 @@ def _one_thread_for_tiny_models(request):
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------- tiny random targets (tiny_models.py), one a module
+# Module-scoped, as each test module built its own before: a module's tests share them, no two modules do.
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    """A tiny random Llama target in float32 (tiny_models.make_tiny_model_dir's defaults: seed 0, 4 layers,
+    initializer range 0.5)."""
+    from dart_core.models.loader import load_target
+    from tiny_models import make_tiny_model_dir
+
+    return load_target(str(make_tiny_model_dir(tmp_path_factory.mktemp("tiny-llama"), "llama")), dtype="float32",
+                       device="cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_qwen3(tmp_path_factory):
+    """Tiny random Llama and Qwen3 targets in float32 (seed 0), by model type: {"llama": ..., "qwen3": ...}."""
+    from dart_core.models.loader import load_target
+    from tiny_models import make_tiny_model_dir
+
+    root = tmp_path_factory.mktemp("tiny-llama-qwen3")
+    return {mt: load_target(str(make_tiny_model_dir(root, mt, seed=0)), dtype="float32", device="cpu")
+            for mt in ("llama", "qwen3")}
+
+
+@pytest.fixture(scope="module")
+def tiny_store(tiny_llama, tmp_path_factory):
+    """A native N-gram table (order 3) over the tiny vocabulary, built from tiny_llama's own greedy text, so N-gram
+    terms are non-zero."""
+    import json
+
+    import numpy as np
+
+    from dart_core.config import GenerationConfig
+    from dart_core.engine.decoding import SpeculativeEngine
+    from dart_core.ngram import store as ngram
+    from dart_core.ngram.store import NgramStore, tokenizer_fingerprint
+
+    t = tiny_llama
+    native = ngram.require_native()
+    eng = SpeculativeEngine(t)
+    docs = [eng.generate(t.tokenizer.encode(p), GenerationConfig(max_new_tokens=40, max_length=80)).tokens
+            for p in ("Write a Python", "The quick brown", "What is 12")]
+    out = tmp_path_factory.mktemp("ng")
+    b = native.TableBuilder(3, t.vocab_size, str(out), 1 << 16)
+    b.add_documents(np.array([x for d in docs for x in d]), np.array([len(d) for d in docs]), t.vocab_size)
+    b.finish(str(out / "t.dngram"), 1, tokenizer_fingerprint(t.tokenizer), json.dumps({}))
+    return NgramStore.open(out / "t.dngram", expected_fingerprint=tokenizer_fingerprint(t.tokenizer))
+
+
+@pytest.fixture(scope="module")
+def tiny_app_models(tmp_path_factory):
+    """A tiny fp32 Llama target with random DART and EAGLE-3 heads saved to disk, what the app loads through its
+    flags (tiny_models.make_tiny_app_models): (TargetModel, model dir, DART head dir, EAGLE-3 head dir)."""
+    from tiny_models import make_tiny_app_models
+
+    return make_tiny_app_models(tmp_path_factory.mktemp("app-models"))

@@ -18,20 +18,11 @@ from dart_core.engine.protocol import AcceptedStep
 from dart_core.engine.trace import SOURCE_CONTEXT
 from dart_core.models.heads.dart import new_head_for_target
 from dart_core.models.heads.eagle3 import new_eagle3_head_for_target
-from dart_core.models.loader import load_target
 from sampling_checks import chi_square_p, exact_marginals
-from tiny_models import make_tiny_model_dir
 
 
 # prompts whose answers the context can continue: the tiny targets repeat themselves, and so do the prompts
 PROMPTS = [[10, 11, 12, 13, 14, 10, 11, 12, 13, 14, 10, 11], [5, 6, 7, 8, 9, 20, 21, 5, 6, 7], [3, 4, 5, 3, 4]]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ctx")
-    return {name: load_target(str(make_tiny_model_dir(root, name, seed=0, name=name, initializer_range=0.5)),
-                              dtype="float32", device="cpu") for name in ("llama", "qwen3")}
 
 
 def drafters(t, budget=12):
@@ -47,11 +38,11 @@ def drafters(t, budget=12):
 
 
 @pytest.mark.parametrize("model", ["llama", "qwen3"])
-def test_greedy_output_identical_to_vanilla_with_context(tiny, model):
+def test_greedy_output_identical_to_vanilla_with_context(tiny_llama_qwen3, model):
     """Every context method's answers equal vanilla's token for token. (A random tiny target never copies its
     prompt, so the context's candidates are drafted here but rarely accepted; the bundled model's test below has
     them accepted.)"""
-    t = tiny[model]
+    t = tiny_llama_qwen3[model]
     vanilla = SpeculativeEngine(t)
     cfg = GenerationConfig(max_new_tokens=40, max_length=120)
     for name, d in drafters(t).items():
@@ -74,10 +65,10 @@ def test_greedy_output_identical_to_vanilla_with_context(tiny, model):
     assert "from: " in hover
 
 
-def test_the_head_sits_out_while_the_answer_copies(tiny):
+def test_the_head_sits_out_while_the_answer_copies(tiny_llama_qwen3):
     """With the committed text's last COPY_MATCH (3) tokens seen before, the context drafts alone and the head's features
     wait; at the next step without such a match the head catches up on every waiting position."""
-    t = tiny["llama"]
+    t = tiny_llama_qwen3["llama"]
     d = drafters(t)["dart_context"]
     width = d.head.fc.weight.shape[1]
     prompt = [1, 2, 3, 4, 5, 6, 7, 9, 2, 3, 4]
@@ -172,14 +163,14 @@ def test_context_methods_on_the_bundled_model_equal_vanilla_and_copy(dtype, bund
     assert hybrid.lookup_steps > 0 and hybrid.head_steps > 0
 
 
-def test_automatic_trees_keep_a_choice_per_regime(tiny):
+def test_automatic_trees_keep_a_choice_per_regime(tiny_llama_qwen3):
     """Under automatic trees DART + context's copy steps (the context drafts alone) and head steps each have their
     own acceptance model and tree choice; a copy step is priced without a head forward; answers equal vanilla's."""
     from dart_core.sizing.auto import AutoTree
     from dart_core.sizing.acceptance import AcceptanceModel
     from dart_core.sizing.costs import CostModel, VerifyCurve
 
-    t = tiny["llama"]
+    t = tiny_llama_qwen3["llama"]
     d = drafters(t)["dart_context"]
     costs = CostModel(VerifyCurve([1, 64], [0.001, 0.002]), 0.0)
     auto = AutoTree(d, costs, AcceptanceModel.for_head_dir(None))
@@ -202,7 +193,7 @@ def test_automatic_trees_keep_a_choice_per_regime(tiny):
         assert engine.generate(p * 3, cfg).tokens == SpeculativeEngine(t).generate(p * 3, cfg).tokens
 
 
-def test_eagle3_context_keeps_a_choice_per_regime(tiny):
+def test_eagle3_context_keeps_a_choice_per_regime(tiny_llama_qwen3):
     """EAGLE-3 + context's steps are "copy" or "head" by the same rule as DART + context's (its head drafts in both):
     the published tree has one regime, and under automatic trees each regime has its own acceptance model and
     choice; answers equal vanilla's."""
@@ -210,7 +201,7 @@ def test_eagle3_context_keeps_a_choice_per_regime(tiny):
     from dart_core.sizing.acceptance import AcceptanceModel
     from dart_core.sizing.costs import CostModel, VerifyCurve
 
-    t = tiny["llama"]
+    t = tiny_llama_qwen3["llama"]
     d = drafters(t)["eagle3_context"]
     prompt = [1, 2, 3, 4, 5, 6, 7, 9, 2, 3, 4]
     d.live.begin(prompt)                              # what begin() does for the context (the head needs features)
@@ -268,12 +259,12 @@ def _graft_exhaustive(drafter, context, tok, par, lp, depth, total_token):
 
 
 @pytest.mark.parametrize("total_token", [1, 2, 5, 9, 60])
-def test_eagle3_context_graft_is_bounded_and_keeps_the_best_candidates(tiny, total_token):
+def test_eagle3_context_graft_is_bounded_and_keeps_the_best_candidates(tiny_llama_qwen3, total_token):
     """On text where every suffix the index keeps was followed by each of three tokens, the context's own children
     are expanded only while they could be kept: the pool stays within the head's candidates plus top_k per kept
     node, where expanding all of them to the tree's depth grows as 3 ** depth (2,625 candidates at 9 nodes, 11
     million at 17); and the kept candidates' scores are the best total_token - 1 of that exhaustive expansion."""
-    t = tiny["llama"]
+    t = tiny_llama_qwen3["llama"]
     rng = np.random.default_rng(0)
     context = [int(x) for x in rng.integers(10, 13, size=6000)]    # 3 tokens in random order: every suffix branches
     d = Eagle3Drafter(new_eagle3_head_for_target(t, seed=2),

@@ -15,19 +15,15 @@ from dart_core.drafters.pruning import PruningConfig
 from dart_core.engine.decoding import SpeculativeEngine
 from dart_core.engine.trace import SOURCE_HEAD
 from dart_core.models.heads.dart import new_head_for_target
-from dart_core.models.loader import load_target
 from dart_core.ui.record import EngineRun, ReplayError, RunRecord
 from dart_core.ui.viz_tree import parallel_logits
-from tiny_models import make_tiny_model_dir
 
 PROMPT = [10, 11, 12, 13, 14, 10, 11, 12, 13, 14, 10, 11]
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("plogits")
-    t = load_target(str(make_tiny_model_dir(root, "llama", seed=0, name="llama", initializer_range=0.5)),
-                    dtype="float32", device="cpu")
+def run(tiny_llama):
+    t = tiny_llama
     head = new_head_for_target(t, draft_ids=torch.arange(1, t.vocab_size, 3), draft_length=4, seed=5)
     d = DartDrafter(head, None, t.eos_token_ids, PruningConfig(budget=6, level_top_k=3, beam_width=2,
                                                                 context_weight=1.0))

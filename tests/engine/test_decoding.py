@@ -10,11 +10,9 @@ import torch
 from dart_core.config import ConfigError, GenerationConfig
 from dart_core.engine.decoding import SpeculativeEngine
 from dart_core.drafters import AcceptedStep, Proposal, PromptLookupDrafter
-from dart_core.models.loader import load_target
 from dart_core.models.templates import encode_chat, get_template
 from dart_core.engine.tree import DraftTree
 from sampling_checks import chi_square_p, exact_marginals
-from tiny_models import make_tiny_model_dir
 
 
 # ---------------------------------------------------------------- test drafters (real drafters of known trees)
@@ -65,12 +63,6 @@ class FixedTreeDrafter:
 
     def observe(self, step):
         pass
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = make_tiny_model_dir(tmp_path_factory.mktemp("dec"), "llama", initializer_range=0.5)
-    return load_target(str(path), dtype="float32", device="cpu")
 
 
 # ---------------------------------------------------------------- greedy: exact equality
@@ -147,11 +139,11 @@ def test_bf16_tokens_are_target_argmax_up_to_bf16_ties(bundled_bf16):
         assert ((best - chosen) <= 4 * ulp).all(), "a bf16 token is not the target's argmax, even up to a near-tie"
 
 
-def test_greedy_chain_drafter_on_tiny_model(tiny):
+def test_greedy_chain_drafter_on_tiny_model(tiny_llama):
     cfg = GenerationConfig(max_new_tokens=30)
-    ref = SpeculativeEngine(tiny).generate([5, 6, 7, 8], cfg)
-    drafter = ChainDrafter(ref.tokens[1:], wrong_token=(ref.tokens[1] + 1) % tiny.vocab_size)
-    out = SpeculativeEngine(tiny, drafter).generate([5, 6, 7, 8], cfg)
+    ref = SpeculativeEngine(tiny_llama).generate([5, 6, 7, 8], cfg)
+    drafter = ChainDrafter(ref.tokens[1:], wrong_token=(ref.tokens[1] + 1) % tiny_llama.vocab_size)
+    out = SpeculativeEngine(tiny_llama, drafter).generate([5, 6, 7, 8], cfg)
     assert out.tokens == ref.tokens
     assert out.stats.tau > 5  # a perfect chain is accepted up to its length (8) + bonus
     step = out.traces[0]
@@ -159,34 +151,34 @@ def test_greedy_chain_drafter_on_tiny_model(tiny):
     assert step.emitted_tokens == out.tokens[1: 1 + len(step.emitted_tokens)]
 
 
-def test_eos_inside_an_accepted_path_stops_there(tiny, monkeypatch):
+def test_eos_inside_an_accepted_path_stops_there(tiny_llama, monkeypatch):
     cfg = GenerationConfig(max_new_tokens=30)
-    ref = SpeculativeEngine(tiny).generate([3, 4, 5], cfg)
+    ref = SpeculativeEngine(tiny_llama).generate([3, 4, 5], cfg)
     eos_pos = 6  # pretend the 7th answer token is an end-of-sequence token
     fake_eos = ref.tokens[eos_pos]
     first = ref.tokens.index(fake_eos)
-    monkeypatch.setattr(tiny, "eos_token_ids", (fake_eos,))
-    drafter = ChainDrafter(ref.tokens[1:], wrong_token=(ref.tokens[1] + 1) % tiny.vocab_size)
-    out = SpeculativeEngine(tiny, drafter).generate([3, 4, 5], cfg)
+    monkeypatch.setattr(tiny_llama, "eos_token_ids", (fake_eos,))
+    drafter = ChainDrafter(ref.tokens[1:], wrong_token=(ref.tokens[1] + 1) % tiny_llama.vocab_size)
+    out = SpeculativeEngine(tiny_llama, drafter).generate([3, 4, 5], cfg)
     assert out.tokens == ref.tokens[: first + 1]
     assert out.stats.stop_reason == "eos" and out.traces[-1].stop_reason == "eos"
 
 
 # ---------------------------------------------------------------- sampling: lossless (the checks: sampling_checks.py)
-def test_speculative_sampling_matches_the_target_distribution(tiny, monkeypatch):
+def test_speculative_sampling_matches_the_target_distribution(tiny_llama, monkeypatch):
     """Chi-square goodness of fit of answer tokens 1 and 2 (both produced by speculative steps).
 
     Threshold p < 1e-3 per token position: under a correct sampler a fresh set of seeds fails with
     probability 0.1% per position (0.2% for this test); the seeds are fixed, so the run is reproducible.
     """
     cfg = GenerationConfig(max_new_tokens=3, temperature=1.5, top_k=30)
-    monkeypatch.setattr(tiny, "eos_token_ids", ())  # compare raw token distributions, no early stop
+    monkeypatch.setattr(tiny_llama, "eos_token_ids", ())  # compare raw token distributions, no early stop
     prompt = [10, 11, 12, 13]
-    p1, p2 = exact_marginals(tiny, prompt, cfg)
+    p1, p2 = exact_marginals(tiny_llama, prompt, cfg)
     # Draft the most likely tokens under the target so that acceptance and rejection both happen often.
     top = torch.topk(torch.from_numpy(p1), 4).indices.tolist()
-    engine = SpeculativeEngine(tiny, FixedTreeDrafter(first_level=top[:3], second_level=top[1:4]))
-    V = tiny.vocab_size
+    engine = SpeculativeEngine(tiny_llama, FixedTreeDrafter(first_level=top[:3], second_level=top[1:4]))
+    V = tiny_llama.vocab_size
     c1, c2 = np.zeros(V), np.zeros(V)
     accepted = 0
     n = 2000
@@ -201,35 +193,35 @@ def test_speculative_sampling_matches_the_target_distribution(tiny, monkeypatch)
     assert chi_square_p(c2, p2) > 1e-3
 
 
-def test_seeded_sampling_is_reproducible_and_temperature_zero_is_greedy(tiny):
-    engine = SpeculativeEngine(tiny, PromptLookupDrafter())
+def test_seeded_sampling_is_reproducible_and_temperature_zero_is_greedy(tiny_llama):
+    engine = SpeculativeEngine(tiny_llama, PromptLookupDrafter())
     a = engine.generate([1, 2, 3, 1, 2], GenerationConfig(max_new_tokens=20, temperature=0.8, seed=7))
     b = engine.generate([1, 2, 3, 1, 2], GenerationConfig(max_new_tokens=20, temperature=0.8, seed=7))
     assert a.tokens == b.tokens
-    greedy = SpeculativeEngine(tiny).generate([1, 2, 3, 1, 2], GenerationConfig(max_new_tokens=20))
+    greedy = SpeculativeEngine(tiny_llama).generate([1, 2, 3, 1, 2], GenerationConfig(max_new_tokens=20))
     zero = engine.generate([1, 2, 3, 1, 2], GenerationConfig(max_new_tokens=20, temperature=0.0, top_p=0.5))
     assert zero.tokens == greedy.tokens and zero.traces[0].mode == "greedy"
 
 
 # ---------------------------------------------------------------- limits and bad input
-def test_max_length_edge(tiny):
+def test_max_length_edge(tiny_llama):
     prompt = list(range(20, 40))
-    out = SpeculativeEngine(tiny, PromptLookupDrafter()).generate(prompt, GenerationConfig(max_length=21,
-                                                                                            max_new_tokens=50))
+    out = SpeculativeEngine(tiny_llama, PromptLookupDrafter()).generate(prompt, GenerationConfig(max_length=21,
+                                                                                                  max_new_tokens=50))
     assert len(out.tokens) == 1 and out.stats.stop_reason == "max_length" and out.stats.steps == 0
     for max_length in (24, 27, 33):
-        ref = SpeculativeEngine(tiny).generate(prompt, GenerationConfig(max_length=max_length, max_new_tokens=50))
+        ref = SpeculativeEngine(tiny_llama).generate(prompt, GenerationConfig(max_length=max_length, max_new_tokens=50))
         drafter = ChainDrafter(ref.tokens[1:] + [0] * 20, wrong_token=0)
-        out = SpeculativeEngine(tiny, drafter).generate(prompt, GenerationConfig(max_length=max_length,
-                                                                                  max_new_tokens=50))
+        out = SpeculativeEngine(tiny_llama, drafter).generate(prompt, GenerationConfig(max_length=max_length,
+                                                                                        max_new_tokens=50))
         assert len(prompt) + len(out.tokens) == max_length
         assert out.tokens == ref.tokens and out.stats.stop_reason == "max_length"
 
 
-def test_max_new_tokens_is_exact(tiny):
-    ref = SpeculativeEngine(tiny).generate([7, 8, 9], GenerationConfig(max_new_tokens=40))
-    out = SpeculativeEngine(tiny, ChainDrafter(ref.tokens[1:], 0)).generate([7, 8, 9],
-                                                                           GenerationConfig(max_new_tokens=13))
+def test_max_new_tokens_is_exact(tiny_llama):
+    ref = SpeculativeEngine(tiny_llama).generate([7, 8, 9], GenerationConfig(max_new_tokens=40))
+    out = SpeculativeEngine(tiny_llama, ChainDrafter(ref.tokens[1:], 0)).generate([7, 8, 9],
+                                                                                 GenerationConfig(max_new_tokens=13))
     assert out.tokens == ref.tokens[:13] and out.stats.stop_reason == "max_new_tokens"
 
 
@@ -247,21 +239,21 @@ def test_bad_settings_are_rejected(kwargs, msg):
         GenerationConfig(**kwargs)
 
 
-def test_bad_prompts_are_rejected(tiny):
-    engine = SpeculativeEngine(tiny)
+def test_bad_prompts_are_rejected(tiny_llama):
+    engine = SpeculativeEngine(tiny_llama)
     with pytest.raises(ConfigError, match="empty"):
         engine.generate([], GenerationConfig())
     with pytest.raises(ConfigError, match="max_length"):
         engine.generate(list(range(30)), GenerationConfig(max_length=30))
     with pytest.raises(ConfigError, match="token ids"):
-        engine.generate([1, 2, tiny.vocab_size], GenerationConfig())
+        engine.generate([1, 2, tiny_llama.vocab_size], GenerationConfig())
     # the engine still works after rejecting bad input
     assert len(engine.generate([1, 2, 3], GenerationConfig(max_new_tokens=4)).tokens) == 4
 
 
-def test_trace_records_every_stage(tiny):
-    out = SpeculativeEngine(tiny, PromptLookupDrafter()).generate([1, 2, 3, 1, 2, 3, 1, 2],
-                                                                  GenerationConfig(max_new_tokens=16))
+def test_trace_records_every_stage(tiny_llama):
+    out = SpeculativeEngine(tiny_llama, PromptLookupDrafter()).generate([1, 2, 3, 1, 2, 3, 1, 2],
+                                                                        GenerationConfig(max_new_tokens=16))
     assert out.stats.steps == len(out.traces)
     assert sum(len(t.emitted_tokens) for t in out.traces) == len(out.tokens) - 1
     for t in out.traces:
@@ -269,19 +261,19 @@ def test_trace_records_every_stage(tiny):
         assert len(t.node_target_prob) == len(t.tree) == len(t.node_target_argmax)
 
 
-def test_the_walk_runs_the_lm_head_only_where_it_reads(tiny, monkeypatch):
+def test_the_walk_runs_the_lm_head_only_where_it_reads(tiny_llama, monkeypatch):
     """On the lean path a step computes the target's logits at the nodes its walk visits (and the few the verify
     computes first), not at every node; the trace's per-node choices are computed when read, and agree with the
     walk: along the accepted path each node's choice is the next accepted token, then the bonus."""
-    if tiny.fast is None:
+    if tiny_llama.fast is None:
         pytest.skip("the HF forward computes every row")
     prompt = [10, 11, 12, 13, 10, 11]
-    ref = SpeculativeEngine(tiny).generate(prompt, GenerationConfig(max_new_tokens=24))
+    ref = SpeculativeEngine(tiny_llama).generate(prompt, GenerationConfig(max_new_tokens=24))
     top = ref.tokens[:4]
-    engine = SpeculativeEngine(tiny, FixedTreeDrafter(first_level=top[:3], second_level=top[1:4]))
+    engine = SpeculativeEngine(tiny_llama, FixedTreeDrafter(first_level=top[:3], second_level=top[1:4]))
     rows: list[int] = []
-    head = tiny.fast.lm_head
-    monkeypatch.setattr(tiny.fast, "lm_head", lambda h: (rows.append(int(h.shape[0])), head(h))[1])
+    head = tiny_llama.fast.lm_head
+    monkeypatch.setattr(tiny_llama.fast, "lm_head", lambda h: (rows.append(int(h.shape[0])), head(h))[1])
     out = engine.generate(prompt, GenerationConfig(max_new_tokens=24))
     assert out.tokens == ref.tokens
     nodes = sum(len(t.tree) for t in out.traces)

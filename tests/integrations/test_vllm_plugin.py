@@ -20,9 +20,7 @@ from dart_core.drafters.dart import DartDrafter
 from dart_core.drafters.pruning import PruningConfig
 from dart_core.integrations.vllm_plugin import ChainDrafter, chain_pruning, torch_chain
 from dart_core.models.heads.dart import new_head_for_target
-from dart_core.models.loader import load_target
 
-from tiny_models import make_tiny_model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECK = ROOT / "benchmarks" / "vllm_check.py"
@@ -53,33 +51,13 @@ def drafter_and_chain(target, head, store, prompt_ids, pruning):
     return tree, chain
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from dart_core.config import GenerationConfig
-    from dart_core.engine.decoding import SpeculativeEngine
-    from dart_core.ngram import store as ngram
-    from dart_core.ngram.store import NgramStore, tokenizer_fingerprint
-
-    root = tmp_path_factory.mktemp("tiny")
-    t = load_target(str(make_tiny_model_dir(root, "llama", seed=0)), dtype="float32", device="cpu")
-    eng = SpeculativeEngine(t)
-    docs = [eng.generate(t.tokenizer.encode(p), GenerationConfig(max_new_tokens=40, max_length=80)).tokens
-            for p in ("Write a Python", "The quick brown", "What is 12")]
-    native = ngram.require_native()
-    b = native.TableBuilder(3, t.vocab_size, str(root), 1 << 16)
-    b.add_documents(np.array([x for d in docs for x in d]), np.array([len(d) for d in docs]), t.vocab_size)
-    b.finish(str(root / "t.dngram"), 1, tokenizer_fingerprint(t.tokenizer), json.dumps({}))
-    store = NgramStore.open(root / "t.dngram", expected_fingerprint=tokenizer_fingerprint(t.tokenizer))
-    return t, store
-
-
 PROMPTS = ["Write a Python function that returns the sum", "The quick brown fox", "What is 12 times 7?",
            "def add(a, b):"]
 
 
 @pytest.mark.parametrize("with_store", [False, True])
-def test_the_chain_is_the_pruned_trees_best_path(tiny, with_store):
-    t, store = tiny
+def test_the_chain_is_the_pruned_trees_best_path(tiny_llama, tiny_store, with_store):
+    t, store = tiny_llama, tiny_store
     store = store if with_store else None
     whole = cut = longest = 0
     # a random head (flat logits: short trees) and heads whose logits are the target's (peaked: deep trees)
@@ -101,9 +79,9 @@ def test_the_chain_is_the_pruned_trees_best_path(tiny, with_store):
     assert cut > 0 and (whole > 0 if store is None else longest >= 3)
 
 
-def test_level_l_of_the_chain_needs_levels_0_to_l_only(tiny):
+def test_level_l_of_the_chain_needs_levels_0_to_l_only(tiny_llama, tiny_store):
     """The vLLM model picks level l's token in the proposer's pass l, from the rows of levels 0..l."""
-    t, store = tiny
+    t, store = tiny_llama, tiny_store
     rng = np.random.default_rng(0)
     drafter = ChainDrafter(store, t.eos_token_ids, PruningConfig())
     for _ in range(20):

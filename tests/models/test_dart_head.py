@@ -23,7 +23,6 @@ from dart_core.models.heads.dart import load_dart_head, new_head_for_target, sav
 from dart_core.models.heads.files import DartHeadError, HeadTargetMismatch, target_fingerprint
 from dart_core.models.loader import load_target
 from dart_core.drafters.pruning import PruningConfig
-from tiny_models import make_tiny_model_dir
 
 H, I, NH, NKV, HD, V, VD, D = 32, 48, 4, 2, 8, 50, 20, 3
 
@@ -328,16 +327,7 @@ def test_full_vocabulary_head_may_omit_the_vocab_map(tmp_path):
     assert torch.equal(head.draft_ids, torch.arange(V)) and bool(head.t2d.all())
 
 
-# ---------------------------------------------------------------------------------------------- real (tiny) targets
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    dirs = {name: make_tiny_model_dir(root, mt, seed=seed, name=name)
-            for name, mt, seed in (("llama", "llama", 0), ("llama_other", "llama", 1), ("qwen3", "qwen3", 0))}
-    targets = {name: load_target(str(d), dtype="float32", device="cpu") for name, d in dirs.items()}
-    return dirs, targets
-
-
+# --------------------------------------------------------------- real (tiny) targets: the tiny fixture in conftest.py
 @pytest.fixture(scope="module")
 def tiny_head_dir(tiny, tmp_path_factory):
     _, targets = tiny
@@ -372,26 +362,6 @@ def test_fingerprint_ignores_the_load_dtype(tiny):
     bf16 = load_target(str(dirs["llama"]), dtype="bfloat16", device="cpu")
     assert target_fingerprint(bf16.model) == target_fingerprint(targets["llama"].model)
     assert target_fingerprint(targets["llama_other"].model) != target_fingerprint(targets["llama"].model)
-
-
-@pytest.fixture(scope="module")
-def tiny_store(tiny, tmp_path_factory):
-    """A native N-gram table over the tiny vocabulary, built from the tiny model's own greedy text."""
-    import numpy as np
-
-    from dart_core.ngram import store as ngram
-    from dart_core.ngram.store import NgramStore, tokenizer_fingerprint
-    _, targets = tiny
-    t = targets["llama"]
-    native = ngram.require_native()
-    eng = SpeculativeEngine(t)
-    docs = [eng.generate(t.tokenizer.encode(p), GenerationConfig(max_new_tokens=40, max_length=80)).tokens
-            for p in ("Write a Python", "The quick brown", "What is 12")]
-    out = tmp_path_factory.mktemp("ng")
-    b = native.TableBuilder(3, t.vocab_size, str(out), 1 << 16)
-    b.add_documents(np.array([x for d in docs for x in d]), np.array([len(d) for d in docs]), t.vocab_size)
-    b.finish(str(out / "t.dngram"), 1, tokenizer_fingerprint(t.tokenizer), json.dumps({}))
-    return NgramStore.open(out / "t.dngram", expected_fingerprint=tokenizer_fingerprint(t.tokenizer))
 
 
 PROMPTS = ["Write a Python function that returns the sum", "The quick brown fox", "What is 12 times 7?"]

@@ -21,8 +21,6 @@ from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3TreeConfig, topk_stab
 from dart_core.models.heads.files import DartHeadError, HeadError, HeadTargetMismatch
 from dart_core.models.heads.eagle3 import (Eagle3HeadError, load_eagle3_for_target, load_eagle3_head,
                                           new_eagle3_head_for_target, save_eagle3_head)
-from dart_core.models.loader import load_target
-from tiny_models import make_tiny_model_dir
 
 # head_dim 12 != H / heads = 8: the AngelSlim case (head_dim comes from q_proj's rows)
 H, I, NH, NKV, HD, V, VD = 32, 48, 4, 2, 12, 50, 20
@@ -388,16 +386,7 @@ def test_tree_config_errors_name_the_field():
         Eagle3TreeConfig(total_token=0)
 
 
-# ---------------------------------------------------------------------------------------------- real (tiny) targets
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    dirs = {name: make_tiny_model_dir(root, mt, seed=seed, name=name)
-            for name, mt, seed in (("llama", "llama", 0), ("llama_other", "llama", 1), ("qwen3", "qwen3", 0))}
-    targets = {name: load_target(str(d), dtype="float32", device="cpu") for name, d in dirs.items()}
-    return dirs, targets
-
-
+# --------------------------------------------------------------- real (tiny) targets: the tiny fixture in conftest.py
 @pytest.fixture(scope="module")
 def tiny_head_dir(tiny, tmp_path_factory):
     _, targets = tiny

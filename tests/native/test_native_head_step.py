@@ -22,17 +22,8 @@ from dart_core.engine.protocol import AcceptedStep
 from dart_core.models.heads.dart import new_head_for_target
 from dart_core.models.heads.eagle3 import new_eagle3_head_for_target
 from dart_core.models.heads.native_step import HEAD_BACKENDS, NativeHeadStep, prepare_head
-from dart_core.models.loader import load_target
-from tiny_models import make_tiny_model_dir
 
 PROMPTS = ["Write a Python function that returns the sum", "The quick brown fox", "What is 12 times 7?"]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    return {mt: load_target(str(make_tiny_model_dir(root, mt, seed=0)), dtype="float32", device="cpu")
-            for mt in ("llama", "qwen3")}
 
 
 # The kernel paths a reference test runs: the float32-activation path (the best one that keeps float32 activations:
@@ -93,8 +84,8 @@ def _assert_top_k_matches(vals, toks, ref_logits, d2t, k, atol):
 # ---------------------------------------------------------------------------------------------- DART
 @pytest.mark.parametrize("model", ["llama", "qwen3"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_dart_step_equals_the_float64_torch_head(tiny, model, dtype, kernel_tol):
-    t = tiny[model]
+def test_dart_step_equals_the_float64_torch_head(tiny_llama_qwen3, model, dtype, kernel_tol):
+    t = tiny_llama_qwen3[model]
     tol = kernel_tol if dtype == torch.bfloat16 else 1.0
     head = _dart_head(t, dtype)
     ref = _reference(head)
@@ -114,9 +105,9 @@ def test_dart_step_equals_the_float64_torch_head(tiny, model, dtype, kernel_tol)
         _assert_top_k_matches(vals, toks, want, head.d2t, k, tol * 1e-5 * scale)
 
 
-def test_dart_step_is_the_same_on_one_and_two_threads(tiny):
+def test_dart_step_is_the_same_on_one_and_two_threads(tiny_llama_qwen3):
     """Every output is summed in a fixed order (GEMM rows, attention heads): the thread count changes no bit."""
-    t = tiny["llama"]
+    t = tiny_llama_qwen3["llama"]
     head = _dart_head(t, torch.bfloat16)
     step = NativeHeadStep(head)
     outs = []
@@ -132,9 +123,9 @@ def test_dart_step_is_the_same_on_one_and_two_threads(tiny):
             np.testing.assert_array_equal(x, y)
 
 
-def test_dart_drafter_proposes_the_torch_heads_trees(tiny):
+def test_dart_drafter_proposes_the_torch_heads_trees(tiny_llama_qwen3):
     """Native and float64-torch drafters fed the same steps propose the same trees (ids, parents) and candidates."""
-    t = tiny["llama"]
+    t = tiny_llama_qwen3["llama"]
     head = _dart_head(t, torch.float32)
     pruning = PruningConfig(budget=12, level_top_k=4, beam_width=3)
     native = DartDrafter(head, None, t.eos_token_ids, pruning)
@@ -163,8 +154,8 @@ def test_dart_drafter_proposes_the_torch_heads_trees(tiny):
 # ---------------------------------------------------------------------------------------------- EAGLE-3
 @pytest.mark.parametrize("model", ["llama", "qwen3"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_eagle3_steps_equal_the_float64_torch_head(tiny, model, dtype, kernel_tol):
-    t = tiny[model]
+def test_eagle3_steps_equal_the_float64_torch_head(tiny_llama_qwen3, model, dtype, kernel_tol):
+    t = tiny_llama_qwen3[model]
     tol = kernel_tol if dtype == torch.bfloat16 else 1.0
     head = _eagle_head(t, dtype)
     ref = _reference(head)
@@ -199,8 +190,8 @@ def test_eagle3_steps_equal_the_float64_torch_head(tiny, model, dtype, kernel_to
         assert V_d == logp_ref.shape[-1]
 
 
-def test_eagle3_drafter_proposes_the_torch_heads_trees(tiny):
-    t = tiny["qwen3"]
+def test_eagle3_drafter_proposes_the_torch_heads_trees(tiny_llama_qwen3):
+    t = tiny_llama_qwen3["qwen3"]
     head = _eagle_head(t, torch.float32)
     tc = Eagle3TreeConfig(total_token=10, depth=3, top_k=3)
     native = Eagle3Drafter(head, tc)
@@ -226,9 +217,9 @@ def test_eagle3_drafter_proposes_the_torch_heads_trees(tiny):
 # ---------------------------------------------------------------------------------------------- end to end
 @pytest.mark.parametrize("model", ["llama", "qwen3"])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_native_drafters_decode_as_the_torch_heads_and_greedy_as_vanilla(tiny, model, temperature):
+def test_native_drafters_decode_as_the_torch_heads_and_greedy_as_vanilla(tiny_llama_qwen3, model, temperature):
     """Same trees -> the same answers, sampling included (same seed); greedy answers equal vanilla's."""
-    t = tiny[model]
+    t = tiny_llama_qwen3[model]
     dart, eagle = _dart_head(t), _eagle_head(t)
     cfg = GenerationConfig(max_new_tokens=32, max_length=96, temperature=temperature, seed=7)
     engines = {
@@ -251,8 +242,8 @@ def test_native_drafters_decode_as_the_torch_heads_and_greedy_as_vanilla(tiny, m
 
 
 # ---------------------------------------------------------------------------------------------- errors
-def test_bad_inputs_are_refused_and_leave_the_cache_as_it_was(tiny):
-    t = tiny["llama"]
+def test_bad_inputs_are_refused_and_leave_the_cache_as_it_was(tiny_llama_qwen3):
+    t = tiny_llama_qwen3["llama"]
     head = _dart_head(t)
     step = NativeHeadStep(head)
     cache = step.new_cache()
@@ -307,8 +298,8 @@ def _overlapping_views(like: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return flat[: like.size].reshape(like.shape), flat[row:].reshape(like.shape)
 
 
-def test_kernel_construction_checks_every_array(tiny):
-    t = tiny["llama"]
+def test_kernel_construction_checks_every_array(tiny_llama_qwen3):
+    t = tiny_llama_qwen3["llama"]
     step = NativeHeadStep(_dart_head(t))
     c = step.config
     import dart_core._native as native
@@ -354,8 +345,8 @@ def test_kernel_construction_checks_every_array(tiny):
             make(a, **sizes)
 
 
-def test_head_backend_choice_and_its_errors(tiny):
-    t = tiny["llama"]
+def test_head_backend_choice_and_its_errors(tiny_llama_qwen3):
+    t = tiny_llama_qwen3["llama"]
     assert HEAD_BACKENDS == ("auto", "native", "torch+gemm", "torch")
     assert prepare_head(_dart_head(t), "auto")[0] == "native"
     assert prepare_head(_dart_head(t), "torch+gemm")[0] == "torch+gemm"

@@ -27,19 +27,17 @@ from dart_core.drafters.eagle3 import Eagle3Drafter, Eagle3TreeConfig  # noqa: E
 from dart_core.presets import LIMITS  # noqa: E402
 from dart_core.models.heads.dart import new_head_for_target  # noqa: E402
 from dart_core.models.heads.eagle3 import new_eagle3_head_for_target  # noqa: E402
-from dart_core.models.loader import load_target  # noqa: E402
 from dart_core.drafters.pruning import PruningConfig  # noqa: E402
 from dart_core.engine.sampling import warp_probs  # noqa: E402
 from dart_core.models.templates import encode_chat, get_template  # noqa: E402
-from tiny_models import make_tiny_model_dir  # noqa: E402
 
 PROMPT = "Write a Python function."
 TREE_KNOBS = tuple(name for name, knob in KNOBS.items() if knob.engine)   # every tree knob of both engines
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    target = load_target(str(make_tiny_model_dir(tmp_path_factory.mktemp("edges"))), dtype="float32", device="cpu")
+def tiny(tiny_llama):
+    target = tiny_llama
     dart = new_head_for_target(target, draft_length=4, seed=1)
     eagle = new_eagle3_head_for_target(target, seed=2)
     ids = encode_chat(target.tokenizer, get_template(target.template_name), [{"role": "user", "content": PROMPT}])

@@ -66,7 +66,7 @@ def test_tree_knobs_map_onto_their_configs_and_the_size_knobs_are_marked():
 
 
 @pytest.fixture(scope="module")
-def page(tmp_path_factory):
+def page(tiny_llama):
     import sys
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -75,9 +75,7 @@ def page(tmp_path_factory):
     from dart_core.page.visualiser import Visualiser
     from dart_core.models.heads.dart import new_head_for_target
     from dart_core.models.heads.eagle3 import new_eagle3_head_for_target
-    from dart_core.models.loader import load_target
-    from tiny_models import make_tiny_model_dir
-    target = load_target(str(make_tiny_model_dir(tmp_path_factory.mktemp("knobs"))), dtype="float32", device="cpu")
+    target = tiny_llama
     factory = EngineFactory(target, dart_head=new_head_for_target(target, draft_length=4, seed=1),
                             eagle3_head=new_eagle3_head_for_target(target, seed=2))
     return app, Visualiser(target, app.parse_args(["--max-new-tokens", "24", "--max-length", "256"]), factory)

@@ -13,26 +13,18 @@ from dart_core.methods import (METHODS, Parts, TreeRequest, build_drafter, build
                                tree_request)
 from dart_core.models.heads.dart import new_head_for_target
 from dart_core.models.heads.eagle3 import new_eagle3_head_for_target
-from dart_core.models.loader import load_target
 from dart_core.sizing.auto import AutoTree
 from dart_core.sizing.costs import CostModel, VerifyCurve
 from dart_core.ui.session import RunSettings
-from tiny_models import make_tiny_model_dir
 
 PROMPT = "The cat sat on the mat. The cat sat on the"
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    return load_target(str(make_tiny_model_dir(tmp_path_factory.mktemp("tiny"), "llama", seed=0)), dtype="float32",
-                       device="cpu")
-
-
-@pytest.fixture(scope="module")
-def parts(target):
-    draft_ids = torch.arange(0, target.vocab_size, 2)
-    return Parts(dart_head=new_head_for_target(target, draft_ids=draft_ids, draft_length=4, seed=3),
-                 eagle3_head=new_eagle3_head_for_target(target, draft_ids=draft_ids, seed=3))
+def parts(tiny_llama):
+    draft_ids = torch.arange(0, tiny_llama.vocab_size, 2)
+    return Parts(dart_head=new_head_for_target(tiny_llama, draft_ids=draft_ids, draft_length=4, seed=3),
+                 eagle3_head=new_eagle3_head_for_target(tiny_llama, draft_ids=draft_ids, seed=3))
 
 
 def costs():
@@ -41,13 +33,13 @@ def costs():
 
 @pytest.mark.parametrize("name", sorted(METHODS))
 @pytest.mark.parametrize("auto", [False, True])
-def test_every_method_builds_an_engine_whose_greedy_answer_is_vanillas(target, parts, name, auto):
-    ids = target.tokenizer.encode(PROMPT, add_special_tokens=False)
+def test_every_method_builds_an_engine_whose_greedy_answer_is_vanillas(tiny_llama, parts, name, auto):
+    ids = tiny_llama.tokenizer.encode(PROMPT, add_special_tokens=False)
     cfg = GenerationConfig(max_new_tokens=16, max_length=96)
-    want = build_engine(target, "vanilla").generate(ids, cfg).tokens
-    engine = build_engine(target, name, parts, TreeRequest({} if METHODS[name].kind is None else
-                                                           {"top_k" if METHODS[name].kind == "eagle3" else "budget": 4},
-                                                           auto=auto), costs=costs())
+    want = build_engine(tiny_llama, "vanilla").generate(ids, cfg).tokens
+    request = TreeRequest({} if METHODS[name].kind is None else
+                          {"top_k" if METHODS[name].kind == "eagle3" else "budget": 4}, auto=auto)
+    engine = build_engine(tiny_llama, name, parts, request, costs=costs())
     assert engine.name == name
     assert engine.generate(ids, cfg).tokens == want
     drafter = engine.drafter
@@ -57,7 +49,7 @@ def test_every_method_builds_an_engine_whose_greedy_answer_is_vanillas(target, p
         assert isinstance(drafter, AutoTree)
 
 
-def test_the_methods_base_trees(target, parts):
+def test_the_methods_base_trees(tiny_llama, parts):
     """The paper's pruning and the published EAGLE-3 tree; the *_context methods with the live context at
     CONTEXT_WEIGHT; a request's fields go over the base, unset ones keep it."""
     assert tree_config("dart") == PruningConfig()
@@ -67,7 +59,7 @@ def test_the_methods_base_trees(target, parts):
     assert tree_config("prompt_lookup") is None and tree_config("vanilla") is None
     assert tree_config("dart_context", TreeRequest({"budget": 7})) == PruningConfig(budget=7,
                                                                                    context_weight=CONTEXT_WEIGHT)
-    drafter = make_drafter(target, "dart_no_ngram", Parts(dart_head=parts.dart_head, ngram=object()))
+    drafter = make_drafter(tiny_llama, "dart_no_ngram", Parts(dart_head=parts.dart_head, ngram=object()))
     assert drafter.store is None       # the ablation never reads a table, even one that was loaded
 
 
@@ -89,19 +81,19 @@ def test_one_translation_from_knob_values_to_a_tree_request():
         tree_request("dart", values, "sometimes")
 
 
-def test_what_cannot_be_built_says_why(target, parts):
+def test_what_cannot_be_built_says_why(tiny_llama, parts):
     with pytest.raises(ConfigError, match="unknown method 'medusa'.*dart_context"):
-        build_engine(target, "medusa", parts)
+        build_engine(tiny_llama, "medusa", parts)
     with pytest.raises(ConfigError, match="EAGLE-3 needs eagle3_head, which was not loaded"):
-        build_engine(target, "eagle3", Parts(dart_head=parts.dart_head))
+        build_engine(tiny_llama, "eagle3", Parts(dart_head=parts.dart_head))
     with pytest.raises(ConfigError, match="DART tree settings: .*budget"):
-        build_engine(target, "dart", parts, TreeRequest({"budget": -1}))
+        build_engine(tiny_llama, "dart", parts, TreeRequest({"budget": -1}))
     with pytest.raises(ConfigError, match="EAGLE-3 tree settings"):
-        build_engine(target, "eagle3", parts, TreeRequest({"no_such_field": 1}))
+        build_engine(tiny_llama, "eagle3", parts, TreeRequest({"no_such_field": 1}))
     with pytest.raises(ConfigError, match="automatic trees need the target's cost model"):
-        build_engine(target, "dart", parts, TreeRequest(auto=True))
+        build_engine(tiny_llama, "dart", parts, TreeRequest(auto=True))
     with pytest.raises(ConfigError, match="build_drafter"):
-        make_drafter(target, "hybrid", parts)
+        make_drafter(tiny_llama, "hybrid", parts)
 
 
 def test_the_benchmark_keeps_its_context_weight_rule():

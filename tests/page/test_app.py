@@ -30,7 +30,7 @@ from dart_core.drafters.dart import DartDrafter  # noqa: E402
 from dart_core.models.heads.dart import new_head_for_target  # noqa: E402
 from dart_core.drafters.pruning import PruningConfig  # noqa: E402
 from dart_core.engine.sampling import accept_greedy  # noqa: E402
-from tiny_models import make_tiny_app_models, stand_in_drafter, tiny_app_argv  # noqa: E402
+from tiny_models import stand_in_drafter, tiny_app_argv  # noqa: E402
 from gradio_server import launch_local  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -45,19 +45,13 @@ VALUES = (12, 0.0, 1.0, 0, 16, 6, 6, 0.5, 0.0, 16, 3, 4, 0.0)
 
 # ---------------------------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A tiny fp32 target with random DART and EAGLE-3 heads saved to disk (loaded through the CLI flags)."""
-    return make_tiny_app_models(tmp_path_factory.mktemp("app"))
+def tiny_args(tiny_app_models):
+    return app.parse_args(tiny_app_argv(*tiny_app_models[1:], max_new_tokens=32))
 
 
 @pytest.fixture(scope="module")
-def tiny_args(tiny):
-    return app.parse_args(tiny_app_argv(*tiny[1:], max_new_tokens=32))
-
-
-@pytest.fixture(scope="module")
-def vis(tiny, tiny_args):
-    return Visualiser(tiny[0], tiny_args)
+def vis(tiny_app_models, tiny_args):
+    return Visualiser(tiny_app_models[0], tiny_args)
 
 
 def oracle_dart_engine(target, prompt_ids, cfg) -> SpeculativeEngine:
@@ -174,9 +168,9 @@ def test_each_step_is_labelled_with_the_setting_it_used():
     assert auto_tree_label(SimpleNamespace(drafter=drafter)) is None and auto_tree_label(object()) is None
 
 
-def test_fixed_mode_runs_the_sliders(tiny):
-    args = app.parse_args(tiny_app_argv(*tiny[1:], max_new_tokens=32) + ["--tree", "fixed"])
-    v = Visualiser(tiny[0], args)
+def test_fixed_mode_runs_the_sliders(tiny_app_models):
+    args = app.parse_args(tiny_app_argv(*tiny_app_models[1:], max_new_tokens=32) + ["--tree", "fixed"])
+    v = Visualiser(tiny_app_models[0], args)
     assert v.default_tree == "fixed" and v.controls.tree.value == "fixed" and v.controls.budget.interactive is not False
     assert "sliders apply" in v.tree_note.value
     settings = v.handlers._settings(VALUES)           # no tree value: the page's default, fixed
@@ -353,8 +347,8 @@ def test_tab_state_is_released_on_unload_and_on_timeout(vis):
     assert other.released and other.record is None and "tab-2" not in vis.tabs.by_session
 
 
-def test_a_missing_eagle3_head_is_explained_and_the_rest_runs(tiny):
-    target, model_dir, dart_dir, _ = tiny
+def test_a_missing_eagle3_head_is_explained_and_the_rest_runs(tiny_app_models):
+    target, model_dir, dart_dir, _ = tiny_app_models
     factory = EngineFactory.from_flags(target, base_model_name_or_path=str(model_dir),
                                        dart_model_name_or_path=str(dart_dir), ngram_model_name_or_path="none",
                                        compare_eagle3=True)
@@ -406,8 +400,8 @@ def test_a_run_cut_short_is_compared_on_its_own_tokens(reason):
     assert lossless_check(EngineRun("dart", tokens=[1, 7], done=True, stop_reason=reason), base, True)[0] == "differs"
 
 
-def test_fair_clock_runs_the_engine_with_least_engine_time(tiny):
-    target = tiny[0]
+def test_fair_clock_runs_the_engine_with_least_engine_time(tiny_app_models):
+    target = tiny_app_models[0]
     engines = {"dart": oracle_dart_engine(target, target.tokenizer.encode(PROMPT), GenerationConfig(20, 256)),
                "vanilla": SpeculativeEngine(target)}
     cmp = Comparison(engines, target.tokenizer.encode(PROMPT), GenerationConfig(20, 256), decode=target.tokenizer)
@@ -424,8 +418,8 @@ def test_fair_clock_runs_the_engine_with_least_engine_time(tiny):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.3])
-def test_narration_matches_what_the_engine_did(tiny, temperature):
-    target = tiny[0]
+def test_narration_matches_what_the_engine_did(tiny_app_models, temperature):
+    target = tiny_app_models[0]
     ids = target.tokenizer.encode(PROMPT)
     cfg = GenerationConfig(max_new_tokens=24, max_length=256, temperature=temperature, seed=3)
     engine = oracle_dart_engine(target, ids, GenerationConfig(24, 256))
@@ -492,10 +486,10 @@ def test_figures_from_the_recorded_trace():
 
 
 
-def test_comparison_allocates_the_caches_before_the_clocks_start(tiny, monkeypatch):
+def test_comparison_allocates_the_caches_before_the_clocks_start(tiny_app_models, monkeypatch):
     """A fresh engine's KV cache (max_length positions a layer, zeroed) is allocated when the comparison is set up,
     not inside its first timed step: the page once timed it as DART's prefill (0.8x instead of 1.5x vanilla)."""
-    target = tiny[0]
+    target = tiny_app_models[0]
     cfg = GenerationConfig(8, 256)
     engines = {"dart": oracle_dart_engine(target, target.tokenizer.encode(PROMPT), cfg),
                "vanilla": SpeculativeEngine(target)}
@@ -512,8 +506,8 @@ def test_comparison_allocates_the_caches_before_the_clocks_start(tiny, monkeypat
     assert cmp.record.runs["dart"].tokens == cmp.record.runs["vanilla"].tokens
 
 
-def test_a_busy_engine_fails_in_its_own_column_not_the_comparison(tiny):
-    target = tiny[0]
+def test_a_busy_engine_fails_in_its_own_column_not_the_comparison(tiny_app_models):
+    target = tiny_app_models[0]
     busy = SpeculativeEngine(target)
     gen = busy.stream(target.tokenizer.encode(PROMPT), GenerationConfig(4, 256))
     next(gen)
@@ -529,9 +523,9 @@ def test_a_busy_engine_fails_in_its_own_column_not_the_comparison(tiny):
         gen.close()
 
 
-def test_reserve_refuses_a_busy_engine_and_skips_a_bad_config(tiny):
+def test_reserve_refuses_a_busy_engine_and_skips_a_bad_config(tiny_app_models):
     from dart_core.engine.decoding import EngineBusyError
-    target = tiny[0]
+    target = tiny_app_models[0]
     engine = SpeculativeEngine(target)
     bad = GenerationConfig(8, 256)
     bad.max_length = 0

@@ -74,11 +74,11 @@ def _replay_files(tmp: Path) -> list[Path]:
 
 # ---------------------------------------------------------------------------------------------- the server
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    from tiny_models import make_tiny_app_models, tiny_app_argv
+def served(tiny_app_models, tmp_path_factory):
+    from tiny_models import tiny_app_argv
 
-    root = tmp_path_factory.mktemp("fuzz")
-    target, *dirs = make_tiny_app_models(root)
+    root = tmp_path_factory.mktemp("fuzz")   # the replay files
+    target, *dirs = tiny_app_models
     args = app.parse_args(tiny_app_argv(*dirs, max_new_tokens=8))
     vis = Visualiser(target, args)
     # the app's launch options (show_error, upload limit, ...) on a free local port

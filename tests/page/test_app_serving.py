@@ -31,7 +31,7 @@ from dart_core.ui.record import RunRecord  # noqa: E402
 from dart_core.ui.session import Comparison, RunSettings  # noqa: E402
 from dart_core.engine.decoding import EngineBusyError, SpeculativeEngine  # noqa: E402
 from gradio_server import launch_local  # noqa: E402
-from tiny_models import make_tiny_app_models, tiny_app_argv  # noqa: E402
+from tiny_models import tiny_app_argv  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = ROOT / "tests" / "data" / "recorded_run.json"
@@ -44,8 +44,8 @@ FIXED = VALUES + ("fixed",)   # the same settings with fixed trees (tree sizes t
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    target, *dirs = make_tiny_app_models(tmp_path_factory.mktemp("serving"))
+def tiny(tiny_app_models):
+    target, *dirs = tiny_app_models
     return target, app.parse_args(tiny_app_argv(*dirs, max_new_tokens=32))
 
 

@@ -17,63 +17,41 @@ from dart_core.engine.decoding import SpeculativeEngine
 from dart_core.drafters import PromptLookupDrafter
 from dart_core.drafters.dart import DartDrafter
 from dart_core.models.heads.dart import new_head_for_target
-from dart_core.models.loader import load_target
 from dart_core.drafters.pruning import PruningConfig
 from dart_core.engine.trace import STAGES, ScoredCandidates, StepTrace
 from dart_core.engine.tree import DraftTree
-from tiny_models import make_tiny_model_dir, stand_in_drafter
+from tiny_models import stand_in_drafter
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 
 
 # ---------------------------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = make_tiny_model_dir(tmp_path_factory.mktemp("viz"), "llama")
-    return load_target(str(path), dtype="float32", device="cpu")
+def prompt_ids(tiny_llama):
+    return tiny_llama.tokenizer.encode(PROMPT, add_special_tokens=False)
 
 
 @pytest.fixture(scope="module")
-def prompt_ids(tiny):
-    return tiny.tokenizer.encode(PROMPT, add_special_tokens=False)
-
-
-@pytest.fixture(scope="module")
-def tiny_store(tiny, tmp_path_factory):
-    """A native N-gram table built from the tiny model's own greedy text, so N-gram terms are non-zero."""
-    from dart_core.ngram import store as ngram
-    from dart_core.ngram.store import NgramStore, tokenizer_fingerprint
-    native = ngram.require_native()
-    eng = SpeculativeEngine(tiny)
-    docs = [eng.generate(tiny.tokenizer.encode(p), GenerationConfig(max_new_tokens=40, max_length=80)).tokens
-            for p in ("Write a Python", "The quick brown", "What is 12")]
-    out = tmp_path_factory.mktemp("ng")
-    b = native.TableBuilder(3, tiny.vocab_size, str(out), 1 << 16)
-    b.add_documents(np.array([x for d in docs for x in d]), np.array([len(d) for d in docs]), tiny.vocab_size)
-    b.finish(str(out / "t.dngram"), 1, tokenizer_fingerprint(tiny.tokenizer), json.dumps({}))
-    return NgramStore.open(out / "t.dngram", expected_fingerprint=tokenizer_fingerprint(tiny.tokenizer))
-
-
-@pytest.fixture(scope="module")
-def lookup_run(tiny, prompt_ids):
-    return SpeculativeEngine(tiny, PromptLookupDrafter()).generate(
+def lookup_run(tiny_llama, prompt_ids):
+    return SpeculativeEngine(tiny_llama, PromptLookupDrafter()).generate(
         prompt_ids, GenerationConfig(max_new_tokens=40, max_length=200))
 
 
 @pytest.fixture(scope="module")
-def dart_run(tiny, tiny_store, prompt_ids):
-    head = new_head_for_target(tiny, draft_ids=torch.arange(1, tiny.vocab_size, 3), draft_length=4, seed=5)
-    drafter = DartDrafter(head, tiny_store, tiny.eos_token_ids, PruningConfig(budget=24))
-    return SpeculativeEngine(tiny, drafter).generate(prompt_ids, GenerationConfig(max_new_tokens=24, max_length=200))
+def dart_run(tiny_llama, tiny_store, prompt_ids):
+    head = new_head_for_target(tiny_llama, draft_ids=torch.arange(1, tiny_llama.vocab_size, 3), draft_length=4, seed=5)
+    drafter = DartDrafter(head, tiny_store, tiny_llama.eos_token_ids, PruningConfig(budget=24))
+    return SpeculativeEngine(tiny_llama, drafter).generate(prompt_ids,
+                                                          GenerationConfig(max_new_tokens=24, max_length=200))
 
 
 @pytest.fixture(scope="module")
-def oracle_run(tiny, prompt_ids):
+def oracle_run(tiny_llama, prompt_ids):
     """DART with a head that always ranks the target's own next tokens first: long accepted paths,
     and (max_new_tokens not a multiple of the step length) a last tree cut by the engine."""
     cfg = GenerationConfig(max_new_tokens=23, max_length=200)
-    truth = SpeculativeEngine(tiny).generate(prompt_ids, cfg).tokens
-    head = new_head_for_target(tiny, draft_length=4, seed=0)
+    truth = SpeculativeEngine(tiny_llama).generate(prompt_ids, cfg).tokens
+    head = new_head_for_target(tiny_llama, draft_length=4, seed=0)
     to_draft = head.target_to_draft()
     full = list(prompt_ids) + truth
 
@@ -86,8 +64,8 @@ def oracle_run(tiny, prompt_ids):
                 logits[level, to_draft[full[cache.length + 1 + level]]] = 20.0
         return logits
     head.step = oracle_step
-    res = SpeculativeEngine(tiny, DartDrafter(head, None, tiny.eos_token_ids, PruningConfig(budget=30),
-                                                  head_backend="torch")).generate(
+    res = SpeculativeEngine(tiny_llama, DartDrafter(head, None, tiny_llama.eos_token_ids, PruningConfig(budget=30),
+                                                        head_backend="torch")).generate(
         prompt_ids, cfg)
     assert res.tokens == truth
     return res
@@ -404,10 +382,10 @@ def test_scores_without_ngram_term_are_labelled_plainly():
     assert any("no N-gram term" in a.text for a in viz_tree.score_scatter(st).layout.annotations)
 
 
-def test_tree_figures_of_engine_traces(all_runs, tiny):
+def test_tree_figures_of_engine_traces(all_runs, tiny_llama):
     for name, res in all_runs.items():
         for st in res.traces:
-            fig = viz_tree.tree_figure(st, tiny.tokenizer, show_pruned=True)
+            fig = viz_tree.tree_figure(st, tiny_llama.tokenizer, show_pruned=True)
             pts = node_points(fig)
             assert sorted(i for i, _, _ in pts["node"]) == list(range(len(st.tree)))
             assert len(pts["bonus"]) == 1
@@ -532,15 +510,15 @@ def figures_of(steps, tokenizer) -> list[str]:
     return out
 
 
-def test_figures_are_identical_from_json(all_runs, tiny):
+def test_figures_are_identical_from_json(all_runs, tiny_llama):
     for res in list(all_runs.values()):
         steps = res.traces
         as_dicts = [json.loads(st.to_json()) for st in steps]
         as_json = json.dumps([st.to_dict() for st in steps])
-        live = figures_of(steps, tiny.tokenizer)
-        assert live == figures_of(as_dicts, tiny.tokenizer)
-        assert live == figures_of(trace_stats.as_steps(as_json), tiny.tokenizer)
-        assert token_spans(steps, tiny.tokenizer) == token_spans(as_dicts, tiny.tokenizer)
+        live = figures_of(steps, tiny_llama.tokenizer)
+        assert live == figures_of(as_dicts, tiny_llama.tokenizer)
+        assert live == figures_of(trace_stats.as_steps(as_json), tiny_llama.tokenizer)
+        assert token_spans(steps, tiny_llama.tokenizer) == token_spans(as_dicts, tiny_llama.tokenizer)
     st = hand_trace()
     assert viz_tree.tree_figure(st).to_json() == viz_tree.tree_figure(st.to_json()).to_json()
 
@@ -559,20 +537,20 @@ def test_step_for_token(all_runs):
     assert [trace_stats.step_for_token([st.to_dict()], p) for p in range(5)] == [None, 0, 0, 0, None]
 
 
-def test_token_spans_cover_exactly_the_generated_tokens(all_runs, tiny):
+def test_token_spans_cover_exactly_the_generated_tokens(all_runs, tiny_llama):
     for res in all_runs.values():
         tokens, labels = trace_stats.token_origins(res.traces)
         assert tokens == res.tokens
-        spans = token_spans(res.traces, tiny.tokenizer)
+        spans = token_spans(res.traces, tiny_llama.tokenizer)
         assert len(spans) == len(res.tokens)
-        assert "".join(t for t, _ in spans) == tiny.tokenizer.decode(res.tokens, skip_special_tokens=True)
+        assert "".join(t for t, _ in spans) == tiny_llama.tokenizer.decode(res.tokens, skip_special_tokens=True)
         assert spans[0][1] == trace_stats.PREFILL_LABEL
         n_acc = sum(min(st.accepted_drafts, len(st.emitted_tokens)) for st in res.traces)
         assert sum(lab == trace_stats.ACCEPTED_LABEL for _, lab in spans) == n_acc
         assert sum(lab == trace_stats.BONUS_LABEL for _, lab in spans) == len(res.tokens) - 1 - n_acc
         assert set(lab for _, lab in spans) <= set(viz.SPAN_COLORS)
     assert sum(lab == trace_stats.ACCEPTED_LABEL for _, lab in token_spans(all_runs["oracle"].traces,
-                                                                        tiny.tokenizer)) > 0
+                                                                        tiny_llama.tokenizer)) > 0
     assert token_spans([hand_trace()], decode_fn) == [
         ("<10>", trace_stats.PREFILL_LABEL), ("<11>", trace_stats.ACCEPTED_LABEL), ("<13>", trace_stats.ACCEPTED_LABEL),
         ("<99>", trace_stats.BONUS_LABEL)]

@@ -16,21 +16,12 @@ from dart_core.engine.decoding import SpeculativeEngine
 from dart_core.engine.tree import DraftTree
 from dart_core.models.heads.dart import new_head_for_target
 from dart_core.models.heads.eagle3 import new_eagle3_head_for_target
-from dart_core.models.loader import load_target
 from dart_core.sizing.costs import CostModel, DraftCost, VerifyCurve
 from dart_core.sizing.replay import FrozenCosts, follow, key_of, record, step_seconds, walk_chooser, walk_fixed
 from dart_core.sizing.spaces import PLAIN, tree_space
-from tiny_models import make_tiny_model_dir
 
 PROMPTS = [[10, 11, 12, 13, 14, 10, 11, 12, 13, 14, 10, 11], [5, 6, 7, 8, 9, 20, 21, 5, 6, 7], [3]]
 MAX_NEW = 30
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("replay")
-    return load_target(str(make_tiny_model_dir(root, "llama", seed=0, name="llama", initializer_range=0.5)),
-                       dtype="float32", device="cpu")
 
 
 def dart(t, context_weight=0.0, budget=8):
@@ -59,10 +50,10 @@ def test_follow_walks_the_answer_through_the_tree():
 
 
 @pytest.mark.parametrize("context_weight", [0.0, 1.0])
-def test_a_fixed_trees_walk_is_the_real_run(tiny, context_weight):
+def test_a_fixed_trees_walk_is_the_real_run(tiny_llama, context_weight):
     """Over the record, each fixed budget takes the steps, with the accepted lengths, that the engine takes running
     that budget; the recorded answer is vanilla's."""
-    t = tiny
+    t = tiny_llama
     budgets = (1, 3, 8)
     recorder = dart(t, context_weight)
     choices = [c for c in tree_space(recorder) if not c.plain and c.settings["budget"] in budgets]
@@ -94,12 +85,12 @@ def eagle3(t, context_weight=0.0, **tree):
 
 
 @pytest.mark.parametrize("context_weight", [0.0, 1.0])
-def test_eagle3_settings_are_replayed_from_one_head_state(tiny, context_weight):
+def test_eagle3_settings_are_replayed_from_one_head_state(tiny_llama, context_weight):
     """EAGLE-3 drafts every setting at a position from one expansion per top-k (the head rewound between them): each
     fixed setting's
     walk takes the steps, with the accepted lengths, that the engine takes running it, every tree is the one a fresh
     run drafts there, and the recorder is left as one proposal leaves it (its answer is vanilla's)."""
-    t = tiny
+    t = tiny_llama
     recorder = eagle3(t, context_weight)
     space = [c for c in tree_space(recorder) if not c.plain]
     choices = [c for c in space if (c.settings["depth"], c.settings["top_k"]) in ((0, 1), (1, 2), (2, 3))][::3]
@@ -122,8 +113,8 @@ def test_eagle3_settings_are_replayed_from_one_head_state(tiny, context_weight):
     assert recorder.tree_settings()["total_token"] == 8
 
 
-def test_the_chooser_walk_emits_each_token_once_and_prices_its_steps(tiny):
-    t = tiny
+def test_the_chooser_walk_emits_each_token_once_and_prices_its_steps(tiny_llama):
+    t = tiny_llama
     d = dart(t, 1.0)
     logs = [record(t, {"d": d}, p, MAX_NEW, "k")["d"] for p in PROMPTS[:2]]
     cm = costs()
@@ -139,8 +130,8 @@ def test_the_chooser_walk_emits_each_token_once_and_prices_its_steps(tiny):
     assert FrozenCosts.of(cm).save() is False
 
 
-def test_prompt_lookup_is_replayed_setting_by_setting(tiny):
-    t = tiny
+def test_prompt_lookup_is_replayed_setting_by_setting(tiny_llama):
+    t = tiny_llama
     log = record(t, {"pl": PromptLookupDrafter()}, PROMPTS[0], MAX_NEW, "k")["pl"]
     for c in tree_space(PromptLookupDrafter()):
         if c.plain:
@@ -156,7 +147,7 @@ def _lookup(n):
     return d
 
 
-def test_step_price_and_bad_input(tiny):
+def test_step_price_and_bad_input(tiny_llama):
     cm = costs()
     assert step_seconds(cm, "dart", 1, (0, 0, 0)) == pytest.approx(cm.verify_s(1) + cm.commit_s)
     assert step_seconds(cm, "dart", 5, (1, 4, 20)) > step_seconds(cm, "dart", 5, (0, 0, 0))
@@ -164,18 +155,18 @@ def test_step_price_and_bad_input(tiny):
     cm.verify.key_s, cm.verify.key_node_s = 1e-6, 0.5e-6        # a step is priced at the request's length
     assert step_seconds(cm, "dart", 5, (0, 0, 0), 2064) == pytest.approx(
         step_seconds(cm, "dart", 5, (0, 0, 0)) + 2000 * (1e-6 + 5 * 0.5e-6))
-    d = dart(tiny)
+    d = dart(tiny_llama)
     with pytest.raises(ValueError, match="budgets >= 1"):
         d.propose_each([1, 2], [0, 2])
     with pytest.raises(ValueError, match="max_new_tokens"):
-        record(tiny, {"d": d}, [1, 2], 0)
+        record(tiny_llama, {"d": d}, [1, 2], 0)
     with pytest.raises(ValueError, match="empty"):
-        record(tiny, {"d": d}, [], 4)
+        record(tiny_llama, {"d": d}, [], 4)
     with pytest.raises(TypeError, match="no tree settings"):
-        record(tiny, {"x": object()}, [1, 2], 4)
+        record(tiny_llama, {"x": object()}, [1, 2], 4)
 
 
-def test_a_stateful_drafter_without_a_rewind_is_refused(tiny):
+def test_a_stateful_drafter_without_a_rewind_is_refused(tiny_llama):
     class NoRewind:
         needs_aux, tree_kind, name = True, "eagle3", "x"
 

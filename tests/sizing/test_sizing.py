@@ -253,14 +253,8 @@ def test_the_draft_cost_fit_of_a_column_that_never_varies_is_lstsqs():
     assert cost.coef[0] == pytest.approx(cost.coef[1], rel=1e-6)   # the minimum norm splits the constant evenly
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from tiny_models import make_tiny_app_models
-    return make_tiny_app_models(tmp_path_factory.mktemp("sizing"))
-
-
-def test_cost_model_is_measured_once_then_read_until_the_key_changes(tiny, tmp_path, monkeypatch):
-    target = tiny[0]
+def test_cost_model_is_measured_once_then_read_until_the_key_changes(tiny_app_models, tmp_path, monkeypatch):
+    target = tiny_app_models[0]
     calls = []
     real = costs_mod.measure_verify_curve
     monkeypatch.setattr(costs_mod, "measure_verify_curve", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -490,10 +484,10 @@ def test_tree_space_and_apply_choice_set_each_drafters_knobs():
         tree_space(object())
 
 
-def test_every_drafter_reads_and_sets_its_tree_through_the_protocol(tiny):
+def test_every_drafter_reads_and_sets_its_tree_through_the_protocol(tiny_app_models):
     """tree_settings() is what the drafter runs, by its tree config's field names; set_tree changes the named
     fields (and the tree size bound with them), refuses a bad value naming the field and keeps its settings."""
-    drafters = _drafters(tiny)
+    drafters = _drafters(tiny_app_models)
     configs = {"dart": PruningConfig(), "eagle3": Eagle3TreeConfig()}
     for kind, drafter in drafters.items():
         assert isinstance(drafter, TreeDrafter) and drafter.tree_kind == kind
@@ -514,9 +508,9 @@ def test_every_drafter_reads_and_sets_its_tree_through_the_protocol(tiny):
     assert dart.tree_settings()["beam_width"] == PruningConfig().beam_width and eagle.max_tree_nodes == 5
     prompt = [5, 9, 11, 4]
     cfg = GenerationConfig(max_new_tokens=12, max_length=100)
-    want = SpeculativeEngine(tiny[0]).generate(prompt, cfg).tokens
+    want = SpeculativeEngine(tiny_app_models[0]).generate(prompt, cfg).tokens
     for drafter in (dart, eagle):
-        got = SpeculativeEngine(tiny[0], drafter).generate(prompt, cfg)
+        got = SpeculativeEngine(tiny_app_models[0], drafter).generate(prompt, cfg)
         assert got.tokens == want and max(len(t.tree) for t in got.traces) <= drafter.max_tree_nodes
 
 
@@ -657,20 +651,20 @@ class _Cycling(AutoTree):
         return self.choice
 
 
-def _drafters(tiny):
+def _drafters(tiny_app_models):
     from dart_core.models.heads.dart import load_dart_head
     from dart_core.models.heads.eagle3 import load_eagle3_head
-    target, _, dart_dir, eagle_dir = tiny
+    target, _, dart_dir, eagle_dir = tiny_app_models
     return {"dart": DartDrafter(load_dart_head(dart_dir, target), None, target.eos_token_ids, PruningConfig()),
             "eagle3": Eagle3Drafter(load_eagle3_head(eagle_dir, target), Eagle3TreeConfig()),
             "prompt_lookup": PromptLookupDrafter()}
 
 
 @pytest.mark.parametrize("kind", ["dart", "eagle3", "prompt_lookup"])
-def test_greedy_output_equals_vanilla_while_the_tree_changes_every_step(tiny, kind):
-    target = tiny[0]
+def test_greedy_output_equals_vanilla_while_the_tree_changes_every_step(tiny_app_models, kind):
+    target = tiny_app_models[0]
     costs = _costs(THIS_CPU, 1.0, 0.1)
-    auto = _Cycling(_drafters(tiny)[kind], costs, AcceptanceModel.generic(), redecide_every=1)
+    auto = _Cycling(_drafters(tiny_app_models)[kind], costs, AcceptanceModel.generic(), redecide_every=1)
     engine, vanilla = SpeculativeEngine(target, auto), SpeculativeEngine(target)
     cfg = GenerationConfig(max_new_tokens=40, max_length=200)
     rng = np.random.default_rng(1)
@@ -683,10 +677,10 @@ def test_greedy_output_equals_vanilla_while_the_tree_changes_every_step(tiny, ki
     assert sum(auto.chosen.values()) > 0 and "plain step" in auto.chosen
 
 
-def test_make_auto_seeds_the_draft_cost_once_per_drafter_and_reports(tiny):
-    target = tiny[0]
+def test_make_auto_seeds_the_draft_cost_once_per_drafter_and_reports(tiny_app_models):
+    target = tiny_app_models[0]
     costs = CostModel(VerifyCurve([1, 64], [0.001, 0.002]), 0.0)
-    drafters = _drafters(tiny)
+    drafters = _drafters(tiny_app_models)
     auto = make_auto(drafters["dart"], costs)
     assert "dart" in costs.drafts and costs.drafts["dart"].samples >= 4
     n = costs.drafts["dart"].samples
@@ -700,12 +694,12 @@ def test_make_auto_seeds_the_draft_cost_once_per_drafter_and_reports(tiny):
     assert "generic" in rep["acceptance"]["source"]              # a random head carries no eval.json
 
 
-def test_factory_builds_auto_engines_holding_the_set_knobs(tiny):
+def test_factory_builds_auto_engines_holding_the_set_knobs(tiny_app_models):
     from dart_core.page.engines import EngineFactory
     from dart_core.models.heads.dart import load_dart_head
     from dart_core.models.heads.eagle3 import load_eagle3_head
     from dart_core.ui.session import RunSettings
-    target, _, dart_dir, eagle_dir = tiny
+    target, _, dart_dir, eagle_dir = tiny_app_models
     costs = CostModel(VerifyCurve([1, 64], [0.001, 0.002]), 0.0)
     factory = EngineFactory(target, dart_head=load_dart_head(dart_dir, target),
                             eagle3_head=load_eagle3_head(eagle_dir, target), costs=costs)
@@ -720,10 +714,10 @@ def test_factory_builds_auto_engines_holding_the_set_knobs(tiny):
         RunSettings.from_values(tree="big")
 
 
-def test_the_api_takes_auto_or_fixed_trees(tiny):
+def test_the_api_takes_auto_or_fixed_trees(tiny_app_models):
     from dart_core.api import DartModel
     from dart_core.models.heads.dart import load_dart_head
-    target, _, dart_dir, _ = tiny
+    target, _, dart_dir, _ = tiny_app_models
     head = load_dart_head(dart_dir, target)
     assert isinstance(DartModel(target, head, tree="fixed").engine.drafter, DartDrafter)
     with pytest.raises(ConfigError, match="tree='huge'"):

@@ -21,7 +21,6 @@ from dart_core.training.features import compute_features
 from dart_core.training.runner import load_trainer_state
 from dart_core.training.schedule import BudgetPlanner, cosine_lr
 from dart_core.training.vocab import build_draft_vocab
-from tiny_models import make_tiny_distill
 
 
 def small_head(D=3, V=40, seed=0) -> DartHead:
@@ -152,13 +151,7 @@ def test_data_errors_name_the_file_and_line(tmp_path):
     assert len(tr) + len(ho) == 200 and 5 < len(ho) < 40 and split_rows(rows, 100)[1] == ho
 
 
-# ---------------------------------------------------------------------------------------------- with a tiny target
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A tiny llama target and a small self-distilled corpus (its own greedy answers)."""
-    return make_tiny_distill(tmp_path_factory.mktemp("tinytrain"))
-
-
+# ----------------------------------------------------------------- with a tiny target: the tiny fixture in conftest.py
 def test_features_align_with_the_engine(tiny):
     _, t, _, rows = tiny
     r = rows[0]

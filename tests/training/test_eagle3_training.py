@@ -18,7 +18,7 @@ from dart_core.training.eagle3_trainer import (Eagle3TrainConfig, eagle3_loss, e
 from dart_core.training.features import compute_features
 from dart_core.training.runner import TrainError
 from dart_core.training.vocab import build_draft_vocab
-from tiny_models import make_tiny_distill, make_tiny_model_dir
+from tiny_models import make_tiny_model_dir
 
 H, V = 32, 40
 
@@ -93,13 +93,7 @@ def test_unrolled_forward_has_gradients_for_every_parameter():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
 
 
-# ---------------------------------------------------------------------------------------------- with a tiny target
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A tiny llama target and a small self-distilled corpus (its own greedy answers)."""
-    return make_tiny_distill(tmp_path_factory.mktemp("tinyeagle3"))
-
-
+# ----------------------------------------------------------------- with a tiny target: the tiny fixture in conftest.py
 def test_loss_masks_and_weights(tiny):
     """Only answer positions count, steps are weighted gamma**k, and out-of-vocabulary targets are masked."""
     _, t, _, rows = tiny

@@ -12,12 +12,6 @@ import torch
 from dart_core.training import feature_cache as fc
 from dart_core.training.data import DistillRow, load_distill_rows, truncate
 from dart_core.training.features import compute_features
-from tiny_models import make_tiny_distill
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return make_tiny_distill(tmp_path_factory.mktemp("tiny_fc"))
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from dart_core.training.data import DataError, load_distill_rows, mix_corpora, s
 from dart_core.training.evaluate import evaluate_heads, format_scores, head_method, row_groups
 from dart_core.training.regenerate import select_prompts
 from dart_core.training.run_config import TrainError
-from tiny_models import make_tiny_app_models, make_tiny_distill
 
 
 # ---------------------------------------------------------------------------------------------- regenerate's pick
@@ -98,10 +97,9 @@ def test_mix_cli(tmp_path, capsys):
 
 # ---------------------------------------------------------------------------------------------- eval
 @pytest.fixture(scope="module")
-def tiny_heads(tmp_path_factory):
-    root = tmp_path_factory.mktemp("evalheads")
-    target, model_dir, dart_dir, eagle3_dir = make_tiny_app_models(root)
-    _, _, data, rows = make_tiny_distill(root / "corpus")
+def tiny_heads(tiny_app_models, tiny):
+    target, model_dir, dart_dir, eagle3_dir = tiny_app_models
+    _, _, data, rows = tiny
     return target, model_dir, dart_dir, eagle3_dir, data, rows
 
 

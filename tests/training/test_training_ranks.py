@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from tiny_models import make_tiny_distill
 
 pytestmark = pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
                                 reason="torch.distributed with gloo is needed")
@@ -46,11 +45,6 @@ def torchrun(argv: list[str], *, kill: tuple[int, str, int] | None = None, timeo
         out, _ = proc.communicate()
         pytest.fail(f"torchrun did not finish in {timeout} s:\n{out[-4000:]}")
     return proc.returncode, out
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return make_tiny_distill(tmp_path_factory.mktemp("ranks"))
 
 
 def train_args(method: str, tiny, out: Path, steps: int = 4) -> list[str]:
