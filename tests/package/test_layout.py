@@ -14,7 +14,8 @@ those under ``if TYPE_CHECKING:``. Rules:
   ``page`` (it sits on top: ``app.py`` serves it);
 - only the figures (``ui/viz`` and ``ui/viz_*``, ``ui/teaching_*``, ``bench/report``) import plotly;
 - nothing imports ``training`` but its command line (``dart_core/training/cli.py`` and ``training/`` itself);
-- no module imports itself through others (no cycles).
+- no module imports itself through others (no cycles);
+- every test file sits in a folder of tests/ named for what it tests, none directly under tests/.
 """
 from __future__ import annotations
 
@@ -360,3 +361,18 @@ def test_the_page_is_composed_not_mixed_in():
                     mixed.append(f"{f.name}:{node.lineno} {node.name}({', '.join(map(ast.unparse, node.bases))})")
     assert classes >= 6   # the rule would pass vacuously if the scan missed the classes
     assert not mixed, f"classes with several bases in dart_core/page: {mixed}"
+
+
+def test_every_test_file_is_in_a_group_folder():
+    """The tests are grouped like the package (docs/ARCHITECTURE.md section 1): each ``test_*.py`` lives in a folder
+    of tests/ named for what it tests (tests/engine/, tests/page/, ...); tests/ itself holds only what the groups
+    share (conftest.py, helper modules, data/). The folders are no packages (no ``__init__.py``), so pytest imports
+    each test file by its name: no two may share one."""
+    tests = PKG.parent / "tests"
+    loose = sorted(p.name for p in tests.glob("test_*.py"))
+    assert not loose, f"test files directly under tests/ (move each into the folder of what it tests): {loose}"
+    grouped = sorted(tests.glob("*/test_*.py"))
+    assert len({p.parent.name for p in grouped}) >= 8 and len(grouped) > 40   # the scan sees the groups
+    names = [p.name for p in grouped]
+    shared = sorted({n for n in names if names.count(n) > 1})
+    assert not shared, f"test files sharing a name (pytest cannot import both): {shared}"
