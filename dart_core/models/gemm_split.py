@@ -27,11 +27,12 @@ import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from ..hardware import cache_dir, keyed_file, write_json
+from ..hardware import write_json
 from . import gemv_prefetch, kernel_path
 
 logger = logging.getLogger(__name__)
@@ -119,15 +120,19 @@ def cache_key(target_name: str, dtype: str, threads: int) -> dict:
             "path": _native.small_gemm_path()}
 
 
-def _read_cache(key: dict) -> dict | None:
+def _read_cache(file: Path, key: dict) -> GemmSplit | None:
+    """The choice kept in ``file`` under ``key`` (source "cached"), or None for a missing, foreign or damaged one
+    (another key's file under a colliding name: time again)."""
     try:
-        record = json.loads(keyed_file(cache_dir() / "kernels", key).read_text())
+        record = json.loads(file.read_text())
     except (OSError, ValueError):
         return None
-    items = record.get("items") if isinstance(record, dict) else None
-    if record.get("key") != key or not isinstance(items, int) or not 0 <= items <= MAX_ITEMS:
-        return None   # another key's file under a colliding name, or a damaged one: time again
-    return record
+    if not isinstance(record, dict) or record.get("key") != key:
+        return None
+    items, ms = record.get("items"), record.get("ms")
+    if type(items) is not int or not 0 <= items <= MAX_ITEMS:
+        return None
+    return GemmSplit(items, "cached", key["path"], ms if isinstance(ms, dict) else {})
 
 
 def choose(weights: Sequence[np.ndarray], threads: int, target_name: str, dtype: str) -> GemmSplit:
@@ -145,17 +150,15 @@ def choose(weights: Sequence[np.ndarray], threads: int, target_name: str, dtype:
         choice = GemmSplit(0, "one thread" if threads <= 1 else "no weights to time", path)
     else:
         key = cache_key(target_name, dtype, threads)
-        record = _read_cache(key)
-        if record is not None:
-            choice = GemmSplit(record["items"], "cached", path, record.get("ms", {}))
-        else:
+        file = kernel_path.cache_file(key)
+        choice = _read_cache(file, key)
+        if choice is None:
             t0 = time.perf_counter()
             seconds = measure(gemv_prefetch.sample(weights), threads)
             choice = GemmSplit(decide(seconds), "measured", path, {name(c): 1000 * s for c, s in seconds.items()})
             try:
-                write_json(keyed_file(cache_dir() / "kernels", key),
-                           {"key": key, **asdict(choice), "seconds_timing": round(time.perf_counter() - t0, 3),
-                            "when": time.strftime("%Y-%m-%d %H:%M:%S")})
+                write_json(file, {"key": key, **asdict(choice), "seconds_timing": round(time.perf_counter() - t0, 3),
+                                  "when": time.strftime("%Y-%m-%d %H:%M:%S")})
             except OSError as e:   # a read-only home: the choice holds for this process
                 logger.warning("could not keep the GEMM split choice (%s): it is timed again next time", e)
     _native.small_gemm_set_split(choice.items)

@@ -129,12 +129,16 @@ def test_a_damaged_cache_file_is_timed_again(monkeypatch):
     file = keyed_file(cache_dir() / "kernels", key)
     file.parent.mkdir(parents=True)
     monkeypatch.setattr(gemm_split, "measure", lambda *a, **k: {0: 1.0, 2: 1.0, 1: 0.5})
-    for text in ("{not json", json.dumps({"key": key, "items": -3}), json.dumps({"key": key, "items": "1"}),
-                 json.dumps({"key": {**key, "path": "elsewhere"}, "items": 2})):
+    for text in ("{not json", "[1, 2]", json.dumps({"key": key, "items": -3}), json.dumps({"key": key, "items": "1"}),
+                 json.dumps({"key": key, "items": True}), json.dumps({"key": {**key, "path": "elsewhere"}, "items": 2})):
         file.write_text(text)
         gemm_split.forget()
         choice = gemm_split.choose(ws, 2, "tiny 2x576", "uint16")
         assert (choice.source, choice.items) == ("measured", 1)
+    file.write_text(json.dumps({"key": key, "items": 2, "ms": [3]}))   # the count kept, damaged times dropped
+    gemm_split.forget()
+    choice = gemm_split.choose(ws, 2, "tiny 2x576", "uint16")
+    assert (choice.source, choice.items, choice.ms) == ("cached", 2, {}) and "rows cut in 2 ranges" in choice.describe()
 
 
 def test_the_variable_fixes_the_cut_without_timing(monkeypatch):
