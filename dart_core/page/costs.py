@@ -19,8 +19,8 @@ from .controls import SPEC_SLOTS
 from .tabs import TabState
 
 if TYPE_CHECKING:
-    from .engines import EngineFactory
     from .components import PageComponents
+    from .engines import EngineFactory
     from .trees import TreeControls
 
 logger = logging.getLogger("dart_app")
@@ -77,11 +77,11 @@ class CostViews:
                 self.trees.note_rates(rates)
                 others = {label_of(s): autos[s].rates()[0]["label"] for s in self.view_slots
                           if s != "dart" and s in autos}
-                choice = kernel_path.chosen()
+                choice, kernels = kernel_path.chosen(), gemm_paths()
                 out = {self.page.cost_text: viz_cost.tree_cost_text(costs, rates, others=others,
-                                                               kernel=gemm_paths()["gemm_path"],
+                                                               kernel=kernels["gemm_path"],
                                                                kernel_source=choice.source if choice else None,
-                                                               kernel_split=gemm_paths()["gemm_split"]),
+                                                               kernel_split=kernels["gemm_split"]),
                        self.page.cost_verify_plot: viz_cost.verify_cost_figure(costs),
                        self.page.cost_rate_plot: (viz_cost.budget_rate_figure(rates) if rates
                                              else viz.empty_fig("DART is not loaded: no budget to weigh")),

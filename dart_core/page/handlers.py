@@ -28,9 +28,9 @@ from .tabs import FRAME_ALL, StepSession, TabRegistry, TabState, fmt_bytes
 
 if TYPE_CHECKING:
     from ..ui.serving import ServingLimits
+    from .components import PageComponents
     from .costs import CostViews
     from .engines import EngineFactory
-    from .components import PageComponents
     from .render import Rendering
     from .trees import TreeControls
 

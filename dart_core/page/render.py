@@ -18,8 +18,8 @@ from .controls import FRAME_KEYS
 from .tabs import FRAME_ALL, TabState
 
 if TYPE_CHECKING:
-    from .costs import CostViews
     from .components import PageComponents
+    from .costs import CostViews
 
 
 #: What each plot frame will show, said inside it until there is a step to draw (the page's first view, and after

@@ -16,8 +16,8 @@ from ..ui.session import RunSettings
 from .controls import PRESETS, SIZE_KNOBS
 
 if TYPE_CHECKING:
-    from .engines import EngineFactory
     from .components import PageComponents
+    from .engines import EngineFactory
 
 
 def _expected_dart(rates: Any, preset: str) -> str:

@@ -19,11 +19,11 @@ from .. import space
 from ..models.templates import get_template
 from ..presets import KNOBS
 from ..ui.serving import ServingLimits, serving_limits
+from .components import PageComponents
 from .controls import EXAMPLES, SIZE_KNOBS, SLOTS, SPEC_SLOTS
 from .costs import CostViews
 from .engines import EngineFactory
 from .handlers import Handlers
-from .components import PageComponents
 from .layout import build_page
 from .render import Rendering
 from .tabs import TabRegistry

@@ -255,14 +255,15 @@ def _machine_key(target) -> dict:
         machine = machine_id()
     from .. import __version__
     from ..hardware import gemm_paths
+    kernels = gemm_paths() if dev.type == "cpu" else {}
     return {"machine": machine, "device": dev.type, "target": str(target.name),
             # weights and activations: bf16 weights may run with float32 activations, as float32 weights do
             "dtype": f"{str(target.dtype).replace('torch.', '')}/{str(target.activation_dtype).replace('torch.', '')}",
             "threads": torch.get_num_threads(),
             # the CPU kernels' path (DART_GEMM_PATH) changes what a verify costs
-            "gemm_path": gemm_paths()["gemm_path"] if dev.type == "cpu" else None,
+            "gemm_path": kernels.get("gemm_path"),
             # and so does how its calls' rows are cut among the threads (models/gemm_split.py)
-            "gemm_split": gemm_paths()["gemm_split"] if dev.type == "cpu" else None,
+            "gemm_split": kernels.get("gemm_split"),
             # a kernel that changed speed (models/kernel_path.py bumps its version) makes a cached curve stale
             "code": f"{__version__}/{COST_MODEL_VERSION}/kernels {KERNELS_VERSION}"}
 
