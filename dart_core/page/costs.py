@@ -15,7 +15,7 @@ from ..models import kernel_path
 from ..ui import teaching_whatif, viz, viz_cost
 from ..ui.record import RunRecord, label_of
 from ..ui.session import RunSettings
-from .controls import SPEC_SLOTS
+from .controls import SPEC_SLOTS, WHATIF_DRAFT_RATIO
 from .tabs import TabState
 
 if TYPE_CHECKING:
@@ -24,9 +24,6 @@ if TYPE_CHECKING:
     from .trees import TreeControls
 
 logger = logging.getLogger("dart_app")
-
-#: the what-if's draft cost (x one plain step) before a run has measured one
-WHATIF_DRAFT_RATIO = 0.1
 
 
 class CostViews:
