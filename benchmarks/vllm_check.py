@@ -5,7 +5,9 @@
         --methods eagle3,dart --max-new-tokens 128 --batch-size 4 --json vllm_check.json
 
 For vLLM's vanilla decoding and each method (``eagle3``: the shipped EAGLE-3 head as vLLM loads it; ``dart``: the
-shipped DART head through the plugin ``dart_core.integrations.vllm_plugin``), one vLLM engine (its own process,
+shipped DART head through the plugin ``dart_core.integrations.vllm_plugin``, its k levels in one forward through
+vLLM's parallel drafting; ``dart-kpass``: the same head, its levels as k one-row passes, the plugin's fallback), one
+vLLM engine (its own process,
 started and ended in turn) answers the first turn of each question greedily, first one request at a time (batch 1),
 then all of them at once with ``--batch-size`` requests in flight. It reports tokens/s of each phase, vLLM's
 speculative-decoding counters (drafts, draft tokens, accepted tokens, per position; from ``LLM.get_metrics()``) and
@@ -33,7 +35,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-METHODS = ("eagle3", "dart")
+METHODS = ("eagle3", "dart", "dart-kpass")
+#: the head each method drafts with (dart-kpass: the DART head, without vLLM's parallel drafting)
+HEAD_OF = {"eagle3": "eagle3", "dart": "dart", "dart-kpass": "dart"}
 BASELINE = "vanilla"
 #: vLLM's speculative-decoding counters (Prometheus names without the _total suffix)
 SPEC_COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
@@ -64,7 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, metavar="DIR",
                    help="target model directory (default: the bundled SmolLM2-135M-Instruct, prepared in the cache)")
     p.add_argument("--eagle3-model", default=None, metavar="DIR", help="EAGLE-3 head (default: the shipped one)")
-    p.add_argument("--dart-model", default=None, metavar="DIR", help="DART head (default: the shipped one)")
+    p.add_argument("--dart-model", default=None, metavar="DIR",
+                   help="DART head, for dart and dart-kpass (default: the shipped one); dart needs mask_token_id in its "
+                        "config.json (python -m dart_core.integrations.vllm_plugin enable-parallel-drafting DIR)")
     p.add_argument("--num-speculative-tokens", type=int, default=3, metavar="K", help="draft tokens a step (3)")
     p.add_argument("--batch-size", type=int, default=4, metavar="B", help="requests in flight in the batch phase (4)")
     p.add_argument("--tokens-by-batch", default=None, metavar="A-B:K,...",
@@ -106,17 +112,28 @@ def check_args(args) -> dict:
         raise CheckError(f"--gpu-memory-utilization must lie in (0, 1], got {args.gpu_memory_utilization}")
     heads = {"eagle3": args.eagle3_model or str(asset_path("eagle3", "smollm2-135m-instruct")),
              "dart": args.dart_model or str(asset_path("dart", "smollm2-135m-instruct"))}
-    for m in methods:
-        if not (Path(heads[m]) / "config.json").is_file():
-            raise CheckError(f"--{m}-model: {heads[m]} holds no config.json (a head directory: config.json + "
+    for kind in dict.fromkeys(HEAD_OF[m] for m in methods):
+        if not (Path(heads[kind]) / "config.json").is_file():
+            raise CheckError(f"--{kind}-model: {heads[kind]} holds no config.json (a head directory: config.json + "
                              "model.safetensors)")
+    if "dart" in methods:
+        from dart_core.integrations.vllm_plugin import ENABLE_COMMAND, MASK_TOKEN_FIELD, has_mask_token
+        if not has_mask_token(json.loads((Path(heads["dart"]) / "config.json").read_text())):
+            raise CheckError(f"--methods dart drafts in one forward (vLLM's parallel drafting), which needs "
+                             f"{MASK_TOKEN_FIELD} in {heads['dart']}/config.json: `{ENABLE_COMMAND}`, or use "
+                             "--methods dart-kpass (the k-pass path)")
+        if schedule and any(t not in (0, args.num_speculative_tokens) for _, _, t in schedule):
+            raise CheckError(f"--tokens-by-batch: with --methods dart (parallel drafting) every K must be 0 or "
+                             f"{args.num_speculative_tokens} (vLLM's parallel drafting lays out "
+                             "num_speculative_tokens rows a request); use dart-kpass for other K")
     if args.model is not None and not (Path(args.model) / "config.json").is_file():
         raise CheckError(f"--model: {args.model} holds no config.json (a Hugging Face model directory)")
     try:
         sources = [resolve_question_source(q, args.data_dir) for q in args.questions]
     except BenchInputError as exc:
         raise CheckError(str(exc)) from None
-    return {"methods": methods, "heads": {m: heads[m] for m in methods}, "sources": sources, "schedule": schedule}
+    return {"methods": methods, "heads": {m: heads[HEAD_OF[m]] for m in methods}, "sources": sources,
+            "schedule": schedule}
 
 
 def parse_tokens_by_batch(text: str | None, k: int) -> list[list[int]] | None:
@@ -248,7 +265,8 @@ def run_engine(method: str, settings: dict) -> dict:
     spec = None
     if method != BASELINE:
         spec = {"method": "eagle3", "model": settings["heads"][method],
-                "num_speculative_tokens": settings["num_speculative_tokens"]}
+                "num_speculative_tokens": settings["num_speculative_tokens"],
+                "parallel_drafting": method == "dart"}          # dart: one forward; dart-kpass: k passes
         if settings.get("tokens_by_batch"):
             spec["num_speculative_tokens_per_batch_size"] = settings["tokens_by_batch"]
     t0 = time.perf_counter()

@@ -1,7 +1,18 @@
 """The DART head as a vLLM draft model, driven by vLLM's EAGLE-3 proposer (registered by ``vllm_plugin.register``).
 
 vLLM imports this module only where it builds the draft model; it imports vLLM at the top. The plan, and where
-vLLM's interfaces stop, is in :mod:`dart_core.integrations.vllm_plugin`'s docstring. In short, per speculative step:
+vLLM's interfaces stop, is in :mod:`dart_core.integrations.vllm_plugin`'s docstring. Two paths, chosen by the
+speculative config's ``parallel_drafting`` (fixed for the engine's life):
+
+One forward (``parallel_drafting`` True; the head's config.json has ``mask_token_id``): vLLM's proposer runs the
+model once a step over the newly verified positions followed by k - 1 mask rows per request (input id
+``mask_token_id``, hidden state ``fc(mask_hidden)``). This model's ``mask_hidden`` is NaN, so those rows' hidden
+states are NaN and nothing else's is: the model puts ``mask_rep`` (and residual ``mask_rep[:H]``) in exactly those
+rows, the other rows as below. ``compute_logits`` gets k rows a request (request-major: level 0, the last verified
+row, then the k - 1 mask slots), takes every level's top-k in one call and every request's chain from all its
+levels in one :meth:`~.vllm_plugin.ChainDrafter.chains` call.
+
+k passes (``parallel_drafting`` False, vLLM's default; the fallback), per speculative step:
 
 * pass 0 (the proposer's first call): the rows of the newly verified positions, input = the next token and the
   target's combined aux features ``fc(aux)``, as in ``DartHead.embed_inputs``; the row the proposer samples (the last
@@ -35,7 +46,7 @@ from vllm.config import VllmConfig
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
 
-from .vllm_plugin import level_topk, open_chain_drafter
+from .vllm_plugin import context_from_tail, level_topk, open_chain_drafter, parallel_drafting_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -50,14 +61,28 @@ class DartEagle3ForCausalLM(Eagle3LlamaForCausalLM):
         if spec is None or spec.method != "eagle3":
             raise ValueError("a DART head runs in vLLM under speculative_config method 'eagle3' (its proposer hands "
                              f"the draft model the target's aux features); got method {getattr(spec, 'method', None)!r}")
-        if spec.parallel_drafting:
-            raise ValueError("DART in vLLM runs without parallel_drafting: vLLM's parallel drafting needs a mask token "
-                             "id in the draft config, which a DART head does not have (see "
-                             "dart_core.integrations.vllm_plugin)")
         if spec.use_local_argmax_reduction:
             raise ValueError("DART in vLLM drafts through compute_logits; unset use_local_argmax_reduction")
+        #: one forward a step (vLLM's parallel drafting) or k one-row passes (the fallback)
+        self.one_forward = bool(spec.parallel_drafting)
+        if self.one_forward:
+            # vLLM's proposer refuses a head without the field before the model is built; this names the fix
+            refusal = parallel_drafting_refusal(spec.draft_model_config.hf_config, int(spec.num_speculative_tokens),
+                                                vllm_config.model_config.get_vocab_size())
+            if refusal:
+                raise ValueError(f"DART in vLLM: {refusal}")
+            schedule = getattr(spec, "num_speculative_tokens_per_batch_size", None) or ()
+            odd = sorted({int(e[2]) for e in schedule} - {0, int(spec.num_speculative_tokens)})
+            if odd:
+                # vLLM 0.32's proposer lays out num_speculative_tokens rows a request for parallel drafting and
+                # views the sampled ids as [-1, K] for the step's K: for 0 < K < the maximum that is not [B, K]
+                raise ValueError(f"DART in vLLM: parallel_drafting with num_speculative_tokens_per_batch_size K = "
+                                 f"{odd}: vLLM's parallel drafting runs num_speculative_tokens = "
+                                 f"{spec.num_speculative_tokens} rows a request, so each K must be 0 or that; leave "
+                                 "parallel_drafting unset (the k-pass path) for other K")
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         c = self.config
+        self.num_speculative_tokens = int(spec.num_speculative_tokens)
         levels = int(getattr(c, "draft_length", 0)) + 1
         if spec.num_speculative_tokens > levels:
             raise ValueError(f"num_speculative_tokens={spec.num_speculative_tokens}, but this DART head drafts "
@@ -88,6 +113,13 @@ class DartEagle3ForCausalLM(Eagle3LlamaForCausalLM):
                 rest.append((name, tensor))
         if not found:
             raise ValueError("this checkpoint has no midlayer.mask_rep: it is not a DART head")
+        if self.one_forward:
+            if any("mask_hidden" in name for name, _ in rest):
+                raise ValueError("this DART checkpoint carries a mask_hidden: a DART head's mask rows take mask_rep, "
+                                 "and the model sets mask_hidden itself (NaN, the mark of a mask row)")
+            # vLLM's parent class copies it into its mask_hidden buffer; the proposer then takes fc(mask_hidden),
+            # NaN, as every mask row's hidden state, which is how forward() tells those rows
+            rest.append(("mask_hidden", torch.full_like(self.mask_hidden, float("nan"))))
         return super().load_weights(rest)
 
     # ------------------------------------------------------------------ forward
@@ -95,8 +127,12 @@ class DartEagle3ForCausalLM(Eagle3LlamaForCausalLM):
                 inputs_embeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         layer = self.model.layers[0]
         n, H = hidden_states.shape[0], self.config.hidden_size
-        mask_pass = n > 0 and bool(torch.isnan(hidden_states[0, 0]))
         tails = torch.zeros((n, self.chain.context_tokens), dtype=torch.float32, device=hidden_states.device)
+        if self.one_forward:               # verified rows and mask rows in one forward
+            hidden = self._one_forward(layer, input_ids, positions, hidden_states, inputs_embeds, tails)
+            sample = torch.cat([self.model.norm(hidden).float(), tails], dim=-1)
+            return sample, torch.full_like(hidden_states, float("nan"))
+        mask_pass = n > 0 and bool(torch.isnan(hidden_states[0, 0]))
         if mask_pass:                      # DART's mask slots (DartHead.mask_inputs)
             rep = self.mask_rep.to(hidden_states.dtype)
             x, residual = rep.expand(n, -1).contiguous(), rep[:H].expand(n, -1).contiguous()
@@ -111,9 +147,25 @@ class DartEagle3ForCausalLM(Eagle3LlamaForCausalLM):
         sample = torch.cat([self.model.norm(hidden).float(), tails], dim=-1)
         return sample, torch.full_like(hidden_states, float("nan"))
 
+    def _one_forward(self, layer, input_ids: torch.Tensor, positions: torch.Tensor, hidden_states: torch.Tensor,
+                     inputs_embeds: torch.Tensor | None, tails: torch.Tensor) -> torch.Tensor:
+        """The layer over verified rows (next token + fc(aux)) and mask rows (``mask_rep``) at once; fills ``tails``
+        for the verified rows. A mask row is one whose hidden state is NaN: ``fc(mask_hidden)``, never a target's."""
+        H = self.config.hidden_size
+        mask = torch.isnan(hidden_states[:, 0]).unsqueeze(1)
+        rep = self.mask_rep.to(hidden_states.dtype)
+        embeds = self.model.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
+        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden_states)], dim=-1)
+        x = torch.where(mask, rep, x)                       # a fresh tensor with real rows: no stride-0 rows
+        residual = torch.where(mask, rep[:H], hidden_states)
+        self._context_tails(input_ids, positions, hidden_states.shape[0], tails, keep=~mask[:, 0])
+        hidden = residual + layer.self_attn(positions=positions, hidden_states=x)
+        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+
     def _context_tails(self, input_ids: torch.Tensor, positions: torch.Tensor, n: int,
-                       tails: torch.Tensor) -> torch.Tensor:
-        """[n, T] float32: each row's context tail, the row's own next token (for the sampled row: the root) last."""
+                       tails: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """[n, T] float32: each row's context tail, the row's own next token (for the sampled row: the root) last.
+        keep: the rows whose token the slot table records (None: all; mask rows' ids are not tokens)."""
         tails[:, -1] = input_ids[:n].float()
         md = self._metadata()
         if md is None:                     # a dummy run
@@ -128,6 +180,8 @@ class DartEagle3ForCausalLM(Eagle3LlamaForCausalLM):
             grown[: self._slot_tokens.numel()] = self._slot_tokens
             self._slot_tokens = grown
         ok = slots >= 0
+        if keep is not None:
+            ok = ok & keep[:m].to(ok.device)
         self._slot_tokens[slots[ok].cpu()] = input_ids[:m][ok].long().cpu()
         T = tails.shape[1]
         if T > 1 and m:
@@ -158,6 +212,8 @@ class DartEagle3ForCausalLM(Eagle3LlamaForCausalLM):
         x = hidden_states[:, :H].to(self.lm_head.weight.dtype)
         logits = self.logits_processor(self.lm_head, self.model.norm(x))     # the second norm: lm_head(norm(norm(h)))
         vals, toks = level_topk(logits, self.chain.pruning.level_top_k, self.draft_id_to_target_id)
+        if self.one_forward:
+            return self._one_forward_chains(hidden_states, vals, toks)
         B = vals.shape[0]
         if self._level == 0 or self._tails is None or self._tails.shape[0] != B or len(self._rows) != self._level:
             if self._level != 0:
@@ -168,14 +224,28 @@ class DartEagle3ForCausalLM(Eagle3LlamaForCausalLM):
         self._rows.append((vals, toks))
         chosen = np.empty(B, dtype=np.int64)
         for b in range(B):
-            tail = self._tails[b]
-            cut = np.flatnonzero(tail < 0)
-            ctx = tail[cut[-1] + 1:] if cut.size else tail
+            ctx = context_from_tail(self._tails[b])
             rows_v = np.stack([v[b] for v, _ in self._rows])
             rows_t = np.stack([t[b] for _, t in self._rows])
             chosen[b] = self.chain.chain(rows_v, rows_t, ctx)[-1]
-        out = torch.full((B, self.target_vocab), float("-inf"), dtype=torch.float32, device=hidden_states.device)
-        out[torch.arange(B), torch.as_tensor(chosen, device=out.device)] = 0.0
+        return self._one_point(chosen, hidden_states.device)
+
+    def _one_forward_chains(self, hidden_states: torch.Tensor, vals: np.ndarray, toks: np.ndarray) -> torch.Tensor:
+        """Rows request-major, k a request (level 0, then the mask slots): every request's chain in one call."""
+        R, K = vals.shape[0], self.num_speculative_tokens
+        if R % K:
+            raise RuntimeError(f"DART in vLLM (one forward): {R} rows to sample, not {K} a request; vLLM's parallel "
+                               "drafting hands the draft model k rows a request")
+        B, width = R // K, vals.shape[1]
+        tails = hidden_states[::K, self.config.hidden_size:].float().cpu().numpy().astype(np.int64)   # level-0 rows
+        chosen = self.chain.chains(vals.reshape(B, K, width), toks.reshape(B, K, width), tails)
+        return self._one_point(chosen.reshape(-1), hidden_states.device)
+
+    def _one_point(self, chosen: np.ndarray, device) -> torch.Tensor:
+        """[R] chosen target ids -> logits 0 there and -inf elsewhere (a one-point draft distribution)."""
+        R = int(chosen.shape[0])
+        out = torch.full((R, self.target_vocab), float("-inf"), dtype=torch.float32, device=device)
+        out[torch.arange(R), torch.as_tensor(chosen, device=out.device)] = 0.0
         return out
 
     def get_top_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:

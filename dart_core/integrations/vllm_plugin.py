@@ -4,14 +4,15 @@
 
     from vllm import LLM
     llm = LLM(model=TARGET_DIR, speculative_config={
-        "method": "eagle3", "model": "assets/dart/smollm2-135m-instruct", "num_speculative_tokens": 4})
+        "method": "eagle3", "model": "assets/dart/smollm2-135m-instruct", "num_speculative_tokens": 4,
+        "parallel_drafting": True})        # one forward a step; leave it out for the k-pass path (below)
 
 The head directory is a DART head as published (``config.json`` with ``architectures: ["LlamaForCausalLMDart"]``
-+ ``model.safetensors``), unchanged. :func:`register` maps that architecture (and the name vLLM's EAGLE-3 config
++ ``model.safetensors``); for one forward, with ``"mask_token_id"`` added to its config.json. :func:`register` maps that architecture (and the name vLLM's EAGLE-3 config
 gives it, ``Eagle3LlamaForCausalLMDart``) to :class:`dart_core.integrations.vllm_model.DartEagle3ForCausalLM`, a
 draft model that vLLM's own EAGLE-3 proposer drives. No vLLM file is changed.
 
-How a DART head fits vLLM's EAGLE-3 loop. The proposer runs the draft model once over the newly verified positions
+How a DART head fits vLLM's EAGLE-3 loop (the k-pass path). The proposer runs the draft model once over the newly verified positions
 (input: the next token of each position and the target's aux features, exactly DART's pairing of feature i with
 token i+1), then ``k - 1`` more times with one row per request at positions i+1, i+2, ... Those later rows are DART's
 mask slots: the model reads them as ``mask_rep`` inputs (it marks the rows it hands back to the loop, so it knows
@@ -19,12 +20,23 @@ them), and vLLM's paged attention lets slot j see the prefix and slots 1..j-1, a
 (``DartHead.step``: attention is causal, so slot j never depends on later slots). Each pass gives one tree level's
 logits; the chain drafted is the pruned DART tree's best path (:class:`ChainDrafter`), N-gram term included.
 
+One forward for all k levels: vLLM's parallel drafting. The user chooses the path in the speculative config:
+
+* ``"parallel_drafting": True`` (one forward): the proposer appends k - 1 mask rows per request to the first pass and
+  samples all k rows of it. ``vllm/v1/spec_decode/llm_base_proposer.py``,
+  ``SpecDecodeBaseProposer._init_parallel_drafting_params``, refuses a draft config without a mask token id, so the
+  head directory needs ``"mask_token_id"`` in its config.json (:func:`enable_parallel_drafting`, or
+  ``python -m dart_core.integrations.vllm_plugin enable-parallel-drafting DIR``; the shipped head has it). vLLM
+  builds a mask row as ``embed(mask_token_id)`` and ``fc(mask_hidden)``; DART's mask slot takes ``mask_rep`` as its
+  whole layer input, so the model sets ``mask_hidden`` to NaN (``fc`` of it is NaN: no target feature is), finds
+  the mask rows by it and puts ``mask_rep`` in them itself; the token id is never read. :meth:`ChainDrafter.chains`
+  then picks every request's chain from all its levels at once.
+* ``"parallel_drafting": False`` (vLLM's default; the k-pass path, the fallback): the k levels run as k one-row
+  passes of the EAGLE-3 loop (the same arithmetic, k small calls), and the chain's level l is picked in pass l. This
+  path needs no field, and serves heads without one and a vLLM without parallel drafting.
+
 Where vLLM's interfaces stop (vLLM 0.32):
 
-* One forward for all k levels needs vLLM's parallel drafting (``speculative_config["parallel_drafting"]``), and
-  ``vllm/v1/spec_decode/llm_base_proposer.py``, ``SpecDecodeBaseProposer._init_parallel_drafting_params``, refuses a
-  draft config without a mask token id (``mask_token_id``, ``pard_token``, ...), which the published DART layout
-  does not have. So the k levels run as k one-row passes of the EAGLE-3 loop (the same arithmetic, k small calls).
 * A ``custom_class`` proposer (``vllm/v1/spec_decode/custom_class_proposer.py``) is handed token ids only:
   ``GPUModelRunner.propose_draft_token_ids`` (``vllm/v1/worker/gpu_model_runner.py``) passes it no hidden states,
   and the runner turns on the target's aux outputs only for eagle3 / dflash / extract_hidden_states.
@@ -47,6 +59,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -60,6 +74,15 @@ logger = logging.getLogger(__name__)
 ARCHITECTURES = ("LlamaForCausalLMDart", "Eagle3LlamaForCausalLMDart")
 MODEL_CLASS = "dart_core.integrations.vllm_model:DartEagle3ForCausalLM"
 ENV_NGRAM = "DART_VLLM_NGRAM"
+#: The draft-config field vLLM's parallel drafting reads first after DFlash's (llm_base_proposer.py,
+#: SpecDecodeBaseProposer._init_parallel_drafting_params).
+MASK_TOKEN_FIELD = "mask_token_id"
+#: The id a DART head directory records there. vLLM writes it as the input id of each mask row; the plugin's model
+#: never reads it (it puts the head's ``mask_rep`` in those rows), so any id inside the target's vocabulary does,
+#: and 0 is inside every one.
+MASK_TOKEN_ID = 0
+#: How to give a head directory the field (the message of every refusal names it).
+ENABLE_COMMAND = "python -m dart_core.integrations.vllm_plugin enable-parallel-drafting HEAD_DIR"
 
 
 def register() -> None:
@@ -71,6 +94,53 @@ def register() -> None:
     for arch in ARCHITECTURES:
         if arch not in supported:
             ModelRegistry.register_model(arch, MODEL_CLASS)
+
+
+# ---------------------------------------------------------------------------------------------- parallel drafting
+def has_mask_token(config) -> bool:
+    """Whether a head config (config.json's dict, or a config object) carries the field parallel drafting reads."""
+    value = config.get(MASK_TOKEN_FIELD) if isinstance(config, dict) else getattr(config, MASK_TOKEN_FIELD, None)
+    return value is not None
+
+
+def parallel_drafting_refusal(config, num_speculative_tokens: int, vocab_size: int) -> str | None:
+    """Why a head config cannot draft in one forward (vLLM's parallel drafting), or None when it can."""
+    value = config.get(MASK_TOKEN_FIELD) if isinstance(config, dict) else getattr(config, MASK_TOKEN_FIELD, None)
+    if value is None:
+        return (f"parallel_drafting: this DART head's config.json has no {MASK_TOKEN_FIELD}, which vLLM's parallel "
+                f"drafting needs (llm_base_proposer.py, SpecDecodeBaseProposer._init_parallel_drafting_params); add "
+                f"it with `{ENABLE_COMMAND}`, or leave parallel_drafting unset for the k-pass path")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < int(vocab_size):
+        return (f"parallel_drafting: {MASK_TOKEN_FIELD} = {value!r} must be a token id in 0..{int(vocab_size) - 1} "
+                f"(vLLM embeds it; the model does not read it): `{ENABLE_COMMAND}` writes {MASK_TOKEN_ID}")
+    if num_speculative_tokens < 1:
+        return f"parallel_drafting needs num_speculative_tokens >= 1, got {num_speculative_tokens}"
+    return None
+
+
+def enable_parallel_drafting(head_dir, token_id: int = MASK_TOKEN_ID) -> Path:
+    """Add ``mask_token_id`` to a DART head directory's config.json (every other field kept, in its order), so vLLM
+    can draft it in one forward (``parallel_drafting``). The weights are not touched; our loader keeps the field
+    (``HeadConfig.extra``) and the original code's ``DartConfig`` (a ``PretrainedConfig``) takes it as any extra
+    keyword. Refuses a directory that is not a DART head. Returns the config's path."""
+    import json
+
+    path = Path(head_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{head_dir}: no config.json (a DART head directory: config.json + model.safetensors)")
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(config, dict) or not set(config.get("architectures") or ()) & set(ARCHITECTURES):
+        raise ValueError(f"{path}: not a DART head (architectures {config.get('architectures')!r}; want "
+                         f"{ARCHITECTURES[0]})")
+    if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < int(config["vocab_size"]):
+        raise ValueError(f"token_id {token_id!r} must lie in 0..{int(config['vocab_size']) - 1}")
+    if config.get(MASK_TOKEN_FIELD) == token_id:
+        return path
+    config[MASK_TOKEN_FIELD] = int(token_id)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
 
 
 # ---------------------------------------------------------------------------------------------- the chain
@@ -116,6 +186,24 @@ class ChainDrafter:
             else:   # every candidate of the level before was an EOS: nothing expands; the row's best stands in
                 out[level] = int(topk_tokens[level, int(np.argmax(topk_logits[level]))])
         return out
+
+    def chains(self, topk_logits: np.ndarray, topk_tokens: np.ndarray, tails: np.ndarray) -> np.ndarray:
+        """A batch at once: topk_logits / topk_tokens [B, L, k] (every request's levels 0..L-1), tails [B, T] (each
+        request's context tail, root last, -1 where unknown) -> [B, L] int64, each request's chain. One pruner call a
+        request for all its levels (the k-pass path calls it once a level)."""
+        B, levels = topk_logits.shape[:2]
+        out = np.empty((B, levels), dtype=np.int64)
+        for b in range(B):
+            out[b] = self.chain(topk_logits[b], topk_tokens[b], context_from_tail(tails[b]))
+        return out
+
+
+def context_from_tail(tail: np.ndarray) -> np.ndarray:
+    """A context tail as the model carries it (-1 where a position is unknown) -> the known tokens after the last
+    unknown one, root last."""
+    tail = np.asarray(tail, dtype=np.int64)
+    cut = np.flatnonzero(tail < 0)
+    return tail[cut[-1] + 1:] if cut.size else tail
 
 
 def level_topk(logits: torch.Tensor, k: int, d2t: torch.Tensor | None) -> tuple[np.ndarray, np.ndarray]:
@@ -173,3 +261,31 @@ def target_eos_ids(target_path: str, tokenizer) -> tuple[int, ...]:
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     return tuple(sorted(int(i) for i in ids))
+
+
+# ---------------------------------------------------------------------------------------------- command line
+def main(argv: Sequence[str] | None = None) -> int:
+    """``enable-parallel-drafting HEAD_DIR [--token-id N]``: add ``mask_token_id`` to a DART head directory."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m dart_core.integrations.vllm_plugin",
+                                     description="DART heads in vLLM (docs/serving.md)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    enable = sub.add_parser("enable-parallel-drafting",
+                            help=f"add {MASK_TOKEN_FIELD} to a DART head's config.json, so vLLM can draft its "
+                                 "levels in one forward (speculative_config parallel_drafting)")
+    enable.add_argument("head_dir", metavar="HEAD_DIR")
+    enable.add_argument("--token-id", type=int, default=MASK_TOKEN_ID,
+                        help=f"the id recorded (default {MASK_TOKEN_ID}; never read by the model)")
+    args = parser.parse_args(argv)
+    try:
+        path = enable_parallel_drafting(args.head_dir, args.token_id)
+    except (OSError, ValueError) as exc:
+        print(f"vllm_plugin: {exc}", file=sys.stderr)
+        return 2
+    print(f"{path}: {MASK_TOKEN_FIELD} = {args.token_id}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,8 +1,10 @@
 """DART as a vLLM drafter (dart_core/integrations) and benchmarks/vllm_check.py.
 
 Without vLLM (CI): the chain the plugin drafts, computed in plain torch, is the DartDrafter tree's best path, level by
-level; vllm_check's flag errors come before anything loads, and a missing vLLM gives the install steps. With vLLM
-installed (docs/serving.md), the plugin registers the DART architectures.
+level; the one-forward path's batch of chains is the k-pass path's; a head directory takes the field vLLM's parallel
+drafting reads and stays loadable; vllm_check's flag errors come before anything loads, and a missing vLLM gives the
+install steps. With vLLM installed (docs/serving.md), the plugin registers the DART architectures, vLLM's own check
+refuses parallel drafting without the field and takes the shipped head, and both paths answer as vLLM's vanilla.
 """
 from __future__ import annotations
 
@@ -18,7 +20,9 @@ import torch
 
 from dart_core.drafters.dart import DartDrafter
 from dart_core.drafters.pruning import PruningConfig
-from dart_core.integrations.vllm_plugin import ChainDrafter, chain_pruning, torch_chain
+from dart_core.integrations.vllm_plugin import (MASK_TOKEN_FIELD, MASK_TOKEN_ID, ChainDrafter, chain_pruning,
+                                                context_from_tail, enable_parallel_drafting, main as plugin_main,
+                                                parallel_drafting_refusal, torch_chain)
 from dart_core.models.heads.dart import new_head_for_target
 
 
@@ -120,6 +124,105 @@ def test_the_chain_on_the_shipped_head_and_table(bundled_fp32):
     assert max(lengths) >= 3, lengths          # a real chain, not the root and one token only
 
 
+def test_one_call_for_the_batch_is_the_k_pass_chain(tiny_llama, tiny_store):
+    """The one-forward path picks every request's chain from all its levels in one ChainDrafter.chains call; the
+    k-pass path picks level l in pass l from levels 0..l. Same tokens, the tails cut at their unknown (-1) entries."""
+    t, store = tiny_llama, tiny_store
+    rng = np.random.default_rng(1)
+    drafter = ChainDrafter(store, t.eos_token_ids, PruningConfig())
+    B, L, k, T = 6, 4, 25, drafter.context_tokens
+    logits = (rng.normal(size=(B, L, k)) * 3).astype(np.float32)
+    tokens = np.stack([np.stack([rng.choice(t.vocab_size, k, replace=False) for _ in range(L)]) for _ in range(B)])
+    tails = rng.integers(0, t.vocab_size, (B, T))
+    tails[0, :-1] = -1                                  # a request whose tail is its root only
+    if T > 2:
+        tails[1, 1] = -1                                # one unknown inside: the known tokens after it
+    chains = drafter.chains(logits, tokens, tails)
+    assert chains.shape == (B, L)
+    for b in range(B):
+        ctx = context_from_tail(tails[b])
+        assert ctx[-1] == tails[b, -1] and (ctx >= 0).all()
+        for level in range(L):
+            assert chains[b, level] == drafter.chain(logits[b, :level + 1], tokens[b, :level + 1], ctx)[level]
+    assert list(context_from_tail(np.array([5, -1, 7, 8]))) == [7, 8]
+
+
+# ---------------------------------------------------------------------------------------------- parallel drafting
+def shipped_head_without_field(tmp_path) -> Path:
+    """A copy of the shipped DART head as published (no mask_token_id); the weights linked, not copied."""
+    from dart_core.models.assets import asset_path
+
+    src = Path(asset_path("dart", "smollm2-135m-instruct"))
+    out = tmp_path / "dart-head"
+    out.mkdir()
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.pop(MASK_TOKEN_FIELD, None)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    (out / "model.safetensors").symlink_to(src / "model.safetensors")
+    return out
+
+
+def test_the_shipped_head_carries_the_field_parallel_drafting_reads():
+    from dart_core.models.assets import asset_path
+
+    cfg = json.loads((Path(asset_path("dart", "smollm2-135m-instruct")) / "config.json").read_text())
+    assert cfg[MASK_TOKEN_FIELD] == MASK_TOKEN_ID
+    assert parallel_drafting_refusal(cfg, 3, cfg["vocab_size"]) is None
+
+
+def test_enable_parallel_drafting_adds_one_field_and_the_head_still_loads(tmp_path):
+    from transformers import PretrainedConfig
+
+    from dart_core.models.heads.dart import load_dart_head
+
+    head_dir = shipped_head_without_field(tmp_path)
+    before = json.loads((head_dir / "config.json").read_text())
+    assert parallel_drafting_refusal(before, 3, before["vocab_size"]) is not None
+    assert plugin_main(["enable-parallel-drafting", str(head_dir)]) == 0
+    after = json.loads((head_dir / "config.json").read_text())
+    assert list(after) == list(before) + [MASK_TOKEN_FIELD] and after[MASK_TOKEN_FIELD] == MASK_TOKEN_ID
+    assert {k: v for k, v in after.items() if k != MASK_TOKEN_FIELD} == before
+    text = (head_dir / "config.json").read_text()
+    enable_parallel_drafting(head_dir)                         # idempotent: the file is left as it is
+    assert (head_dir / "config.json").read_text() == text
+    # our loader keeps the field (HeadConfig.extra, written back on save); the original code's DartConfig is a
+    # PretrainedConfig taking extra keywords
+    head = load_dart_head(head_dir)
+    assert head.config.extra[MASK_TOKEN_FIELD] == MASK_TOKEN_ID
+    assert head.config.to_dict()[MASK_TOKEN_FIELD] == MASK_TOKEN_ID
+    assert getattr(PretrainedConfig.from_pretrained(head_dir), MASK_TOKEN_FIELD) == MASK_TOKEN_ID
+
+
+def test_enable_parallel_drafting_refusals(tmp_path, capsys):
+    from dart_core.models.assets import asset_path
+
+    assert plugin_main(["enable-parallel-drafting", str(tmp_path / "none")]) == 2
+    assert "no config.json" in capsys.readouterr().err
+    eagle3 = tmp_path / "eagle3"
+    eagle3.mkdir()
+    (eagle3 / "config.json").write_text((Path(asset_path("eagle3", "smollm2-135m-instruct")) / "config.json").read_text())
+    assert plugin_main(["enable-parallel-drafting", str(eagle3)]) == 2
+    assert "not a DART head" in capsys.readouterr().err
+    head_dir = shipped_head_without_field(tmp_path)
+    for bad in (-1, 49152):
+        with pytest.raises(ValueError, match="must lie in 0..49151"):
+            enable_parallel_drafting(head_dir, bad)
+    assert MASK_TOKEN_FIELD not in json.loads((head_dir / "config.json").read_text())
+
+
+@pytest.mark.parametrize("value, message", [
+    (None, "has no mask_token_id, which vLLM's parallel drafting needs (llm_base_proposer.py, "
+           "SpecDecodeBaseProposer._init_parallel_drafting_params); add it with `python -m "
+           "dart_core.integrations.vllm_plugin enable-parallel-drafting HEAD_DIR`, or leave parallel_drafting unset"),
+    (50000, "mask_token_id = 50000 must be a token id in 0..49151"),
+    (True, "mask_token_id = True must be a token id"),
+])
+def test_parallel_drafting_refusal_names_the_fix(value, message):
+    cfg = {} if value is None else {MASK_TOKEN_FIELD: value}
+    assert message in parallel_drafting_refusal(cfg, 3, 49152)
+    assert parallel_drafting_refusal({MASK_TOKEN_FIELD: 7}, 3, 49152) is None
+
+
 # ---------------------------------------------------------------------------------------------- vllm_check.py
 def run_check(*args, hide_vllm=False):
     code = ("import sys, runpy; sys.modules['vllm'] = None; sys.argv = sys.argv[1:]; "
@@ -140,12 +243,26 @@ def run_check(*args, hide_vllm=False):
     (["--tokens-by-batch", "1-4:3,4-8:1"], "1-4 and 4-8 overlap"),
     (["--tokens-by-batch", "1-4:5"], "K = 5 for 1-4 must lie in 0..3"),
     (["--tokens-by-batch", "1-0:1"], "1-0 is not a range of batch sizes"),
+    (["--methods", "dart", "--tokens-by-batch", "1-4:2,5-8:0"], "with --methods dart (parallel drafting) every K "
+                                                                 "must be 0 or 3"),
 ])
 def test_vllm_check_flag_errors_come_first(tmp_path, args, message):
     q = tmp_path / "q.jsonl"
     q.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["hi"]}) + "\n")
     r = run_check("--questions", str(q), *args)
     assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_vllm_check_dart_needs_the_field_and_dart_kpass_does_not(tmp_path):
+    q = tmp_path / "q.jsonl"
+    q.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["hi"]}) + "\n")
+    head_dir = shipped_head_without_field(tmp_path)
+    r = run_check("--questions", str(q), "--methods", "dart", "--dart-model", str(head_dir))
+    assert r.returncode == 2 and "--methods dart drafts in one forward" in r.stderr
+    assert "enable-parallel-drafting" in r.stderr and "dart-kpass" in r.stderr
+    # dart-kpass passes the flag checks (then stops at the missing vLLM here)
+    r = run_check("--questions", str(q), "--methods", "dart-kpass", "--dart-model", str(head_dir), hide_vllm=True)
+    assert r.returncode == 2 and "vLLM is not installed" in r.stderr
 
 
 def test_tokens_by_batch_becomes_vllms_schedule():
@@ -216,11 +333,56 @@ def test_the_plugin_registers_the_dart_architectures():
 
 
 @pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (an optional extra; docs/serving.md)")
+def test_vllms_own_check_is_the_one_named(tmp_path):
+    """The check docs/serving.md names (SpecDecodeBaseProposer._init_parallel_drafting_params) refuses the published
+    layout and takes the field enable_parallel_drafting writes, on the configs as vLLM reads them."""
+    from types import SimpleNamespace
+
+    from transformers import PretrainedConfig
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    head_dir = shipped_head_without_field(tmp_path)
+
+    def init(path):
+        stub = SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=PretrainedConfig.from_pretrained(path)),
+                               pass_hidden_states_to_model=False)
+        SpecDecodeBaseProposer._init_parallel_drafting_params(stub)
+        return stub.parallel_drafting_token_id
+
+    with pytest.raises(ValueError, match="For parallel drafting, the draft model config must have"):
+        init(head_dir)
+    enable_parallel_drafting(head_dir)
+    assert init(head_dir) == MASK_TOKEN_ID
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (an optional extra; docs/serving.md)")
+def test_vllm_refuses_parallel_drafting_for_a_head_without_the_field(tmp_path):
+    """An engine asked for parallel drafting with a head in the published layout (no mask_token_id) fails to start,
+    with vLLM's message; nothing falls back silently (tens of seconds: an engine starts)."""
+    from dart_core.models.bundled import prepare_bundled_model
+
+    head_dir = shipped_head_without_field(tmp_path)
+    code = ("from vllm import LLM\n"
+            "if __name__ == '__main__':\n"
+            f"    LLM(model={str(prepare_bundled_model())!r}, dtype='float32', max_model_len=512, max_num_seqs=1,\n"
+            "        gpu_memory_utilization=0.15, compilation_config={'mode': 0},\n"
+            f"        speculative_config={{'method': 'eagle3', 'model': {str(head_dir)!r}, 'num_speculative_tokens': 3,\n"
+            "                            'parallel_drafting': True})\n")
+    script = tmp_path / "refuse.py"
+    script.write_text(code)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                       env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode != 0
+    assert "For parallel drafting, the draft model config must have" in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (an optional extra; docs/serving.md)")
 def test_dart_in_vllm_answers_as_vllms_vanilla(tmp_path):
-    """End to end in vLLM (minutes: two engines start): the shipped DART head drafts through the plugin, its greedy
-    answers equal vLLM's vanilla ones, and vLLM counts accepted drafts. In float32: vLLM's bfloat16 CPU kernels give
-    other greedy answers for other numbers of tokens in a forward (its own vanilla answers at batch 4 differ from batch
-    1), which a verify step's several tokens are (docs/serving.md)."""
+    """End to end in vLLM (minutes: three engines start): the shipped DART head drafts through the plugin, in one
+    forward (vLLM's parallel drafting, method dart) and in k passes (dart-kpass); the greedy answers of both equal
+    vLLM's vanilla ones, and vLLM counts accepted drafts. In float32: vLLM's bfloat16 CPU kernels give other greedy
+    answers for other numbers of tokens in a forward (its own vanilla answers at batch 4 differ from batch 1), which a
+    verify step's several tokens are (docs/serving.md)."""
     from dart_core.bench.questions import resolve_question_set
 
     try:
@@ -229,10 +391,18 @@ def test_dart_in_vllm_answers_as_vllms_vanilla(tmp_path):
         pytest.skip(f"no mt_bench question file ({exc})")
     out = tmp_path / "check.json"
     r = subprocess.run([sys.executable, str(CHECK), "--questions", str(questions), "--limit", "2", "--methods",
-                        "dart", "--max-new-tokens", "24", "--batch-size", "2", "--no-ours", "--dtype", "float32",
-                        "--json", str(out)],
+                        "dart,dart-kpass", "--max-new-tokens", "24", "--batch-size", "2", "--no-ours", "--dtype",
+                        "float32", "--json", str(out)],
                        capture_output=True, text=True, timeout=1500, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
-    dart = json.loads(out.read_text())["engines"]["dart"]
-    assert dart["checks"]["batch_1_vs_vllm_vanilla"]["identical"] == 2
-    assert dart["phases"]["batch_1"]["acceptance"]["accepted_tokens"] > 0
+    engines = json.loads(out.read_text())["engines"]
+    for name in ("dart", "dart-kpass"):
+        e = engines[name]
+        assert "error" not in e, e
+        for phase in ("batch_1", "batch_2"):
+            assert e["checks"][f"{phase}_vs_vllm_vanilla"]["identical"] == 2, (name, phase)
+            assert e["phases"][phase]["acceptance"]["accepted_tokens"] > 0, (name, phase)
+    # the same head, the same levels: one forward drafts as the k passes do (float32; a different pick would need
+    # two candidates within rounding of each other)
+    one, k = (engines[n]["phases"]["batch_1"]["acceptance"] for n in ("dart", "dart-kpass"))
+    assert one["accepted_tokens"] >= 0.9 * k["accepted_tokens"], (one, k)
