@@ -25,10 +25,10 @@ benchmarks it as it is).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..openmp import warn_if_spinning
 from . import gemm_split, gemv_prefetch, kernel_path
@@ -60,10 +60,6 @@ def _norm_eps(module) -> float:
 
 def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
 class FastForward:
@@ -114,7 +110,8 @@ class FastForward:
         # cos / sin [positions, head_dim] float32, rows taken by position each step (see _rope)
         self._rope_tables = (np.empty((0, head_dim), np.float32), np.empty((0, head_dim), np.float32))
         self.embed = inner.embed_tokens.weight
-        self.final_norm = inner.norm.weight.detach().float()
+        self.final_norm = inner.norm.weight.detach().float().contiguous()
+        self.hidden = int(cfg.hidden_size)
         self.lm_head_array = kernel_array(model.lm_head.weight)
         self.decoder = _native.Decoder(int(cfg.hidden_size), heads, kv_heads, head_dim, int(cfg.intermediate_size),
                                        self.eps, next(model.parameters()).dtype == torch.bfloat16)
@@ -135,6 +132,7 @@ class FastForward:
                 "k_norm": _float_vector(attn.k_norm.weight) if hasattr(attn, "k_norm") else None,
             })
         self.decoder_matrices = matrices   # views of the weights (benchmarks sweep them)
+        self.decoder.set_ends(kernel_array(self.embed), self.final_norm.numpy(), self.lm_head_array)
         threads = torch.get_num_threads()
         # The kernels' path (timed on these weights on a machine's first load, then cached), and the plain step's
         # kernel on it: with or without software prefetch, whichever streams these weights faster here.
@@ -147,40 +145,54 @@ class FastForward:
 
     @torch.inference_mode()
     def forward(self, cache: PreallocatedCache, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                allowed: torch.Tensor | None, aux_layer_ids: tuple[int, ...] | None, rows: str = "all"
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                allowed: torch.Tensor | None, aux_layer_ids: tuple[int, ...] | None, rows: str = "all",
+                head_rows: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """``rows="all"``: logits [q, V]; ``"last"``: the last position's logits [1, V]; ``"hidden"``: the
-        final-normed hidden states [q, H] without the LM head (:meth:`lm_head` turns rows of them into logits).
+        final-normed hidden states [q, H] without the LM head (:meth:`lm_head` turns rows of them into logits),
+        and the logits of rows ``head_rows`` in that order ([len, V], None if empty), from the same call.
         With ``aux_layer_ids``, also the hidden states entering those layers at every position, concatenated
-        -> [q, len(ids) * H].
+        -> [q, len(ids) * H]. Returns (logits or hidden states, aux or None, head_rows' logits or None).
 
         ``allowed``: bool [q, length + q], True where a new position may attend; None = causal.
         Longer inputs run in chunks (``PREFILL_ROWS`` positions for a causal prompt, ``NATIVE_MAX_ROWS`` with a
-        mask), each attending to the cache the chunks before it wrote.
+        mask), each attending to the cache the chunks before it wrote; each chunk is one native call.
         """
         if rows not in ("all", "last", "hidden"):
             raise ValueError(f"rows must be 'all', 'last' or 'hidden', got {rows!r}")
+        if head_rows and rows != "hidden":
+            raise ValueError("head_rows goes with rows='hidden' (the other modes return logits already)")
         q = int(input_ids.numel())
         start = cache.length
         if start + q > cache.capacity:
             raise CacheFullError(f"KV cache holds {cache.capacity} positions; writing {q} after {start} "
                                  "would overflow it (raise max_length)")
+        bad = [r for r in head_rows if not 0 <= r < q]
+        if bad:
+            raise IndexError(f"head row {bad[0]} is not one of the {q} positions")
         ids, pos = input_ids.view(-1), position_ids.view(-1)
         outs, aux = [], []
+        first = np.empty((len(head_rows), self.lm_head_array.shape[0]), np.float32) if head_rows else None
         chunk = NATIVE_MAX_ROWS if allowed is not None else PREFILL_ROWS   # trees keep to 64 rows
         for a in range(0, q, chunk):
             b = min(q, a + chunk)
             # A chunk's rows see keys up to their own positions only (tree nodes follow their ancestors).
             sub = None if allowed is None else allowed[a:b, :start + b].contiguous()
+            mine = [k for k, r in enumerate(head_rows) if a <= r < b]
+            logits = first if len(mine) == len(head_rows) else (
+                np.empty((len(mine), self.lm_head_array.shape[0]), np.float32) if mine else None)
             out, ax = self._chunk(cache, ids[a:b], pos[a:b], sub, aux_layer_ids,
-                                  "none" if rows == "last" and b < q else rows)
+                                  "none" if rows == "last" and b < q else rows,
+                                  [head_rows[k] - a for k in mine], logits)
+            if logits is not None and logits is not first:
+                first[mine] = logits
             if out is not None:
                 outs.append(out)
             if ax is not None:
                 aux.append(ax)
         # One chunk (every decoding step) returns its tensors as they are: torch.cat of a [1, V] row runs on torch's
         # OpenMP threads, which wake on the cores the native pool's worker still spins on (0.13 ms a step, interleaved).
-        return _joined(outs), (_joined(aux) if aux else None)
+        return (_joined(outs), (_joined(aux) if aux else None),
+                torch.from_numpy(first) if first is not None else None)
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [r, V] float32 of final-normed hidden rows [r, H] (``forward(rows="hidden")``). A row's logits
@@ -192,32 +204,38 @@ class FastForward:
             _native.small_gemm(h.numpy(), self.lm_head_array, logits.numpy(), torch.get_num_threads())
         return logits
 
-    def _chunk(self, cache, ids, pos, allowed, aux_layer_ids, rows: str):
-        """One chunk of positions (see ``forward``) through every layer; then the logits of "all" rows or the
-        "last", the final-normed "hidden" states, or "none"."""
+    def _chunk(self, cache, ids, pos, allowed, aux_layer_ids, rows: str, head_rows: list[int],
+               head_logits: np.ndarray | None):
+        """One chunk of positions (see ``forward``) through every layer in one native call: the embedding rows, the
+        layers, the aux features, the final norm and the LM head's rows ("all" rows' logits, the "last" one's,
+        the final-normed "hidden" states with the logits of ``head_rows`` written into ``head_logits``, or
+        "none"). Torch ops between native calls ran on torch's OpenMP threads beside the native pool's spinning
+        worker: 0.5-0.7 ms of a 9 ms plain step on 2 cores (the final norm alone 0.1-0.2 ms)."""
         q, start = int(ids.numel()), cache.length
-        h = F.embedding(ids, self.embed).float().contiguous()
-        cos, sin = self._rope(pos.numpy())                                         # [q, D]
+        ids_np = np.ascontiguousarray(ids.numpy(), dtype=np.int64)
+        pos_np = np.ascontiguousarray(pos.numpy(), dtype=np.int64)
+        cos, sin = self._rope_covering(pos_np)
         mask = None if allowed is None else allowed.numpy()
-        handle = self._native_cache(cache)
-        threads = torch.get_num_threads()
-        aux: dict[int, torch.Tensor] = {}
-        begin = 0
-        # Stop at each aux layer to keep the hidden state entering it.
-        for stop in sorted(set(aux_layer_ids or ())) + [self.num_layers]:
-            if stop > begin:
-                self.decoder.run(h.numpy(), cos, sin, mask, start, handle, begin, stop, threads)
-                begin = stop
-            if aux_layer_ids is not None and stop in aux_layer_ids:
-                aux[stop] = h.clone()
+        aux_ids = list(aux_layer_ids) if aux_layer_ids is not None else []
+        aux = np.empty((q, len(aux_ids) * self.hidden), np.float32) if aux_layer_ids is not None else None
+        out = None if rows == "none" else np.empty((1 if rows == "last" else q, self.hidden), np.float32)
+        if rows in ("all", "last"):
+            head_rows = list(range(len(out)))
+            head_logits = np.empty((len(out), self.lm_head_array.shape[0]), np.float32)
+        self.decoder.forward(ids_np, pos_np, cos, sin, mask, start, self._native_cache(cache), aux_ids, aux, out,
+                             head_rows, head_logits, torch.get_num_threads())
         cache.set_length(start + q)
-        aux_out = torch.cat([aux[i] for i in aux_layer_ids], dim=-1) if aux_layer_ids is not None else None
-        if rows == "none":
+        aux_out = torch.from_numpy(aux) if aux is not None else None
+        if out is None:
             return None, aux_out
-        if rows == "last":
-            h = h[-1:]
-        h = _rms_norm(h, self.final_norm, self.eps).contiguous()
-        return (h if rows == "hidden" else self.lm_head(h)), aux_out
+        return torch.from_numpy(head_logits if rows in ("all", "last") else out), aux_out
+
+    def _rope_covering(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The whole cos / sin tables [n, D], grown (see ``_rope``) to cover these positions; the native call takes
+        its rows by position."""
+        if positions.size and int(positions.max()) >= len(self._rope_tables[0]):
+            self._rope(positions)
+        return self._rope_tables
 
     def _rope(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """RoPE's cos and sin rows [q, D] float32 of these positions, from tables the model's own rotary module

@@ -49,7 +49,9 @@ class NodeLogits:
     """
 
     def __init__(self, n: int, *, logits: torch.Tensor | None = None, hidden: torch.Tensor | None = None,
-                 head: Callable[[torch.Tensor], torch.Tensor] | None = None):
+                 head: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 first: tuple[Sequence[int], torch.Tensor] | None = None):
+        """``first``: (nodes, their logits [len, V]) the forward's own call computed already (one LM head call)."""
         if (logits is None) == (hidden is None or head is None):
             raise ValueError("NodeLogits needs either all logits or the hidden states and an LM head")
         self._n = n
@@ -59,6 +61,11 @@ class NodeLogits:
         self._rows: dict[int, torch.Tensor] = {}
         self.rows_computed = 0      # LM head rows run so far (tests and benchmarks read these)
         self.head_calls = 0
+        if first is not None and len(first[0]):
+            for i, row in zip(first[0], first[1].unbind(0)):
+                self._rows[int(i)] = row
+            self.rows_computed += len(first[0])
+            self.head_calls += 1
 
     def __len__(self) -> int:
         return self._n
@@ -83,7 +90,7 @@ class NodeLogits:
             return self._full[nodes]
         missing = sorted(set(nodes) - self._rows.keys())
         if missing:
-            computed = self._head(self._hidden[missing])
+            computed = self._head(torch.from_numpy(self._hidden.numpy()[missing]))   # numpy: no torch op
             self.rows_computed += len(missing)
             self.head_calls += 1
             for i, row in zip(missing, computed):
@@ -207,24 +214,27 @@ class TargetModel:
     @torch.inference_mode()
     def forward(self, cache: PreallocatedCache, input_ids: torch.Tensor, position_ids: torch.Tensor,
                 allowed: torch.Tensor | None, want_aux: bool, last_only: bool = False,
-                lazy_logits: bool = False) -> ForwardOutput:
+                lazy_logits: bool = False, first_rows: Sequence[int] = ()) -> ForwardOutput:
         """One target forward over ``q`` new positions written after the cache's current length.
 
         input_ids, position_ids: [q] int64; allowed: bool [q, length + q], True where a new position may
         attend, or None for causal attention. ``last_only`` computes the last position's logits only
         (the LM head is a large share of a long prompt's cost); aux features cover every position.
         ``lazy_logits`` returns :class:`NodeLogits` that run the LM head on request (lean path; the HF
-        forward computes every row anyway and wraps them).
+        forward computes every row anyway and wraps them), the rows ``first_rows`` computed already (on the lean
+        path in the forward's own native call).
         """
         if cache.key_dtype != self.activation_dtype:
             raise RuntimeError(f"this session's cache holds {cache.key_dtype} but the target now runs "
                                f"{self.activation_dtype} activations: make a new session after set_fast_forward()")
         if self.fast is not None:
             rows = "last" if last_only else ("hidden" if lazy_logits else "all")
-            out, aux = self.fast.forward(cache, input_ids, position_ids, allowed,
-                                         self.aux_layer_ids if want_aux else None, rows)
+            head_rows = [int(i) for i in first_rows] if lazy_logits else []
+            out, aux, first = self.fast.forward(cache, input_ids, position_ids, allowed,
+                                                self.aux_layer_ids if want_aux else None, rows, head_rows)
             if lazy_logits:
-                return ForwardOutput(logits=NodeLogits(len(out), hidden=out, head=self.fast.lm_head), aux=aux)
+                return ForwardOutput(logits=NodeLogits(len(out), hidden=out, head=self.fast.lm_head,
+                                                       first=(head_rows, first) if head_rows else None), aux=aux)
             return ForwardOutput(logits=out, aux=aux)
         attention_mask = None
         if allowed is not None:
@@ -303,8 +313,8 @@ class TargetSession:
         if n > 1:
             allowed = torch.ones(n, prefix + n, dtype=torch.bool)
             allowed[:, prefix:] = torch.from_numpy(tree.ancestor_mask())
-        out = self.target.forward(self.cache, ids, pos, allowed, want_aux=want_aux, lazy_logits=True)
-        out.logits.rows(tree.likeliest(LM_HEAD_FIRST_ROWS))
+        out = self.target.forward(self.cache, ids, pos, allowed, want_aux=want_aux, lazy_logits=True,
+                                  first_rows=tree.likeliest(LM_HEAD_FIRST_ROWS))
         self._verified_prefix = prefix
         return out
 

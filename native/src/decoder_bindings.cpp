@@ -14,6 +14,7 @@
 
 #include "binding_checks.hpp"
 #include "decoder.hpp"
+#include "small_gemm.hpp"
 
 namespace py = pybind11;
 
@@ -184,6 +185,171 @@ struct PyDecoder {
     py::gil_scoped_release release;
     dart::decoder_layers(shape, layers, cache.layers, cache.capacity, begin, end, hp, q, cp, sp, mp, start, threads);
   }
+
+  // The step's two ends, bound once: the token embedding table [vocab, hidden] (bf16 bits or float32, as the layers'
+  // weights), the final norm's weight [hidden] and the LM head [head_vocab, hidden] (bf16 bits or float32).
+  const void* embed = nullptr;
+  int64_t vocab = 0;
+  const float* final_norm = nullptr;
+  const void* lm_head = nullptr;
+  int64_t head_vocab = 0;
+  bool lm_head_bf16 = false;
+
+  void set_ends(py::array table, py::array norm, py::array head) {
+    const bool dtype_ok = shape.bf16_weights ? is_u16(table) : is_f32(table);
+    require(dtype_ok && table.ndim() == 2 && table.shape(1) == shape.hidden && table.shape(0) > 0 && c_contig(table),
+            std::string("the embedding table must be C-contiguous ") + (shape.bf16_weights ? "uint16 (bfloat16 bits)" : "float32") +
+                " [vocab, " + std::to_string(shape.hidden) + "]");
+    require(norm.ndim() == 1 && norm.shape(0) == shape.hidden && is_f32(norm) && c_contig(norm),
+            "the final norm's weight must be float32 [" + std::to_string(shape.hidden) + "]");
+    require((is_u16(head) || is_f32(head)) && head.ndim() == 2 && head.shape(1) == shape.hidden && head.shape(0) > 0 &&
+                c_contig(head),
+            "the LM head must be C-contiguous uint16 (bfloat16 bits) or float32 [vocab, " +
+                std::to_string(shape.hidden) + "]");
+    keep.push_back(table);
+    keep.push_back(norm);
+    keep.push_back(head);
+    lm_head = head.data();
+    head_vocab = head.shape(0);
+    lm_head_bf16 = is_u16(head);
+    embed = table.data();
+    vocab = table.shape(0);
+    final_norm = static_cast<const float*>(norm.data());
+  }
+
+  // One whole step (or prompt chunk) in one call, without the GIL: the embedding rows of `ids`, every layer (RoPE rows
+  // taken from the tables by position), the hidden states entering each layer of `aux_layers` copied into aux_out's
+  // column blocks (in that order; the id num_layers = after the last layer), and the final norm of every row, or of
+  // the last one alone (out [1, hidden]), into out (None: no norm, an inner chunk of a prompt); then the LM head's
+  // logits of out's rows head_rows, in that order, into logits [len(head_rows), head_vocab] (the same kernel and bits
+  // as small_gemm on those rows alone: a row's logits do not depend on the others).
+  void forward(py::array ids, py::array positions, py::array cos_table, py::array sin_table, py::object allowed,
+               int64_t start, const PyDecoderCache& cache, const std::vector<int64_t>& aux_layers, py::object aux_out,
+               py::object out, const std::vector<int64_t>& head_rows, py::object logits, int threads) {
+    require(embed != nullptr, "forward needs set_ends (the embedding table and the final norm) first");
+    require(ids.ndim() == 1 && is_i64(ids) && c_contig(ids), "ids must be C-contiguous int64 [q]");
+    const int64_t q = ids.shape(0), H = shape.hidden, D = shape.head_dim, L = static_cast<int64_t>(layers.size());
+    require(positions.ndim() == 1 && positions.shape(0) == q && is_i64(positions) && c_contig(positions),
+            "positions must be C-contiguous int64 [q], one per id");
+    require(cos_table.ndim() == 2 && sin_table.ndim() == 2 && is_f32(cos_table) && is_f32(sin_table) &&
+                c_contig(cos_table) && c_contig(sin_table) && cos_table.shape(1) == D && sin_table.shape(1) == D &&
+                cos_table.shape(0) == sin_table.shape(0),
+            "the RoPE tables must be C-contiguous float32 [positions, head_dim], cos and sin alike");
+    const int64_t* idp = static_cast<const int64_t*>(ids.data());
+    const int64_t* pp = static_cast<const int64_t*>(positions.data());
+    for (int64_t i = 0; i < q; ++i) {
+      require(idp[i] >= 0 && idp[i] < vocab, "token id " + std::to_string(idp[i]) + " is outside the vocabulary of " +
+                                                 std::to_string(vocab));
+      require(pp[i] >= 0 && pp[i] < cos_table.shape(0), "position " + std::to_string(pp[i]) +
+                                                            " is past the RoPE tables' " +
+                                                            std::to_string(cos_table.shape(0)) + " rows");
+    }
+    for (size_t k = 0; k < aux_layers.size(); ++k)
+      require(aux_layers[k] >= 0 && aux_layers[k] <= L, "aux layer " + std::to_string(aux_layers[k]) +
+                                                            " is outside 0.." + std::to_string(L));
+    float* auxp = nullptr;
+    py::array aux_arr;
+    if (!aux_layers.empty()) {
+      require(!aux_out.is_none(), "aux_layers needs an aux_out array");
+      aux_arr = aux_out.cast<py::array>();
+      require(aux_arr.ndim() == 2 && aux_arr.shape(0) == q &&
+                  aux_arr.shape(1) == static_cast<int64_t>(aux_layers.size()) * H && is_f32(aux_arr) &&
+                  c_contig(aux_arr) && aux_arr.writeable(),
+              "aux_out must be writeable C-contiguous float32 [q, len(aux_layers) * hidden]");
+      auxp = static_cast<float*>(aux_arr.mutable_data());
+    }
+    float* outp = nullptr;
+    int64_t out_rows = 0;
+    py::array out_arr;
+    if (!out.is_none()) {
+      out_arr = out.cast<py::array>();
+      require(out_arr.ndim() == 2 && (out_arr.shape(0) == q || (q > 0 && out_arr.shape(0) == 1)) && out_arr.shape(1) == H &&
+                  is_f32(out_arr) && c_contig(out_arr) && out_arr.writeable(),
+              "out must be writeable C-contiguous float32 [q, hidden] or [1, hidden] (the last row)");
+      outp = static_cast<float*>(out_arr.mutable_data());
+      out_rows = out_arr.shape(0);
+    }
+    const int64_t k_rows = static_cast<int64_t>(head_rows.size());
+    float* logp = nullptr;
+    py::array log_arr;
+    if (k_rows > 0) {
+      require(outp != nullptr, "head_rows needs out (the final-normed rows the LM head reads)");
+      for (int64_t r : head_rows)
+        require(r >= 0 && r < out_rows, "head row " + std::to_string(r) + " is outside out's " +
+                                            std::to_string(out_rows) + " rows");
+      require(!logits.is_none(), "head_rows needs a logits array");
+      log_arr = logits.cast<py::array>();
+      require(log_arr.ndim() == 2 && log_arr.shape(0) == k_rows && log_arr.shape(1) == head_vocab &&
+                  is_f32(log_arr) && c_contig(log_arr) && log_arr.writeable(),
+              "logits must be writeable C-contiguous float32 [len(head_rows), " + std::to_string(head_vocab) + "]");
+      logp = static_cast<float*>(log_arr.mutable_data());
+    }
+    require(cache.layers.size() == layers.size() && cache.kv_heads == shape.kv_heads && cache.head_dim == D,
+            "the cache was made for another model");
+    require(start >= 0 && start <= cache.capacity && q <= cache.capacity - start, "the step does not fit the cache");
+    require(threads >= 1, "threads must be >= 1");
+    py::array mask;
+    const uint8_t* mp = nullptr;
+    if (!allowed.is_none()) {
+      mask = allowed.cast<py::array>();
+      require(mask.ndim() == 2 && mask.shape(0) == q && mask.shape(1) == start + q && mask.itemsize() == 1 &&
+                  c_contig(mask),
+              "allowed must be a C-contiguous bool [q, start + q] array");
+      mp = static_cast<const uint8_t*>(mask.data());
+    }
+    const float* ct = static_cast<const float*>(cos_table.data());
+    const float* st = static_cast<const float*>(sin_table.data());
+    py::gil_scoped_release release;
+    if (q == 0) return;
+    thread_local std::vector<float> h, cs, sn;
+    h.resize(static_cast<size_t>(q * H));
+    cs.resize(static_cast<size_t>(q * D));
+    sn.resize(static_cast<size_t>(q * D));
+    for (int64_t i = 0; i < q; ++i) {
+      float* row = h.data() + i * H;
+      if (shape.bf16_weights) {   // bf16 to float32 exactly: the bits in the high half
+        const uint16_t* e = static_cast<const uint16_t*>(embed) + idp[i] * H;
+        for (int64_t c = 0; c < H; ++c) {
+          const uint32_t bits = static_cast<uint32_t>(e[c]) << 16;
+          std::memcpy(row + c, &bits, sizeof(float));
+        }
+      } else {
+        std::copy_n(static_cast<const float*>(embed) + idp[i] * H, H, row);
+      }
+      std::copy_n(ct + pp[i] * D, D, cs.data() + i * D);
+      std::copy_n(st + pp[i] * D, D, sn.data() + i * D);
+    }
+    // Stop at each aux layer (in increasing order) to copy the hidden states entering it.
+    std::vector<int64_t> stops(aux_layers.begin(), aux_layers.end());
+    stops.push_back(L);
+    std::sort(stops.begin(), stops.end());
+    stops.erase(std::unique(stops.begin(), stops.end()), stops.end());
+    int64_t begin = 0;
+    for (int64_t stop : stops) {
+      if (stop > begin) {
+        dart::decoder_layers(shape, layers, cache.layers, cache.capacity, begin, stop, h.data(), q, cs.data(),
+                             sn.data(), mp, start, threads);
+        begin = stop;
+      }
+      for (size_t k = 0; k < aux_layers.size(); ++k)
+        if (aux_layers[k] == stop)
+          for (int64_t i = 0; i < q; ++i)
+            std::copy_n(h.data() + i * H, H, auxp + (i * static_cast<int64_t>(aux_layers.size()) + k) * H);
+    }
+    if (outp) {
+      const float* from = h.data() + (out_rows == q ? 0 : (q - 1) * H);
+      dart::ops::rms_norm(from, final_norm, outp, out_rows, H, shape.eps);
+    }
+    if (logp) {
+      thread_local std::vector<float> x;
+      x.resize(static_cast<size_t>(k_rows * H));
+      for (int64_t r = 0; r < k_rows; ++r) std::copy_n(outp + head_rows[r] * H, H, x.data() + r * H);
+      if (lm_head_bf16)
+        dart::small_gemm_bf16(x.data(), static_cast<const uint16_t*>(lm_head), logp, k_rows, head_vocab, H, threads);
+      else
+        dart::small_gemm_f32(x.data(), static_cast<const float*>(lm_head), logp, k_rows, head_vocab, H, threads);
+    }
+  }
 };
 
 }  // namespace
@@ -203,6 +369,14 @@ void bind_decoder(py::module_& m) {
       .def("add_layer", &PyDecoder::add_layer, py::arg("arrays"))
       .def("run", &PyDecoder::run, py::arg("h"), py::arg("cos"), py::arg("sin"), py::arg("allowed"),
            py::arg("start"), py::arg("cache"), py::arg("begin"), py::arg("end"), py::arg("threads"))
+      .def("set_ends", &PyDecoder::set_ends, py::arg("embed"), py::arg("final_norm"), py::arg("lm_head"),
+           "Bind the token embedding table [vocab, hidden] (the layers' weight dtype), the final norm's weight and "
+           "the LM head [vocab, hidden] (bfloat16 bits or float32).")
+      .def("forward", &PyDecoder::forward, py::arg("ids"), py::arg("positions"), py::arg("cos_table"),
+           py::arg("sin_table"), py::arg("allowed"), py::arg("start"), py::arg("cache"), py::arg("aux_layers"),
+           py::arg("aux_out"), py::arg("out"), py::arg("head_rows"), py::arg("logits"), py::arg("threads"),
+           "One step or prompt chunk in one call: embedding rows, every layer, aux features, the final norm "
+           "(out: [q, hidden], [1, hidden] for the last row, or None) and the LM head of out's head_rows.")
       .def_property_readonly("num_layers", [](const PyDecoder& d) { return d.layers.size(); })
       .def_property_readonly(
           "fused", [](const PyDecoder& d) {

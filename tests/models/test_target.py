@@ -295,6 +295,35 @@ def test_verify_runs_the_lm_head_for_the_likeliest_rows_only(tiny_target):
         assert_near(logits[i], ref[-1])
 
 
+def test_the_forwards_own_lm_head_rows_across_chunks(tiny_target):
+    """The lean forward computes the LM head of the rows asked for (``head_rows``) in its own native call, chunk by
+    chunk: for a tree larger than one chunk, rows on both sides of the boundary, in the order asked, equal bit for
+    bit the rows an LM head call computes from the hidden states afterwards. Bad requests are refused."""
+    from dart_core.models.fast_forward import NATIVE_MAX_ROWS
+
+    if tiny_target.fast is None:
+        pytest.skip("the HF forward computes every row")
+    rng = np.random.default_rng(12)
+    vocab = tiny_target.vocab_size
+    prompt = rng.integers(0, vocab, size=6).tolist()
+    tree = random_tree(rng, NATIVE_MAX_ROWS + 5, vocab, root=int(rng.integers(0, vocab)))
+    session = tiny_target.new_session(NATIVE_MAX_ROWS + 32)
+    session.prefill(prompt)
+    ids, pos = torch.from_numpy(tree.tokens), torch.from_numpy(tree.depths) + len(prompt)
+    allowed = torch.cat([torch.ones(len(tree), len(prompt), dtype=torch.bool),
+                         torch.from_numpy(tree.ancestor_mask())], dim=1)
+    rows = [len(tree) - 1, 2, NATIVE_MAX_ROWS, 0, NATIVE_MAX_ROWS - 1]
+    hidden, aux, first = tiny_target.fast.forward(session.cache, ids, pos, allowed, None, "hidden", rows)
+    assert aux is None and first.shape == (len(rows), tiny_target.vocab_size)
+    assert torch.equal(first, tiny_target.fast.lm_head(hidden[rows]))
+    session.truncate(len(prompt))
+    with pytest.raises(ValueError, match="head_rows goes with rows='hidden'"):
+        tiny_target.fast.forward(session.cache, ids, pos, allowed, None, "all", [0])
+    with pytest.raises(IndexError, match="head row"):
+        tiny_target.fast.forward(session.cache, ids, pos, allowed, None, "hidden", [len(tree)])
+    assert session.length == len(prompt)   # refused before anything ran
+
+
 def test_node_logits_edges(tiny_target):
     session = tiny_target.new_session(16)
     session.prefill([3, 4, 5])

@@ -74,13 +74,7 @@ def cpu_is_amd() -> bool:
 DEFAULT_PATH = PATHS[1] if PATHS[0] == "avx512bf16" and not cpu_is_amd() else PATHS[0]
 
 
-@pytest.fixture(params=PATHS)
-def gemm_path(request):
-    """Forces one kernel path for the test (the decoder's GEMMs included), then restores the previous one."""
-    before = _native.small_gemm_path()
-    _native.small_gemm_set_path(request.param)
-    yield request.param
-    _native.small_gemm_set_path(before)
+# gemm_path (tests/native/conftest.py): each of PATHS in turn.
 
 
 def gemm_weights(w: torch.Tensor, weights: str):
