@@ -325,8 +325,9 @@ int64_t split_rank(int64_t count) { return count < 64 ? 0 : count / 2 / 8 * 8; }
 //
 // In two passes over the K/V heads, each cut across the threads so that every key and every value row is read from
 // memory once per layer (per query head, the cache would be read `group` times, and from both cores):
-//  1. scores: items (K/V head, range of keys). All rows of the head's group (every query head at every position)
-//     meet the range's keys in one small GEMM; scaled, masked and their maxima taken on vector registers
+//  1. scores: items (K/V head, range of keys), or for a causal prompt chunk (K/V head, tile of 32 positions) whose
+//     keys stop at the tile's last position. All rows of the item (every query head of the group at each position)
+//     meet its keys in one small GEMM; scaled, masked and their maxima taken on vector registers
 //     (scaled_masked_max: a scalar loop over every score of every tree row cost trees of 5-17 nodes 1-5% of their
 //     verify, measured interleaved on a Zen 5 EPYC after 300-1000 keys); each item keeps its rows' maxima.
 //  2. outputs: items (K/V head, one of two key ranges per row: its first split_rank visible keys, the rest). Per row
@@ -346,8 +347,15 @@ void attention_impl(const DecoderShape& s, const float* qs, const LayerCache& ca
   const int64_t R = q * G;   // rows per K/V head: r = i * G + g is query position i, query head kvh * G + g
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  // Causal rows (a prompt chunk) run pass 1 in tiles of kTile positions, each meeting only the keys its last row
+  // sees: the scores above the diagonal are not computed (a 256-row chunk from position 0 skips half of them). The
+  // tiles are the items then (the longest first), not key ranges. A score is the same dot product either way.
+  constexpr int64_t kTile = 32;
+  const bool tiled = allowed == nullptr && q >= 2 * kTile;
+  const int64_t row_tiles = tiled ? (q + kTile - 1) / kTile : 1;
   // Pass 1's key ranges: at least 64 keys each.
-  const int64_t key_parts = threads > 1 ? std::max<int64_t>(1, std::min<int64_t>(threads, end / 64)) : 1;
+  const int64_t key_parts =
+      tiled ? 1 : threads > 1 ? std::max<int64_t>(1, std::min<int64_t>(threads, end / 64)) : 1;
   // The scores of a batch of K/V heads at a time: at most about 16 MiB of them (long prompt chunks).
   const int64_t batch = std::max<int64_t>(1, std::min<int64_t>(KV, (int64_t{4} << 20) / std::max<int64_t>(1, R * end)));
   // The calling thread's buffers; the pool's threads write disjoint parts.
@@ -385,20 +393,25 @@ void attention_impl(const DecoderShape& s, const float* qs, const LayerCache& ca
   for (int64_t first = 0; first < KV; first += batch) {
     const int64_t heads_now = std::min(batch, KV - first);
 
-    parallel_for_items(threads, heads_now * key_parts, [&](int64_t item) {
-      const int64_t kvh = first + item / key_parts, part = item % key_parts;
-      const int64_t j0 = end * part / key_parts, j1 = end * (part + 1) / key_parts;
+    parallel_for_items(threads, heads_now * key_parts * row_tiles, [&](int64_t item) {
+      const int64_t tile = row_tiles - 1 - item % row_tiles, rest = item / row_tiles;
+      const int64_t kvh = first + rest / key_parts, part = rest % key_parts;
+      const int64_t i0 = tile * kTile, i1 = tiled ? std::min(q, i0 + kTile) : q;
+      const int64_t j0 = end * part / key_parts;
+      const int64_t j1 = tiled ? start + i1 : end * (part + 1) / key_parts;   // a tile's last row sees keys < start + i1
+      const int64_t r0 = i0 * G, r1 = i1 * G;
       thread_local std::vector<float> qg, tmp;
-      qg.resize(static_cast<size_t>(R * D));
-      tmp.resize(static_cast<size_t>(R * (j1 - j0)));
-      for (int64_t i = 0; i < q; ++i)
-        for (int64_t g = 0; g < G; ++g) std::copy_n(qs + (i * H + kvh * G + g) * D, D, qg.data() + (i * G + g) * D);
-      small_gemm_f32(qg.data(), cache.keys + (kvh * capacity + j0) * D, tmp.data(), R, j1 - j0, D, 1);
-      for (int64_t r = 0; r < R; ++r) {
+      qg.resize(static_cast<size_t>((r1 - r0) * D));
+      tmp.resize(static_cast<size_t>((r1 - r0) * (j1 - j0)));
+      for (int64_t i = i0; i < i1; ++i)
+        for (int64_t g = 0; g < G; ++g)
+          std::copy_n(qs + (i * H + kvh * G + g) * D, D, qg.data() + (i * G + g - r0) * D);
+      small_gemm_f32(qg.data(), cache.keys + (kvh * capacity + j0) * D, tmp.data(), r1 - r0, j1 - j0, D, 1);
+      for (int64_t r = r0; r < r1; ++r) {
         const int64_t i = r / G, hi = std::min(j1, last_of(i));
         const uint8_t* row = allowed ? allowed + i * end : nullptr;
         float* sr = sc + ((kvh - first) * R + r) * end;
-        const float* t = tmp.data() + r * (j1 - j0);
+        const float* t = tmp.data() + (r - r0) * (j1 - j0);
         mx_parts[((kvh - first) * R + r) * key_parts + part] =
             hi > j0 ? scaled_masked_max(t, row ? row + j0 : nullptr, scale, sr + j0, hi - j0) : kNegInf;
       }

@@ -770,3 +770,37 @@ def test_the_bundled_models_projections_run_fused_on_its_moved_weights(bundled_b
     assert fused <= {(True, True), (False, False)}
     if bundled_bf16.fast.weight_pages.reason is None:     # the weights were moved into one mapping
         assert fused == {(True, True)}
+
+
+@pytest.mark.parametrize("q_len,start", [(63, 0), (64, 0), (65, 0), (97, 5), (256, 0), (256, 256), (130, 700)])
+@pytest.mark.parametrize("bf16", [False, True])
+def test_causal_prompt_chunks_skip_the_masked_scores_with_the_same_bits(gemm_path, q_len, start, bf16):
+    """A causal chunk of 64 rows or more computes its attention scores in row tiles that stop at the diagonal
+    (native/src/attention.cpp); the same rows given an explicit causal mask take the untiled path, every score
+    computed and the masked ones dropped. Hidden states and cache agree bit for bit, including a chunk after a long
+    prefix (the keys then span both passes' ranges) and sizes around the tile of 32 rows."""
+    hidden, heads, kv_heads, D, inter, eps = 24, 6, 2, 16, 40, 1e-6
+    rng = np.random.default_rng(q_len + start + bf16)
+    f32 = lambda *shape, s=0.3: (rng.standard_normal(shape) * s).astype(np.float32)   # noqa: E731
+    mats = {"q": f32(heads * D, hidden), "k": f32(kv_heads * D, hidden), "v": f32(kv_heads * D, hidden),
+            "o": f32(hidden, heads * D), "gate": f32(inter, hidden), "up": f32(inter, hidden),
+            "down": f32(hidden, inter)}
+    if bf16:
+        mats = {n: bf16_bits(torch.from_numpy(a)) for n, a in mats.items()}
+    dec = _native.Decoder(hidden, heads, kv_heads, D, inter, eps, bf16)
+    dec.add_layer({**mats, "in_norm": 1 + f32(hidden), "post_norm": 1 + f32(hidden)})
+    prefix_k, prefix_v = f32(kv_heads, start, D, s=1.0), f32(kv_heads, start, D, s=1.0)
+    h0 = f32(q_len, hidden, s=1.0)
+    angles = (start + np.arange(q_len))[:, None] * (10000.0 ** (-np.arange(D // 2) / (D // 2)))[None, :]
+    cos = np.ascontiguousarray(np.tile(np.cos(angles), 2), dtype=np.float32)
+    sin = np.ascontiguousarray(np.tile(np.sin(angles), 2), dtype=np.float32)
+    causal = np.arange(start + q_len)[None, :] <= (start + np.arange(q_len))[:, None]
+    results = []
+    for mask in (None, np.ascontiguousarray(causal)):
+        keys, values = np.zeros((kv_heads, start + q_len, D), np.float32), np.zeros((kv_heads, start + q_len, D), np.float32)
+        keys[:, :start], values[:, :start] = prefix_k, prefix_v
+        h = h0.copy()
+        dec.run(h, cos, sin, mask, start, _native.DecoderCache([keys], [values]), 0, 1, 2)
+        results.append((h, keys, values))
+    for got, want in zip(*results):
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
