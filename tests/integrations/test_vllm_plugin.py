@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -371,7 +372,7 @@ def test_vllm_refuses_parallel_drafting_for_a_head_without_the_field(tmp_path):
     script = tmp_path / "refuse.py"
     script.write_text(code)
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=ROOT,
-                       env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+                       env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert r.returncode != 0
     assert "For parallel drafting, the draft model config must have" in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
 
