@@ -157,6 +157,24 @@ struct PyDecoder {
     layers.push_back(w);
   }
 
+  // The checks a step's cache, position and mask share (run and forward): returns the mask's bytes (null: causal),
+  // the array kept in *mask.
+  const uint8_t* checked_step(const PyDecoderCache& cache, const py::object& allowed, int64_t q, int64_t start,
+                              int threads, py::array* mask) const {
+    require(cache.layers.size() == layers.size() && cache.kv_heads == shape.kv_heads &&
+                cache.head_dim == shape.head_dim,
+            "the cache was made for another model");
+    require(start >= 0 && start <= cache.capacity && q <= cache.capacity - start,   // no start + q: it can wrap
+            "the step does not fit the cache");
+    require(threads >= 1, "threads must be >= 1");
+    if (allowed.is_none()) return nullptr;
+    *mask = allowed.cast<py::array>();
+    require(mask->ndim() == 2 && mask->shape(0) == q && mask->shape(1) == start + q && mask->itemsize() == 1 &&
+                c_contig(*mask),
+            "allowed must be a C-contiguous bool [q, start + q] array");
+    return static_cast<const uint8_t*>(mask->data());
+  }
+
   void run(py::array h, py::array cos, py::array sin, py::object allowed, int64_t start, const PyDecoderCache& cache,
            int64_t begin, int64_t end, int threads) {
     require(h.ndim() == 2 && h.shape(1) == shape.hidden && is_f32(h) && c_contig(h) && h.writeable(),
@@ -165,20 +183,8 @@ struct PyDecoder {
     for (const py::array& a : {cos, sin})
       require(a.ndim() == 2 && a.shape(0) == q && a.shape(1) == D && is_f32(a) && c_contig(a),
               "cos and sin must be C-contiguous float32 [q, head_dim]");
-    require(cache.layers.size() == layers.size() && cache.kv_heads == shape.kv_heads && cache.head_dim == D,
-            "the cache was made for another model");
-    require(start >= 0 && start <= cache.capacity && q <= cache.capacity - start,   // no start + q: it can wrap
-            "the step does not fit the cache");
-    require(threads >= 1, "threads must be >= 1");
-    py::array mask;
-    const uint8_t* mp = nullptr;
-    if (!allowed.is_none()) {
-      mask = allowed.cast<py::array>();
-      require(mask.ndim() == 2 && mask.shape(0) == q && mask.shape(1) == start + q && mask.itemsize() == 1 &&
-                  c_contig(mask),
-              "allowed must be a C-contiguous bool [q, start + q] array");
-      mp = static_cast<const uint8_t*>(mask.data());
-    }
+    py::array mask;   // keeps the mask alive while the step runs
+    const uint8_t* mp = checked_step(cache, allowed, q, start, threads, &mask);
     float* hp = static_cast<float*>(h.mutable_data());
     const float* cp = static_cast<const float*>(cos.data());
     const float* sp = static_cast<const float*>(sin.data());
@@ -284,19 +290,8 @@ struct PyDecoder {
               "logits must be writeable C-contiguous float32 [len(head_rows), " + std::to_string(head_vocab) + "]");
       logp = static_cast<float*>(log_arr.mutable_data());
     }
-    require(cache.layers.size() == layers.size() && cache.kv_heads == shape.kv_heads && cache.head_dim == D,
-            "the cache was made for another model");
-    require(start >= 0 && start <= cache.capacity && q <= cache.capacity - start, "the step does not fit the cache");
-    require(threads >= 1, "threads must be >= 1");
-    py::array mask;
-    const uint8_t* mp = nullptr;
-    if (!allowed.is_none()) {
-      mask = allowed.cast<py::array>();
-      require(mask.ndim() == 2 && mask.shape(0) == q && mask.shape(1) == start + q && mask.itemsize() == 1 &&
-                  c_contig(mask),
-              "allowed must be a C-contiguous bool [q, start + q] array");
-      mp = static_cast<const uint8_t*>(mask.data());
-    }
+    py::array mask;   // keeps the mask alive while the step runs
+    const uint8_t* mp = checked_step(cache, allowed, q, start, threads, &mask);
     const float* ct = static_cast<const float*>(cos_table.data());
     const float* st = static_cast<const float*>(sin_table.data());
     py::gil_scoped_release release;
