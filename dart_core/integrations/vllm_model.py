@@ -46,7 +46,7 @@ from vllm.config import VllmConfig
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
 
-from .vllm_plugin import context_from_tail, level_topk, open_chain_drafter, parallel_drafting_refusal
+from .vllm_plugin import level_topk, open_chain_drafter, parallel_drafting_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -129,38 +129,39 @@ class DartEagle3ForCausalLM(Eagle3LlamaForCausalLM):
         n, H = hidden_states.shape[0], self.config.hidden_size
         tails = torch.zeros((n, self.chain.context_tokens), dtype=torch.float32, device=hidden_states.device)
         if self.one_forward:               # verified rows and mask rows in one forward
-            hidden = self._one_forward(layer, input_ids, positions, hidden_states, inputs_embeds, tails)
-            sample = torch.cat([self.model.norm(hidden).float(), tails], dim=-1)
-            return sample, torch.full_like(hidden_states, float("nan"))
-        mask_pass = n > 0 and bool(torch.isnan(hidden_states[0, 0]))
-        if mask_pass:                      # DART's mask slots (DartHead.mask_inputs)
+            x, residual = self._one_forward_inputs(layer, input_ids, positions, hidden_states, inputs_embeds, tails)
+        elif n > 0 and bool(torch.isnan(hidden_states[0, 0])):   # a mask pass: DART's mask slots (DartHead.mask_inputs)
             rep = self.mask_rep.to(hidden_states.dtype)
             x, residual = rep.expand(n, -1).contiguous(), rep[:H].expand(n, -1).contiguous()
+            self._level += 1
         else:                              # verified positions: next token + fc(aux) (DartHead.embed_inputs)
-            embeds = self.model.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
-            x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden_states)], dim=-1)
-            residual = hidden_states
+            x, residual = self._verified_inputs(layer, input_ids, hidden_states, inputs_embeds), hidden_states
             tails = self._context_tails(input_ids, positions, n, tails)
+            self._level = 0
         hidden = residual + layer.self_attn(positions=positions, hidden_states=x)
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        self._level = self._level + 1 if mask_pass else 0
         sample = torch.cat([self.model.norm(hidden).float(), tails], dim=-1)
         return sample, torch.full_like(hidden_states, float("nan"))
 
-    def _one_forward(self, layer, input_ids: torch.Tensor, positions: torch.Tensor, hidden_states: torch.Tensor,
-                     inputs_embeds: torch.Tensor | None, tails: torch.Tensor) -> torch.Tensor:
-        """The layer over verified rows (next token + fc(aux)) and mask rows (``mask_rep``) at once; fills ``tails``
-        for the verified rows. A mask row is one whose hidden state is NaN: ``fc(mask_hidden)``, never a target's."""
+    def _verified_inputs(self, layer, input_ids: torch.Tensor, hidden_states: torch.Tensor,
+                         inputs_embeds: torch.Tensor | None) -> torch.Tensor:
+        """The layer input of verified rows: the next token's embedding beside fc(aux), each normed."""
+        embeds = self.model.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
+        return torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden_states)], dim=-1)
+
+    def _one_forward_inputs(self, layer, input_ids: torch.Tensor, positions: torch.Tensor,
+                            hidden_states: torch.Tensor, inputs_embeds: torch.Tensor | None,
+                            tails: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(layer input, residual) of verified rows (next token + fc(aux)) and mask rows (``mask_rep``) at once;
+        fills ``tails`` for the verified rows. A mask row is one whose hidden state is NaN: ``fc(mask_hidden)``, never
+        a target's."""
         H = self.config.hidden_size
         mask = torch.isnan(hidden_states[:, 0]).unsqueeze(1)
         rep = self.mask_rep.to(hidden_states.dtype)
-        embeds = self.model.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
-        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden_states)], dim=-1)
-        x = torch.where(mask, rep, x)                       # a fresh tensor with real rows: no stride-0 rows
-        residual = torch.where(mask, rep[:H], hidden_states)
+        x = torch.where(mask, rep, self._verified_inputs(layer, input_ids, hidden_states, inputs_embeds))
+        residual = torch.where(mask, rep[:H], hidden_states)   # fresh tensors with real rows: no stride-0 rows
         self._context_tails(input_ids, positions, hidden_states.shape[0], tails, keep=~mask[:, 0])
-        hidden = residual + layer.self_attn(positions=positions, hidden_states=x)
-        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return x, residual
 
     def _context_tails(self, input_ids: torch.Tensor, positions: torch.Tensor, n: int,
                        tails: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
@@ -222,12 +223,10 @@ class DartEagle3ForCausalLM(Eagle3LlamaForCausalLM):
             self._rows = []
             self._tails = hidden_states[:, H:].float().cpu().numpy().astype(np.int64)
         self._rows.append((vals, toks))
-        chosen = np.empty(B, dtype=np.int64)
-        for b in range(B):
-            ctx = context_from_tail(self._tails[b])
-            rows_v = np.stack([v[b] for v, _ in self._rows])
-            rows_t = np.stack([t[b] for _, t in self._rows])
-            chosen[b] = self.chain.chain(rows_v, rows_t, ctx)[-1]
+        # levels 0..l of every request [B, l + 1, k]; this pass drafts each chain's last token
+        levels_v = np.stack([v for v, _ in self._rows], axis=1)
+        levels_t = np.stack([t for _, t in self._rows], axis=1)
+        chosen = self.chain.chains(levels_v, levels_t, self._tails)[:, -1]
         return self._one_point(chosen, hidden_states.device)
 
     def _one_forward_chains(self, hidden_states: torch.Tensor, vals: np.ndarray, toks: np.ndarray) -> torch.Tensor:

@@ -97,15 +97,19 @@ def register() -> None:
 
 
 # ---------------------------------------------------------------------------------------------- parallel drafting
+def _mask_token(config):
+    """The field parallel drafting reads, from config.json's dict or a config object (None where absent)."""
+    return config.get(MASK_TOKEN_FIELD) if isinstance(config, dict) else getattr(config, MASK_TOKEN_FIELD, None)
+
+
 def has_mask_token(config) -> bool:
     """Whether a head config (config.json's dict, or a config object) carries the field parallel drafting reads."""
-    value = config.get(MASK_TOKEN_FIELD) if isinstance(config, dict) else getattr(config, MASK_TOKEN_FIELD, None)
-    return value is not None
+    return _mask_token(config) is not None
 
 
 def parallel_drafting_refusal(config, num_speculative_tokens: int, vocab_size: int) -> str | None:
     """Why a head config cannot draft in one forward (vLLM's parallel drafting), or None when it can."""
-    value = config.get(MASK_TOKEN_FIELD) if isinstance(config, dict) else getattr(config, MASK_TOKEN_FIELD, None)
+    value = _mask_token(config)
     if value is None:
         return (f"parallel_drafting: this DART head's config.json has no {MASK_TOKEN_FIELD}, which vLLM's parallel "
                 f"drafting needs (llm_base_proposer.py, SpecDecodeBaseProposer._init_parallel_drafting_params); add "
