@@ -28,6 +28,14 @@ def random_tree(rng, n, vocab, root):
     return DraftTree.from_parents(tokens, parents, scores=-np.arange(n, dtype=float))
 
 
+def tree_inputs(tree, prefix):
+    """A tree's forward inputs after ``prefix`` committed positions, as TargetSession.verify makes them: ids,
+    positions (prefix + depth) and the mask (the prefix, ancestors and self)."""
+    allowed = torch.cat([torch.ones(len(tree), prefix, dtype=torch.bool), torch.from_numpy(tree.ancestor_mask())],
+                        dim=1)
+    return torch.from_numpy(tree.tokens), torch.from_numpy(tree.depths) + prefix, allowed
+
+
 def reference_forward(target, ids):
     """Plain full forward without any cache, in float64: logits [T, V] and aux [T, 3H]."""
     ref = getattr(target, "_float64_reference", None)
@@ -283,10 +291,7 @@ def test_verify_runs_the_lm_head_for_the_likeliest_rows_only(tiny_target):
     # the same tree with every row in one LM head call: the same bits
     again = tiny_target.new_session(32)
     again.prefill(prompt)
-    full = tiny_target.forward(again.cache, torch.from_numpy(tree.tokens),
-                               torch.from_numpy(tree.depths) + len(prompt),
-                               torch.cat([torch.ones(len(tree), len(prompt), dtype=torch.bool),
-                                          torch.from_numpy(tree.ancestor_mask())], dim=1), want_aux=False)
+    full = tiny_target.forward(again.cache, *tree_inputs(tree, len(prompt)), want_aux=False)
     assert torch.equal(every, full.logits)
     logits.release()
     assert torch.equal(logits.row(3), full.logits[3])       # computed again from the kept hidden states
@@ -309,9 +314,7 @@ def test_the_forwards_own_lm_head_rows_across_chunks(tiny_target):
     tree = random_tree(rng, NATIVE_MAX_ROWS + 5, vocab, root=int(rng.integers(0, vocab)))
     session = tiny_target.new_session(NATIVE_MAX_ROWS + 32)
     session.prefill(prompt)
-    ids, pos = torch.from_numpy(tree.tokens), torch.from_numpy(tree.depths) + len(prompt)
-    allowed = torch.cat([torch.ones(len(tree), len(prompt), dtype=torch.bool),
-                         torch.from_numpy(tree.ancestor_mask())], dim=1)
+    ids, pos, allowed = tree_inputs(tree, len(prompt))
     rows = [len(tree) - 1, 2, NATIVE_MAX_ROWS, 0, NATIVE_MAX_ROWS - 1]
     hidden, aux, first = tiny_target.fast.forward(session.cache, ids, pos, allowed, None, "hidden", rows)
     assert aux is None and first.shape == (len(rows), tiny_target.vocab_size)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from dart_core import _native
+from rope_tables import rope_tables
 
 HIDDEN, HEADS, KV_HEADS, D, INTER, LAYERS, VOCAB, EPS = 40, 4, 2, 16, 72, 3, 97, 1e-6
 
@@ -40,13 +41,6 @@ def as_float(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def rope_tables(n: int):
-    angles = np.arange(n)[:, None] * (10000.0 ** (-np.arange(D // 2) / (D // 2)))[None, :]
-    cos = np.ascontiguousarray(np.tile(np.cos(angles), 2), dtype=np.float32)
-    sin = np.ascontiguousarray(np.tile(np.sin(angles), 2), dtype=np.float32)
-    return cos, sin
-
-
 def native_rms_norm(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """decoder.cpp's rms_norm: a sequential float64 sum of squares, the rest in float32."""
     out = np.empty_like(x)
@@ -76,7 +70,7 @@ def test_one_call_equals_the_pieces_bit_for_bit(gemm_path, q, bf16, tree_mask, a
     start = 11
     ids = rng.integers(0, VOCAB, size=q).astype(np.int64)
     pos = (start + np.arange(q)).astype(np.int64) if not tree_mask else (start + rng.integers(0, 4, q)).astype(np.int64)
-    cos_t, sin_t = rope_tables(start + q + 8)
+    cos_t, sin_t = rope_tables(np.arange(start + q + 8), D)
     allowed = None
     if tree_mask:
         allowed = rng.random((q, start + q)) < 0.5
@@ -126,7 +120,7 @@ def test_an_inner_prompt_chunk_writes_the_cache_and_nothing_else():
     """out=None (an inner chunk of a prompt): the layers run and write their K/V; no norm, no LM head."""
     dec, *_ = make(False)
     q, start = 5, 3
-    cos_t, sin_t = rope_tables(16)
+    cos_t, sin_t = rope_tables(np.arange(16), D)
     keys, values = fresh_cache(start, q)
     before = [k.copy() for k in keys]
     dec.forward(np.arange(q, dtype=np.int64), np.arange(start, start + q, dtype=np.int64), cos_t, sin_t, None, start,
@@ -166,7 +160,7 @@ def bad_calls():
 def test_bad_arguments_are_refused_before_anything_is_written(what, change, words):
     dec, *_ = make(False)
     start = 4
-    cos_t, sin_t = rope_tables(16)
+    cos_t, sin_t = rope_tables(np.arange(16), D)
     keys, values = fresh_cache(start, 2)
     out = np.full((2, HIDDEN), -7.0, np.float32)
     call = {"ids": np.array([1, 2], np.int64), "positions": np.array([4, 5], np.int64), "cos_table": cos_t,
@@ -184,7 +178,7 @@ def test_bad_arguments_are_refused_before_anything_is_written(what, change, word
 
 def test_forward_needs_the_ends_bound_first():
     dec = _native.Decoder(HIDDEN, HEADS, KV_HEADS, D, INTER, EPS, False)
-    cos_t, sin_t = rope_tables(4)
+    cos_t, sin_t = rope_tables(np.arange(4), D)
     keys, values = [np.zeros((KV_HEADS, 4, D), np.float32)], [np.zeros((KV_HEADS, 4, D), np.float32)]
     with pytest.raises(ValueError, match="set_ends"):
         dec.forward(np.array([0], np.int64), np.array([0], np.int64), cos_t, sin_t, None, 0,

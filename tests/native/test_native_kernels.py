@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from dart_core import _native
 from dart_core.models.native_linear import use_native_linears
+from rope_tables import rope_tables
 
 
 def bf16_bits(w: torch.Tensor) -> np.ndarray:
@@ -438,9 +439,7 @@ def test_native_decoder_edge_sizes_match_a_float64_reference(gemm_path, q_len, b
     buf, h = guarded(q_len, hidden)
     h[:] = f32(q_len, hidden, s=1.0)
     h0 = h.astype(np.float64)
-    angles = (start + np.arange(q_len))[:, None] * (10000.0 ** (-np.arange(D // 2) / (D // 2)))[None, :]
-    cos = np.ascontiguousarray(np.tile(np.cos(angles), 2), dtype=np.float32).reshape(q_len, D)
-    sin = np.ascontiguousarray(np.tile(np.sin(angles), 2), dtype=np.float32).reshape(q_len, D)
+    cos, sin = rope_tables(start + np.arange(q_len), D)
     allowed = None
     if tree_mask:   # each position sees the prompt, itself and a random subset of the others
         allowed = rng.random((q_len, start + q_len)) < 0.5
@@ -487,15 +486,11 @@ def test_native_decoder_tree_rows_equal_plain_steps_bit_for_bit(gemm_path, bf16,
         dec.add_layer({n: bf16_bits(torch.from_numpy(a)) if bf16 and a.ndim == 2 else a for n, a in w.items()})
     capacity = start + len(parents)
 
-    def rope_tables(positions):
-        angles = np.asarray(positions)[:, None] * (10000.0 ** (-np.arange(D // 2) / (D // 2)))[None, :]
-        return (np.ascontiguousarray(np.tile(np.cos(angles), 2), dtype=np.float32),
-                np.ascontiguousarray(np.tile(np.sin(angles), 2), dtype=np.float32))
 
     keys = [np.zeros((kv_heads, capacity, D), np.float32) for _ in range(n_layers)]
     values = [np.zeros((kv_heads, capacity, D), np.float32) for _ in range(n_layers)]
     prefix = f32(start, hidden, s=1.0)
-    dec.run(prefix, *rope_tables(np.arange(start)), None, 0, _native.DecoderCache(keys, values), 0, n_layers, 2)
+    dec.run(prefix, *rope_tables(np.arange(start), D), None, 0, _native.DecoderCache(keys, values), 0, n_layers, 2)
     nodes = f32(len(parents), hidden, s=1.0)   # the hidden states entering layer 0 of each tree node
 
     tree_keys, tree_values = [k.copy() for k in keys], [v.copy() for v in values]
@@ -507,10 +502,10 @@ def test_native_decoder_tree_rows_equal_plain_steps_bit_for_bit(gemm_path, bf16,
             allowed[i, start + a] = True
             a = parents[a]
     h_tree = nodes.copy()
-    dec.run(h_tree, *rope_tables(start + np.array(depth)), allowed, start,
+    dec.run(h_tree, *rope_tables(start + np.array(depth), D), allowed, start,
             _native.DecoderCache(tree_keys, tree_values), 0, n_layers, 2)
     h_one = nodes.copy()
-    dec.run(h_one, *rope_tables(start + np.array(depth)), allowed, start,
+    dec.run(h_one, *rope_tables(start + np.array(depth), D), allowed, start,
             _native.DecoderCache([k.copy() for k in keys], [v.copy() for v in values]), 0, n_layers, 1)
     assert np.array_equal(h_one, h_tree), f"{gemm_path}: one thread and two gave different bits"
 
@@ -522,7 +517,7 @@ def test_native_decoder_tree_rows_equal_plain_steps_bit_for_bit(gemm_path, bf16,
         cache = _native.DecoderCache([k.copy() for k in keys], [v.copy() for v in values])
         for d, node in enumerate(reversed(path)):   # one plain step per node, root first
             h = nodes[node:node + 1].copy()
-            dec.run(h, *rope_tables([start + d]), None, start + d, cache, 0, n_layers, 2)
+            dec.run(h, *rope_tables([start + d], D), None, start + d, cache, 0, n_layers, 2)
             assert np.array_equal(h[0], h_tree[node]), f"{gemm_path}: node {node} of the path to {leaf}"
 
 
@@ -754,9 +749,7 @@ def test_native_decoder_fused_projections_give_the_same_bits(gemm_path, q_len, b
         values = [np.zeros((kv_heads, start + q_len, D), np.float32)]
         keys[0][:, :start] = values[0][:, :start] = 0.5
         h = np.random.default_rng(1).standard_normal((q_len, hidden)).astype(np.float32)
-        angles = (start + np.arange(q_len))[:, None] * (10000.0 ** (-np.arange(D // 2) / (D // 2)))[None, :]
-        cos = np.ascontiguousarray(np.tile(np.cos(angles), 2), dtype=np.float32).reshape(q_len, D)
-        sin = np.ascontiguousarray(np.tile(np.sin(angles), 2), dtype=np.float32).reshape(q_len, D)
+        cos, sin = rope_tables(start + np.arange(q_len), D)
         dec.run(h, cos, sin, None, start, _native.DecoderCache(keys, values), 0, 1, 2)
         outs[name] = (h, keys[0], values[0])
     for got, want in zip(outs["fused"], outs["apart"]):
@@ -791,9 +784,7 @@ def test_causal_prompt_chunks_skip_the_masked_scores_with_the_same_bits(gemm_pat
     dec.add_layer({**mats, "in_norm": 1 + f32(hidden), "post_norm": 1 + f32(hidden)})
     prefix_k, prefix_v = f32(kv_heads, start, D, s=1.0), f32(kv_heads, start, D, s=1.0)
     h0 = f32(q_len, hidden, s=1.0)
-    angles = (start + np.arange(q_len))[:, None] * (10000.0 ** (-np.arange(D // 2) / (D // 2)))[None, :]
-    cos = np.ascontiguousarray(np.tile(np.cos(angles), 2), dtype=np.float32)
-    sin = np.ascontiguousarray(np.tile(np.sin(angles), 2), dtype=np.float32)
+    cos, sin = rope_tables(start + np.arange(q_len), D)
     causal = np.arange(start + q_len)[None, :] <= (start + np.arange(q_len))[:, None]
     results = []
     for mask in (None, np.ascontiguousarray(causal)):
