@@ -210,21 +210,53 @@ def cut_at_eos(tokens, eos) -> list[int]:
     return out
 
 
-def our_answers(target, prompts, max_new_tokens: int, max_length: int) -> dict:
-    """dart_core's vanilla greedy answers (the engine without a drafter) and their speed."""
+def our_answers(target, prompts, max_new_tokens: int, max_length: int, chain: dict | None = None) -> dict:
+    """dart_core's vanilla greedy answers (the engine without a drafter) and their speed; with ``chain`` ({"head":
+    DIR, "k": K}) also our engine's DART drafting the plugin's chain of k tokens (method ``dart_chain``, the N-gram
+    table the plugin reads), with its acceptance counted as vLLM counts it."""
     from dart_core.config import GenerationConfig
     from dart_core.methods import build_engine
 
-    engine = build_engine(target, "vanilla")
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, max_length=max_length)
-    answers, new, t0 = [], 0, time.perf_counter()
-    for p in prompts:
-        out = engine.generate(p["prompt_ids"], cfg)
-        answers.append(cut_at_eos(out.tokens, set(target.eos_token_ids)))
-        new += len(out.tokens)
-    wall = time.perf_counter() - t0
-    return {"answers": answers, "new_tokens": new, "wall_s": round(wall, 3),
-            "tokens_per_s": round(new / wall, 3) if wall > 0 else None}
+
+    def run(engine) -> dict:
+        answers, new, steps, t0 = [], 0, [], time.perf_counter()
+        for p in prompts:
+            out = engine.generate(p["prompt_ids"], cfg)
+            answers.append(cut_at_eos(out.tokens, set(target.eos_token_ids)))
+            new += len(out.tokens)
+            steps += [t.accepted_drafts for t in out.traces if len(t.tree) > 1]    # the steps that drafted
+        wall = time.perf_counter() - t0
+        return {"answers": answers, "new_tokens": new, "wall_s": round(wall, 3),
+                "tokens_per_s": round(new / wall, 3) if wall > 0 else None, "accepted": steps}
+
+    ours = run(build_engine(target, "vanilla"))
+    del ours["accepted"]
+    if chain is not None:
+        ours["chain"] = our_chain(target, chain, run)
+    return ours
+
+
+def our_chain(target, chain: dict, run) -> dict:
+    """Our engine's ``dart_chain`` at budget k (the same head and table as the plugin): its answers checked against
+    our vanilla ones by the caller, its acceptance as vLLM's counters give it (per drafting step: 1 + accepted)."""
+    from dart_core.integrations.vllm_plugin import open_chain_drafter
+    from dart_core.methods import Parts, TreeRequest, build_engine
+    from dart_core.models.heads.dart import load_dart_head
+
+    head = load_dart_head(chain["head"], target)
+    dart_target = json.loads((Path(chain["head"]) / "config.json").read_text()).get("dart_target")
+    store = open_chain_drafter(dart_target, chain["target"]).builder.store      # the plugin's table, as it picks it
+    engine = build_engine(target, "dart_chain", Parts(dart_head=head, ngram=store), TreeRequest({"budget": chain["k"]}))
+    res = run(engine)
+    accepted, k = res.pop("accepted"), chain["k"]
+    drafts = len(accepted)
+    res["acceptance"] = {
+        "drafts": drafts, "draft_tokens": drafts * k, "accepted_tokens": sum(accepted),
+        "acceptance_rate": round(sum(accepted) / (drafts * k), 4) if drafts else None,
+        "mean_acceptance_length": round(1 + sum(accepted) / drafts, 4) if drafts else None,
+        "per_position_rate": [round(sum(a > i for a in accepted) / drafts, 4) for i in range(k)] if drafts else []}
+    return res
 
 
 # ---------------------------------------------------------------------------------------------- one vLLM engine
@@ -343,8 +375,12 @@ def build_report(settings: dict, prompts: list[dict], engines: dict, ours: dict 
     report = {"settings": {k: v for k, v in settings.items() if k not in ("prompt_ids",)},
               "questions": [{"question_id": p["question_id"], "set": p["set"], "prompt_tokens": len(p["prompt_ids"])}
                             for p in prompts],
-              "ours": None if ours is None else {k: v for k, v in ours.items() if k != "answers"},
+              "ours": None if ours is None else {k: v for k, v in ours.items() if k not in ("answers", "chain")},
               "engines": {}}
+    if ours is not None and ours.get("chain"):
+        chain = ours["chain"]
+        report["ours"]["chain"] = dict({k: v for k, v in chain.items() if k != "answers"},
+                                       vs_ours=compare(chain["answers"], ours["answers"]))
     for name, res in engines.items():
         if "error" in res:
             report["engines"][name] = {"error": res["error"]}
@@ -388,6 +424,13 @@ def render(report: dict) -> str:
                      f"{frac('batch_1_vs_ours')} | {frac(f'{b}_vs_batch_1')} |")
     if report["ours"] is not None:
         lines += ["", f"ours (dart_core vanilla, batch 1): {report['ours']['tokens_per_s']} tok/s"]
+        chain = report["ours"].get("chain")
+        if chain:
+            acc, same = chain["acceptance"], chain["vs_ours"]
+            lines.append(f"ours, DART's chain of k = {s['num_speculative_tokens']} (dart_chain, batch 1): "
+                         f"{chain['tokens_per_s']} tok/s, accept len {acc['mean_acceptance_length']}, accept rate "
+                         f"{acc['acceptance_rate']}, per position {acc['per_position_rate']}; = ours "
+                         f"{same['identical']}/{same['of']}")
     return "\n".join(lines)
 
 
@@ -414,7 +457,10 @@ def main(argv=None) -> int:
     path = target_dir(args)
     target = load_target(path, dtype=args.dtype)
     prompts = build_prompts(target, resolved["sources"], args.limit)
-    ours = None if args.no_ours else our_answers(target, prompts, args.max_new_tokens, args.max_model_len)
+    dart_methods = [m for m in resolved["methods"] if HEAD_OF[m] == "dart"]
+    chain = {"head": resolved["heads"][dart_methods[0]], "k": args.num_speculative_tokens, "target": path} \
+        if dart_methods else None
+    ours = None if args.no_ours else our_answers(target, prompts, args.max_new_tokens, args.max_model_len, chain)
     settings = {"target": path, "heads": resolved["heads"], "methods": resolved["methods"],
                 "num_speculative_tokens": args.num_speculative_tokens, "batch_size": args.batch_size,
                 "tokens_by_batch": resolved["schedule"],

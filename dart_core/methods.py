@@ -90,11 +90,11 @@ def _eagle3_tree(context: bool):
     return (lambda: Eagle3TreeConfig(context_weight=CONTEXT_WEIGHT)) if context else Eagle3TreeConfig
 
 
-def _dart(name: str, *, corpus: bool = True):
+def _dart(name: str, *, corpus: bool = True, shape: str = "tree"):
     def make(target, parts: Parts, tree, head_backend: str):
         from .drafters.dart import DartDrafter
         return DartDrafter(parts.dart_head, parts.ngram if corpus else None, target.eos_token_ids, pruning=tree,
-                           name=name, head_backend=head_backend)
+                           name=name, head_backend=head_backend, shape=shape)
     return make
 
 
@@ -122,6 +122,9 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            _pruning(True)),
     Method("dart_no_ngram", "dart", ("dart_head",), "DART without the N-gram term",
            _dart("dart_no_ngram", corpus=False), _pruning(False)),
+    # the paper's DART drafting one chain of `budget` tokens, as vLLM verifies it (drafters/chain.py)
+    Method("dart_chain", "dart", ("dart_head",), "DART, one chain", _dart("dart_chain", shape="chain"),
+           _pruning(False)),
     Method("eagle3", "eagle3", ("eagle3_head",), "EAGLE-3", _eagle3("eagle3"), _eagle3_tree(False)),
     Method("eagle3_context", "eagle3", ("eagle3_head",), "EAGLE-3 + context", _eagle3("eagle3_context"),
            _eagle3_tree(True)),

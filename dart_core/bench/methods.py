@@ -1,6 +1,7 @@
 """Benchmark methods backed by draft heads: ``dart`` (the paper's: the corpus table only), ``dart_context``
 (DART + the request's live context, docs/ARCHITECTURE.md section 5a), ``dart_no_ngram`` (the N-gram ablation),
-``hybrid`` (prompt lookup while the context match is long, the paper's DART otherwise), ``eagle3`` (the
+``dart_chain`` (the paper's DART drafting one chain of ``--budget`` tokens, as vLLM verifies it), ``hybrid`` (prompt
+lookup while the context match is long, the paper's DART otherwise), ``eagle3`` (the
 EAGLE-3 baseline with the EAGLE-2 dynamic tree) and ``eagle3_context`` (the same with the live context).
 
 ``bench/runners.py`` calls :func:`register_all` with its registry at import; the registry is passed in
@@ -47,7 +48,7 @@ def _tree(name: str, args):
     from ..methods import method, tree_request
     req = tree_request(method(name).kind, args, getattr(args, "tree", None) or "fixed")
     overrides = dict(req.overrides)
-    if name in ("dart", "dart_no_ngram", "hybrid"):
+    if name in ("dart", "dart_no_ngram", "dart_chain", "hybrid"):
         overrides.pop("context_weight", None)
     shared = getattr(args, "context_weight", None)
     if name == "eagle3_context" and "context_weight" not in overrides and shared is not None:
@@ -123,6 +124,10 @@ def register_all(register_method, MethodSpec, EngineRunner, METHODS, costs=None)
         "dart_context", factory("dart_context"),
         "DART + context: the request's own text adds candidates to DART's tree and shares its N-gram term "
         "(--context-weight; docs/ARCHITECTURE.md section 5a)", auto_tree=True))
+    register_method(MethodSpec(
+        "dart_chain", factory("dart_chain"),
+        "DART, one chain: the pruned tree's best path, --budget tokens long, the draft vLLM verifies (the "
+        "plugin's chain; benchmarks/vllm_check.py sets the two acceptances side by side)", auto_tree=True))
     register_method(MethodSpec(
         "hybrid", factory("hybrid"),
         "baseline: prompt lookup while the context match is >= 3 tokens, the paper's DART otherwise",

@@ -13,6 +13,10 @@ N-gram terms and keeps the best ``budget`` nodes (budget 0: no draft, a plain ta
 Every scored candidate (kept or pruned) goes into the Proposal, so the StepTrace keeps it.
 Stage times: ``draft_forward_s`` = the head forward and each level's top-k; ``tree_build_s`` = pruning.
 
+``shape="chain"`` (the ``dart_chain`` method) drafts one chain of ``budget`` tokens in place of the tree: each level's
+best-scored candidate under the same scores (:mod:`.chain`), the draft a chain verifier such as vLLM checks, so our
+engine's acceptance can be set beside vLLM's (benchmarks/vllm_check.py). It is the paper's DART: no live context.
+
 With ``PruningConfig.context_weight`` > 0 ("DART + context") the request's own tokens (``self.live``, indexed
 as they are committed) add their continuations to every level and past the head's last one, and share the
 N-gram term with the corpus table (docs/ARCHITECTURE.md section 5a); at 0 the drafter is the paper's.
@@ -34,9 +38,14 @@ import torch
 from ..models.heads.dart import DartHead
 from ..models.heads.native_step import prepare_head
 from ..ngram.live import LiveContext
+from .chain import best_chain, chain_pruning
 from .pruning import PruningConfig, TreeBuilder
 from ..engine.tree import DraftTree
 from ..engine.protocol import FeatureDrafter, Proposal, TreeHolder
+
+
+#: What a DART draft can be: the pruned tree, or its best path as one chain (a chain verifier's draft).
+SHAPES = ("tree", "chain")
 
 
 class DartDrafter(TreeHolder, FeatureDrafter):
@@ -45,15 +54,20 @@ class DartDrafter(TreeHolder, FeatureDrafter):
 
     def __init__(self, head: DartHead, store=None, eos_token_ids: Sequence[int] = (),
                  pruning: PruningConfig | None = None, backend: str = "native", name: str = "dart",
-                 head_backend: str = "auto"):
+                 head_backend: str = "auto", shape: str = "tree"):
         """head: a DartHead with the target's embedding attached, on the target's device and dtype.
         store: an NgramStore (None = no N-gram term). backend: the pruner, "native" or "python".
         head_backend: how the head runs (models.heads.native_step.HEAD_BACKENDS; "auto": one native call a
-        step on a CPU)."""
+        step on a CPU). shape: "tree" (the pruned tree of ``budget`` nodes) or "chain" (its best path, ``budget``
+        tokens long; the paper's scores only: context_weight must stay 0)."""
+        if shape not in SHAPES:
+            raise ValueError(f"shape must be one of {', '.join(SHAPES)}, got {shape!r}")
+        self.shape = shape
         super().__init__(head, name, loader="load_dart_head", prepare=lambda h: prepare_head(h, head_backend))
         self._builder = TreeBuilder(store, eos_token_ids, backend)   # holds the store, EOS ids and pruner backend
         self._tree_config = pruning or PruningConfig()
         self._tree_config.validate()
+        self._check_shape()
         self._d2t = head.d2t
         # The request's own tokens, for context candidates (PruningConfig.context_weight > 0; section 5a): the
         # target's vocabulary, or the table's where it is smaller (the pruner looks context tokens up there too).
@@ -114,6 +128,7 @@ class DartDrafter(TreeHolder, FeatureDrafter):
         if not budgets or min(int(b) for b in budgets) < 1:
             raise ValueError(f"propose_each needs budgets >= 1 (a plain step is skip()), got {list(budgets)}")
         live = None
+        self._check_shape()     # the tree settings may have changed since (set_tree)
         if self._tree_config.context_weight > 0:
             self.live.sync(context)          # the tokens committed since the last drafting step
             live = self.live.index
@@ -144,12 +159,34 @@ class DartDrafter(TreeHolder, FeatureDrafter):
                 dataclasses.replace(self._tree_config, budget=int(b))
             levels = min(rows, int(b))
             t2 = time.perf_counter()
-            tree, cands = self._builder.build(vals[:levels], tokens[:levels], context, config, live)
+            if self.shape == "chain":
+                tree, cands = self._chain(vals[:levels], tokens[:levels], context, config)
+            else:
+                tree, cands = self._builder.build(vals[:levels], tokens[:levels], context, config, live)
             # the parallel logits: each level's top-k before pruning (none when the head sat the step out)
             head_rows = None if self.last_head_skipped else {"token": tokens[:levels], "logit": vals[:levels]}
             out.append(Proposal(tree=tree, candidates=cands, draft_forward_s=t1 - t0,
                                 tree_build_s=time.perf_counter() - t2, head_rows=head_rows))
         return out
+
+    def _check_shape(self) -> None:
+        if self.shape == "chain" and self._tree_config.context_weight > 0:
+            raise ValueError("a DART chain drafts the paper's scores: set context_weight to 0 (context candidates "
+                             "are drafted in trees: shape='tree')")
+
+    def _chain(self, vals: np.ndarray, tokens: np.ndarray, context: Sequence[int], config: PruningConfig):
+        """The chain of ``len(vals)`` levels as a one-path tree, cut after its first EOS (nothing follows an EOS),
+        and the chain search's candidates, those on the chain kept (``node``: their place in it)."""
+        chain, picked, cands = best_chain(self._builder, vals, tokens, context,
+                                          chain_pruning(config, len(vals), self.head.config.draft_vocab_size))
+        eos = np.flatnonzero(np.isin(chain, self.eos_token_ids))
+        if eos.size:
+            chain, picked = chain[:eos[0] + 1], picked[:eos[0] + 1]
+        node = np.full(len(cands.token), -1, dtype=np.int64)
+        on = picked >= 0          # a level whose row's best stood in is no candidate of the search
+        node[picked[on]] = np.flatnonzero(on) + 1
+        cands = dataclasses.replace(cands, node=node, kept=node >= 0)
+        return DraftTree.from_paths(int(context[-1]), [chain.tolist()]), cands
 
     def regime(self, context: Sequence[int]) -> str:
         """"copy" when this step's tree would come from the live context alone (the answer is copying), else

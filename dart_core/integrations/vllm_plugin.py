@@ -42,12 +42,10 @@ Where vLLM's interfaces stop (vLLM 0.32):
   and the runner turns on the target's aux outputs only for eagle3 / dflash / extract_hidden_states.
 * vLLM verifies chains, not trees: one path of k tokens a step, where our engine verifies the whole pruned tree.
 
-The chain. The pruner (``drafters.pruning``) scores candidate c + x at level l by score(c) plus its logit and N-gram
-terms. :class:`ChainDrafter` runs that same pruner with a beam of one and a budget that keeps every candidate, and
-takes each level's best-scored candidate: level by level, the best child of the chain so far. The pruned tree's best
-path (root, then each time the highest-scored kept child) is that chain until the tree ends (its next node pruned by
-the budget or the beam, or an EOS); vLLM needs k tokens, so the chain goes on by the same rule. Level l's token
-depends on levels 0..l only, which lets the vLLM model pick it in pass l.
+The chain: :class:`ChainDrafter` runs DART's pruner as a chain search and takes each level's best-scored candidate
+(:mod:`dart_core.drafters.chain`, which says why it is the pruned tree's best path; our engine's ``dart_chain``
+method drafts the same chain). Level l's token depends on levels 0..l only, which lets the vLLM model pick it in pass
+l.
 
 The N-gram table: ``DART_VLLM_NGRAM`` = a ``.dngram`` file or directory, or ``none``; unset: the bundled table when
 the head was trained for the bundled target, else none. The pruner's other knobs are PruningConfig's defaults.
@@ -56,7 +54,6 @@ This module imports vLLM only in :func:`register`; the chain code is plain torch
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import sys
@@ -66,6 +63,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..drafters.chain import best_chain, chain_pruning
 from ..drafters.pruning import PruningConfig, TreeBuilder
 
 logger = logging.getLogger(__name__)
@@ -148,13 +146,6 @@ def enable_parallel_drafting(head_dir, token_id: int = MASK_TOKEN_ID) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------- the chain
-def chain_pruning(pruning: PruningConfig, levels: int, draft_vocab: int) -> PruningConfig:
-    """The pruner settings that make its candidate list a chain search: beam 1 (each level expands only the best
-    non-EOS candidate of the level before) and a budget that keeps every candidate."""
-    width = min(int(pruning.level_top_k), int(draft_vocab))
-    return dataclasses.replace(pruning, beam_width=1, budget=max(1, levels * width))
-
-
 class ChainDrafter:
     """From per-level top-k logits to the k-token chain vLLM verifies (see the module docstring)."""
 
@@ -177,19 +168,7 @@ class ChainDrafter:
         key = (levels, width)
         if key not in self._configs:
             self._configs[key] = chain_pruning(self.pruning, levels, width)
-        _, cands = self.builder.build(np.ascontiguousarray(topk_logits, dtype=np.float32),
-                                      np.ascontiguousarray(topk_tokens, dtype=np.int64), context, self._configs[key])
-        depth = np.asarray(cands.depth)
-        score = np.asarray(cands.score, dtype=np.float64)
-        token = np.asarray(cands.token, dtype=np.int64)
-        out = np.empty(levels, dtype=np.int64)
-        for level in range(levels):
-            at = np.flatnonzero(depth == level + 1)
-            if at.size:
-                out[level] = token[at[np.argmax(score[at])]]          # argmax: the first of equal scores
-            else:   # every candidate of the level before was an EOS: nothing expands; the row's best stands in
-                out[level] = int(topk_tokens[level, int(np.argmax(topk_logits[level]))])
-        return out
+        return best_chain(self.builder, topk_logits, topk_tokens, context, self._configs[key])[0]
 
     def chains(self, topk_logits: np.ndarray, topk_tokens: np.ndarray, tails: np.ndarray) -> np.ndarray:
         """A batch at once: topk_logits / topk_tokens [B, L, k] (every request's levels 0..L-1), tails [B, T] (each

@@ -21,7 +21,8 @@ import torch
 
 from dart_core.drafters.dart import DartDrafter
 from dart_core.drafters.pruning import PruningConfig
-from dart_core.integrations.vllm_plugin import (MASK_TOKEN_FIELD, MASK_TOKEN_ID, ChainDrafter, chain_pruning,
+from dart_core.drafters.chain import chain_pruning
+from dart_core.integrations.vllm_plugin import (MASK_TOKEN_FIELD, MASK_TOKEN_ID, ChainDrafter,
                                                 context_from_tail, enable_parallel_drafting, main as plugin_main,
                                                 parallel_drafting_refusal, torch_chain)
 from dart_core.models.heads.dart import new_head_for_target
@@ -313,8 +314,13 @@ def test_vllm_check_report_layout():
     engines = {"vanilla": {"start_s": 1.0, "batch_1": phase, "batch_4": phase},
                "dart": {"start_s": 2.0, "batch_1": spec_phase, "batch_4": spec_phase},
                "eagle3": {"error": "failed"}}
-    report = vllm_check.build_report(settings, prompts, engines, {"answers": [[1, 2, 3], [4, 5]], "tokens_per_s": 9})
+    chain = {"answers": [[1, 2, 3], [4, 7]], "tokens_per_s": 11,
+             "acceptance": {"mean_acceptance_length": 1.5, "acceptance_rate": 0.1667, "per_position_rate": [0.5, 0, 0]}}
+    report = vllm_check.build_report(settings, prompts, engines,
+                                     {"answers": [[1, 2, 3], [4, 5]], "tokens_per_s": 9, "chain": chain})
     assert set(report) == {"settings", "questions", "ours", "engines"} and "prompt_ids" not in report["settings"]
+    assert report["ours"]["chain"]["vs_ours"]["identical"] == 1 and "answers" not in report["ours"]["chain"]
+    assert "DART's chain of k = 3 (dart_chain, batch 1): 11 tok/s, accept len 1.5" in vllm_check.render(report)
     dart = report["engines"]["dart"]
     assert dart["phases"]["batch_1"]["acceptance"]["mean_acceptance_length"] == 2.5
     assert dart["phases"]["batch_1"]["acceptance"]["per_position_rate"] == [1.0, 0.5, 0.0]
@@ -322,6 +328,32 @@ def test_vllm_check_report_layout():
     assert report["engines"]["vanilla"]["checks"]["batch_1_vs_ours"]["identical"] == 2
     assert report["engines"]["eagle3"] == {"error": "failed"}
     assert "| dart |" in vllm_check.render(report)
+
+
+@pytest.mark.bundled
+def test_vllm_check_counts_our_chains_acceptance_as_vllm_counts_its(bundled_fp32):
+    """Our engine's DART chain of k (the shipped head, the plugin's table): its answers are our vanilla ones, and its
+    acceptance is vLLM's arithmetic over its drafting steps (1 + accepted / drafts; position i: steps past it)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import vllm_check
+    from dart_core.loading import bundled_head_dir
+    from dart_core.models.bundled import prepare_bundled_model
+    from dart_core.models.templates import encode_chat, get_template
+
+    t = bundled_fp32
+    template = get_template(t.template_name)
+    prompts = [{"prompt_ids": encode_chat(t.tokenizer, template, [{"role": "user", "content": q}])}
+               for q in ("Give three tips for staying healthy.", "What is 7 times 8?")]
+    ours = vllm_check.our_answers(t, prompts, 24, 512, {"head": str(bundled_head_dir()), "k": 3,
+                                                        "target": str(prepare_bundled_model())})
+    chain = ours["chain"]
+    assert chain["answers"] == ours["answers"]
+    acc = chain["acceptance"]
+    assert acc["drafts"] > 0 and acc["draft_tokens"] == 3 * acc["drafts"]
+    assert acc["mean_acceptance_length"] == round(1 + acc["accepted_tokens"] / acc["drafts"], 4)
+    per = acc["per_position_rate"]
+    assert len(per) == 3 and per[0] >= per[1] >= per[2] and per[0] > 0       # a real chain is accepted at times
+    assert abs(sum(per) * acc["drafts"] - acc["accepted_tokens"]) < 0.01 * acc["drafts"]
 
 
 @pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (an optional extra; docs/serving.md)")
