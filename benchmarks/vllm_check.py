@@ -212,7 +212,7 @@ def cut_at_eos(tokens, eos) -> list[int]:
 
 def our_answers(target, prompts, max_new_tokens: int, max_length: int, chain: dict | None = None) -> dict:
     """dart_core's vanilla greedy answers (the engine without a drafter) and their speed; with ``chain`` ({"head":
-    DIR, "k": K}) also our engine's DART drafting the plugin's chain of k tokens (method ``dart_chain``, the N-gram
+    HEAD_DIR, "k": K, "target": TARGET_DIR}) also our engine's DART drafting the plugin's chain of k tokens (method ``dart_chain``, the N-gram
     table the plugin reads), with its acceptance counted as vLLM counts it."""
     from dart_core.config import GenerationConfig
     from dart_core.methods import build_engine
