@@ -9,6 +9,7 @@ same rule. Level l's token depends on levels 0..l only (the vLLM plugin's k-pass
 
     config = chain_pruning(PruningConfig(), levels=3, draft_vocab=8192)
     tokens, picked, candidates = best_chain(builder, topk_logits[:3], topk_tokens[:3], context, config)
+    chains = best_chains(builder, batch_logits, batch_tokens, tails, config)    # [B, 3]: a batch in one call
 """
 from __future__ import annotations
 
@@ -49,3 +50,25 @@ def best_chain(builder: TreeBuilder, topk_logits: np.ndarray, topk_tokens: np.nd
         else:
             out[level] = int(topk_tokens[level, int(np.argmax(topk_logits[level]))])
     return out, picked, cands
+
+
+def context_from_tail(tail: np.ndarray) -> np.ndarray:
+    """A context tail as a batch carries it (-1 where a position is unknown) -> the known tokens after the last
+    unknown one, root last."""
+    tail = np.asarray(tail, dtype=np.int64)
+    cut = np.flatnonzero(tail < 0)
+    return tail[cut[-1] + 1:] if cut.size else tail
+
+
+def best_chains(builder: TreeBuilder, topk_logits: np.ndarray, topk_tokens: np.ndarray, tails: np.ndarray,
+                config: PruningConfig) -> np.ndarray:
+    """A batch at once: topk_logits / topk_tokens [B, L, k], tails [B, T] (each request's context tail, root last, -1
+    where unknown) -> [B, L] int64, each request's :func:`best_chain`. The native pruner takes the whole batch in one
+    call (``TreeBuilder.chains``); the python backend (the reference) goes request by request."""
+    if builder.backend == "native":
+        return builder.chains(topk_logits, topk_tokens, tails, config)
+    B, levels = topk_logits.shape[:2]
+    out = np.empty((B, levels), dtype=np.int64)
+    for b in range(B):
+        out[b] = best_chain(builder, topk_logits[b], topk_tokens[b], context_from_tail(tails[b]), config)[0]
+    return out

@@ -402,6 +402,20 @@ class TreeBuilder:
         return tree, CandidatesOnRequest(full_beam)
 
 
+    def chains(self, topk_logits: np.ndarray, topk_tokens: np.ndarray, tails: np.ndarray,
+               config: PruningConfig) -> np.ndarray:
+        """The native pruner's chain search for a batch of requests in one call (``drafters/chain.py``:
+        ``best_chains``): [B, L, k] rows, [B, T] tails (root last, -1 where unknown) -> [B, L] int64."""
+        if self.backend != "native":
+            raise ValueError("TreeBuilder.chains is the native pruner's batch call; the python backend goes "
+                             "request by request (drafters/chain.py: best_chains)")
+        config.validate()
+        return self._native.prune_dart_chains(np.ascontiguousarray(topk_logits, dtype=np.float32),
+                                              np.ascontiguousarray(topk_tokens, dtype=np.int64),
+                                              np.ascontiguousarray(tails, dtype=np.int64), self._native_store,
+                                              self._eos, config)
+
+
 def _candidates(r: dict) -> ScoredCandidates:
     return ScoredCandidates(token=r["token"], parent=r["parent"], depth=r["depth"], logit_term=r["logit_term"],
                             ngram_term=r["ngram_term"], score=r["score"], kept=r["kept"].astype(bool),

@@ -63,7 +63,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..drafters.chain import best_chain, chain_pruning
+from ..drafters.chain import best_chain, best_chains, chain_pruning
 from ..drafters.pruning import PruningConfig, TreeBuilder
 
 logger = logging.getLogger(__name__)
@@ -165,28 +165,20 @@ class ChainDrafter:
         """topk_logits / topk_tokens [L, k] (target ids) of levels 0..L-1, context ending with the root ->
         [L] int64: level l's best-scored candidate."""
         levels, width = topk_logits.shape
-        key = (levels, width)
+        return best_chain(self.builder, topk_logits, topk_tokens, context, self._config(levels, width))[0]
+
+    def _config(self, levels: int, width: int) -> PruningConfig:
+        key = (int(levels), int(width))
         if key not in self._configs:
             self._configs[key] = chain_pruning(self.pruning, levels, width)
-        return best_chain(self.builder, topk_logits, topk_tokens, context, self._configs[key])[0]
+        return self._configs[key]
 
     def chains(self, topk_logits: np.ndarray, topk_tokens: np.ndarray, tails: np.ndarray) -> np.ndarray:
         """A batch at once: topk_logits / topk_tokens [B, L, k] (every request's levels 0..L-1), tails [B, T] (each
-        request's context tail, root last, -1 where unknown) -> [B, L] int64, each request's chain. One pruner call a
-        request for all its levels (the k-pass path calls it once a level)."""
-        B, levels = topk_logits.shape[:2]
-        out = np.empty((B, levels), dtype=np.int64)
-        for b in range(B):
-            out[b] = self.chain(topk_logits[b], topk_tokens[b], context_from_tail(tails[b]))
-        return out
-
-
-def context_from_tail(tail: np.ndarray) -> np.ndarray:
-    """A context tail as the model carries it (-1 where a position is unknown) -> the known tokens after the last
-    unknown one, root last."""
-    tail = np.asarray(tail, dtype=np.int64)
-    cut = np.flatnonzero(tail < 0)
-    return tail[cut[-1] + 1:] if cut.size else tail
+        request's context tail, root last, -1 where unknown) -> [B, L] int64, each request's chain. One native
+        pruner call for the whole batch (the k-pass path calls it once a level)."""
+        levels, width = topk_logits.shape[1:3]
+        return best_chains(self.builder, topk_logits, topk_tokens, tails, self._config(levels, width))
 
 
 def level_topk(logits: torch.Tensor, k: int, d2t: torch.Tensor | None) -> tuple[np.ndarray, np.ndarray]:

@@ -407,6 +407,78 @@ PYBIND11_MODULE(_native, m) {
       "tree_parents, tree_depths, tree_scores; node 0 = root).");
 
   m.def(
+      "prune_dart_chains",
+      [](py::array logits, py::array tokens, py::array tails, const NgramStore* store, py::array eos,
+         py::object config) {
+        auto lg = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(logits);
+        auto tk = IdArray::ensure(tokens);
+        auto tl = IdArray::ensure(tails);
+        auto ev = IdArray::ensure(eos);
+        if (!lg || !tk || !tl || !ev) throw py::type_error("prune_dart_chains: inputs must be numeric arrays");
+        if (lg.ndim() != 3 || tk.ndim() != 3 || lg.shape(0) != tk.shape(0) || lg.shape(1) != tk.shape(1) ||
+            lg.shape(2) != tk.shape(2) || lg.shape(1) < 1 || lg.shape(2) < 1)
+          throw py::value_error("prune_dart_chains: topk_logits and topk_tokens must both be [B, L, k] (L, k >= 1) "
+                                "with the same shape");
+        if (tl.ndim() != 2 || tl.shape(0) != lg.shape(0) || tl.shape(1) < 1)
+          throw py::value_error("prune_dart_chains: tails must be [B, T] (T >= 1): one row a request, the root last");
+        const size_t B = static_cast<size_t>(lg.shape(0)), L = static_cast<size_t>(lg.shape(1)),
+                     k = static_cast<size_t>(lg.shape(2)), T = static_cast<size_t>(tl.shape(1));
+        const int64_t* tp = tl.data();
+        for (size_t b = 0; b < B; ++b) {
+          if (tp[b * T + T - 1] < 0)
+            throw py::value_error("prune_dart_chains: request " + std::to_string(b) +
+                                  "'s tail ends with an unknown token (-1): its last entry must be the root");
+          if (store != nullptr)
+            for (size_t j = 0; j < T; ++j)
+              if (tp[b * T + j] >= static_cast<int64_t>(store->header().vocab_size))
+                throw py::value_error("prune_dart_chains: tails hold token id " + std::to_string(tp[b * T + j]) +
+                                      ", outside the table's vocabulary [0, " +
+                                      std::to_string(store->header().vocab_size) +
+                                      "); was the table built for another tokenizer?");
+        }
+        if (store != nullptr) checked_ids(tk, store->header().vocab_size, "topk_tokens");
+        auto params = params_from(config);
+        py::array_t<int64_t> out({static_cast<py::ssize_t>(B), static_cast<py::ssize_t>(L)});
+        int64_t* o = out.mutable_data();
+        const float* lp = lg.data();
+        const int64_t* kp = tk.data();
+        {
+          py::gil_scoped_release release;
+          for (size_t b = 0; b < B; ++b) {
+            const int64_t* row = tp + b * T;
+            size_t start = 0;   // the known tokens after the last unknown one
+            for (size_t j = 0; j < T; ++j)
+              if (row[j] < 0) start = j + 1;
+            const dart::PruneResult r = dart::prune_tree(lp + b * L * k, kp + b * L * k, L, k, row + start, T - start,
+                                                         store, ev.data(), static_cast<size_t>(ev.size()), params);
+            for (size_t level = 0; level < L; ++level) {
+              int64_t best = -1;   // the first of equal scores, as numpy's argmax
+              for (size_t i = 0; i < r.token.size(); ++i)
+                if (r.depth[i] == static_cast<int64_t>(level) + 1 && (best < 0 || r.score[i] > r.score[best]))
+                  best = static_cast<int64_t>(i);
+              if (best >= 0) {
+                o[b * L + level] = r.token[static_cast<size_t>(best)];
+              } else {   // every candidate of the level before was an EOS: the row's best by logit stands in
+                const float* lr = lp + (b * L + level) * k;
+                size_t at = 0;
+                for (size_t c = 1; c < k; ++c)
+                  if (lr[c] > lr[at]) at = c;
+                o[b * L + level] = kp[(b * L + level) * k + at];
+              }
+            }
+          }
+        }
+        return out;
+      },
+      py::arg("topk_logits"), py::arg("topk_tokens"), py::arg("tails"), py::arg("store").none(true),
+      py::arg("eos_token_ids"), py::arg("config"),
+      "DART's chains for a batch of requests in one call (dart_core/drafters/chain.py): topk_logits / topk_tokens "
+      "[B, L, k], tails [B, T] int64 (each request's context tail, the root last, -1 where unknown), config a chain "
+      "search's PruningConfig (beam 1, every candidate kept). Returns [B, L] int64: per request and level, the "
+      "best-scored candidate of that level (the first of equal scores), or the row's best by logit where the level has "
+      "none.");
+
+  m.def(
       "bench_prune",
       [](py::array logits, py::array tokens, py::array context, const NgramStore* store, py::array eos,
          py::object config, int repeats, const dart::ContextIndex* live) {

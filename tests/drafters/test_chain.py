@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dart_core.config import GenerationConfig
-from dart_core.drafters.chain import best_chain, chain_pruning
+from dart_core.drafters.chain import best_chain, best_chains, chain_pruning, context_from_tail
 from dart_core.drafters.dart import DartDrafter
 from dart_core.drafters.pruning import PruningConfig, TreeBuilder
 from dart_core.engine.decoding import SpeculativeEngine
@@ -115,3 +115,60 @@ def test_chain_refusals(tiny_llama):
     ids = t.tokenizer.encode("The quick brown fox", add_special_tokens=False)
     with pytest.raises(ValueError, match="context_weight to 0"):
         SpeculativeEngine(t, drafter).generate(ids, GenerationConfig(max_new_tokens=4, max_length=64))
+
+
+def random_batch(t, rng, B, L, k, T, eos_level=None):
+    logits = (rng.normal(size=(B, L, k)) * 3).astype(np.float32)
+    tokens = np.array([[rng.choice(t.vocab_size, k, replace=False) for _ in range(L)] for _ in range(B)],
+                      dtype=np.int64).reshape(B, L, k)
+    if eos_level is not None:     # a level whose every candidate is an EOS: nothing below it expands
+        tokens[:, eos_level, :] = t.eos_token_ids[0]
+    tails = rng.integers(0, t.vocab_size, (B, T))
+    return logits, tokens, tails
+
+
+@pytest.mark.parametrize("with_store", [False, True])
+@pytest.mark.parametrize("B,L,k", [(0, 3, 25), (1, 1, 1), (1, 3, 25), (7, 4, 25), (5, 2, 3)])
+def test_one_native_call_for_the_batch_is_the_reference_request_by_request(tiny_llama, tiny_store, with_store, B, L,
+                                                                           k):
+    t, store = tiny_llama, (tiny_store if with_store else None)
+    rng = np.random.default_rng(B * 100 + L * 10 + k)
+    T = 3
+    native, python = TreeBuilder(store, t.eos_token_ids), TreeBuilder(store, t.eos_token_ids, "python")
+    config = chain_pruning(PruningConfig(), L, k)
+    for eos_level in (None, 0) if L > 1 else (None,):
+        logits, tokens, tails = random_batch(t, rng, B, L, min(k, t.vocab_size), T, eos_level)
+        if B > 1:
+            tails[0, :-1] = -1          # the root only
+            tails[1, 0] = -1            # the known tokens after the unknown one
+        got = best_chains(native, logits, tokens, tails, config)
+        assert got.shape == (B, L) and got.dtype == np.int64
+        assert np.array_equal(got, best_chains(python, logits, tokens, tails, config))
+        for b in range(B):               # and each row is best_chain of that request on the native pruner
+            want = best_chain(native, logits[b], tokens[b], context_from_tail(tails[b]), config)[0]
+            assert list(got[b]) == list(want)
+        if eos_level == 0 and B:          # level 1 has no candidates: its row's best stands in
+            assert list(got[:, 1]) == [int(tokens[b, 1, np.argmax(logits[b, 1])]) for b in range(B)]
+
+
+def test_the_batch_call_refuses_bad_input_naming_it(tiny_llama, tiny_store):
+    t = tiny_llama
+    native = TreeBuilder(tiny_store, t.eos_token_ids)
+    config = chain_pruning(PruningConfig(), 2, 4)
+    logits, tokens, tails = random_batch(t, np.random.default_rng(0), 3, 2, 4, 3)
+    bad_tail = tails.copy()
+    bad_tail[2, -1] = -1
+    with pytest.raises(ValueError, match="request 2's tail ends with an unknown token"):
+        best_chains(native, logits, tokens, bad_tail, config)
+    with pytest.raises(ValueError, match=r"tails must be \[B, T\]"):
+        best_chains(native, logits, tokens, tails[:2], config)
+    with pytest.raises(ValueError, match=r"\[B, L, k\]"):
+        best_chains(native, logits[:, :, :3], tokens, tails, config)
+    with pytest.raises(ValueError, match=r"\[B, L, k\]"):
+        best_chains(native, logits[:, :0], tokens[:, :0], tails, config)
+    far = tails.copy()
+    far[1, 0] = int(tiny_store.vocab_size)
+    with pytest.raises(ValueError, match="outside the table's vocabulary"):
+        best_chains(native, logits, tokens, far, config)
+    with pytest.raises(ValueError, match="python backend goes request by request"):
+        TreeBuilder(None, t.eos_token_ids, "python").chains(logits, tokens, tails, config)

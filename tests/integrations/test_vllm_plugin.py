@@ -21,9 +21,9 @@ import torch
 
 from dart_core.drafters.dart import DartDrafter
 from dart_core.drafters.pruning import PruningConfig
-from dart_core.drafters.chain import chain_pruning
+from dart_core.drafters.chain import chain_pruning, context_from_tail
 from dart_core.integrations.vllm_plugin import (MASK_TOKEN_FIELD, MASK_TOKEN_ID, ChainDrafter,
-                                                context_from_tail, enable_parallel_drafting, main as plugin_main,
+                                                enable_parallel_drafting, main as plugin_main,
                                                 parallel_drafting_refusal, torch_chain)
 from dart_core.models.heads.dart import new_head_for_target
 
