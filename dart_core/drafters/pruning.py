@@ -368,12 +368,7 @@ class TreeBuilder:
         if self.backend == "python":
             return prune_dart_tree(topk_logits, topk_tokens, context, self.store, self.eos_token_ids, config,
                                    backend="python", live=live)
-        key = (config.level_top_k, config.beam_width, config.budget, config.level_decay, config.logit_decay,
-               config.ngram_weight, config.eps, config.context_weight, config.context_top_k)
-        if key != self._key:
-            config.validate()
-            self._hot = dict(config.to_dict(), beam_width=min(int(config.beam_width), max(int(config.budget), 1)))
-            self._key = key
+        self._hot_params(config)
         if config.context_weight == 0:
             live = None
         tail = np.asarray(context[-tail_length(self.store, live):], dtype=np.int64)
@@ -401,6 +396,16 @@ class TreeBuilder:
             return cands
         return tree, CandidatesOnRequest(full_beam)
 
+    def _hot_params(self, config: PruningConfig) -> dict:
+        """The native pruner's knobs for ``config`` (``self._hot``), validated and rebuilt only when a value changed
+        (the tree sizer changes ``budget`` in place; a step's config is otherwise the last one)."""
+        key = (config.level_top_k, config.beam_width, config.budget, config.level_decay, config.logit_decay,
+               config.ngram_weight, config.eps, config.context_weight, config.context_top_k)
+        if key != self._key:
+            config.validate()
+            self._hot = dict(config.to_dict(), beam_width=min(int(config.beam_width), max(int(config.budget), 1)))
+            self._key = key
+        return self._hot
 
     def chains(self, topk_logits: np.ndarray, topk_tokens: np.ndarray, tails: np.ndarray,
                config: PruningConfig) -> np.ndarray:
@@ -409,11 +414,10 @@ class TreeBuilder:
         if self.backend != "native":
             raise ValueError("TreeBuilder.chains is the native pruner's batch call; the python backend goes "
                              "request by request (drafters/chain.py: best_chains)")
-        config.validate()
         return self._native.prune_dart_chains(np.ascontiguousarray(topk_logits, dtype=np.float32),
                                               np.ascontiguousarray(topk_tokens, dtype=np.int64),
                                               np.ascontiguousarray(tails, dtype=np.int64), self._native_store,
-                                              self._eos, config)
+                                              self._eos, self._hot_params(config))
 
 
 def _candidates(r: dict) -> ScoredCandidates:
