@@ -9,7 +9,8 @@ Query latency is one context (the last order-1 tokens) against 25 candidates, as
 DART paper ("6 us per query"); it is reported for the native loop alone and for a call
 from Python (argument conversion included). Pruning is one tree from 9 rows x 25 at the
 defaults (paper: about 2 ms); "end to end" includes building the DraftTree and the
-ScoredCandidates lists of all 4,025 candidates.
+ScoredCandidates lists of all 4,025 candidates. Chains: the vLLM plugin's chain picking for a batch of 1, 4 and
+16 requests, one native call against a call a request.
 
     python benchmarks/bench_native.py --gemm [--threads 2] [--reps 21] [--cold] [--paths avx512,avx2]
 
@@ -41,7 +42,9 @@ from dart_core.ngram import build as ngram_build, store as ngram  # noqa: E402
 from dart_core.ngram.store import NgramStore  # noqa: E402
 from dart_core.loading import bundled_table_path  # noqa: E402
 from dart_core.models.loader import load_tokenizer  # noqa: E402
-from dart_core.drafters.pruning import PruningConfig, prune_dart_tree, prune_dart_tree_reference  # noqa: E402
+from dart_core.drafters.chain import best_chain, best_chains, chain_pruning, context_from_tail  # noqa: E402
+from dart_core.drafters.pruning import (PruningConfig, TreeBuilder, prune_dart_tree,  # noqa: E402
+                                        prune_dart_tree_reference)
 
 
 def load_responses(data: Path | None, limit: int) -> list[list[int]]:
@@ -133,6 +136,32 @@ def bench_pruning(store: NgramStore, contexts, likely, rng) -> list[tuple[str, s
     return [("Pruning per tree (9 x 25, beam 20, budget 60): native", fmt(t_native) + " (paper: 2 ms)"),
             ("Pruning per tree: end to end from Python (tree + 4,025-candidate trace)", fmt(t_e2e)),
             ("Pruning per tree: pure-Python reference", f"{t_ref * 1e3:.1f} ms CPU")]
+
+
+def bench_chains(store: NgramStore, contexts, likely, rng) -> list[tuple[str, str]]:
+    """The vLLM plugin's chain picking for a batch (3 levels x 25, the plugin's chain search): one native call for
+    the batch against best_chain a request from Python (what the plugin did before the batch call)."""
+    builder = TreeBuilder(store, [2])
+    cfg = chain_pruning(PruningConfig(), 3, 25)
+    rows = []
+    for B in (1, 4, 16):
+        logits = np.sort(rng.normal(size=(B, 3, 25)).astype(np.float32) * 3, axis=2)[:, :, ::-1].copy()
+        tokens = likely[rng.integers(len(likely), size=(B, 3))]
+        tails = contexts[rng.integers(len(contexts), size=B)]
+        def timed(fn, n=200):
+            def run():
+                w0, c0 = time.perf_counter(), time.thread_time()
+                for _ in range(n):
+                    fn()
+                return {"wall": (time.perf_counter() - w0) / n, "cpu": (time.thread_time() - c0) / n}
+            return run
+        one = lambda: best_chains(builder, logits, tokens, tails, cfg)  # noqa: E731
+        each = lambda: [best_chain(builder, logits[b], tokens[b], context_from_tail(tails[b]), cfg)  # noqa: E731
+                        for b in range(B)]
+        t_one, t_each = best_of(timed(one)), best_of(timed(each))
+        rows.append((f"Chains of a batch of {B} (3 x 25, the vLLM plugin's): one native call / a call a request",
+                     f"{t_one['wall'] * 1e6:.0f} / {t_each['wall'] * 1e6:.0f} us wall"))
+    return rows
 
 
 def bench_build(data: Path | None, tokenizer_name: str | None) -> list[tuple[str, str]]:
@@ -279,6 +308,7 @@ def main() -> None:
     contexts, likely, rand = make_queries(store, docs, args.queries, rng)
     rows = bench_open(args.table, store) + bench_queries(store, contexts, likely, rand)
     rows += bench_pruning(store, contexts, likely, rng)
+    rows += bench_chains(store, contexts, likely, rng)
     if not args.skip_build:
         rows += bench_build(args.data, args.tokenizer)
     print(f"\nnative core benchmark (OpenMP: {ngram.require_native().has_openmp()}; CPU = this thread's CPU "
