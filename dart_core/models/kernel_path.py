@@ -46,8 +46,9 @@ TREE_ROWS = 8     # a verify's rows in the timing: the chooser's trees are 2-9 n
 REPS = 9          # interleaved rounds (every path, both sweeps): ~0.5 s for the bundled model on three paths
 WARMUP = 1        # rounds first, not counted
 # Bumped when a kernel changes speed (2: the avx512bf16 one-row kernel streams row by row; 3: and trees of 2-7 rows;
-# 4: and of 8-9 rows, prefetched into L2; 5: the decoder's q/k/v and gate/up one call each).
-CACHE_VERSION = 5
+# 4: and of 8-9 rows, prefetched into L2; 5: the decoder's q/k/v and gate/up one call each; 6: avx512bf16 trees of
+# 3-9 rows with weight rows side by side).
+CACHE_VERSION = 6
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 // The small GEMM's AVX512-BF16 kernel (bf16 weights): the activations rounded to bf16 once per call, VDPBF16PS
-// against the weights as loaded (no widening), weight rows one after the other for M <= 9 (prefetched into L2), 4 x 6
-// blocks above.
+// against the weights as loaded (no widening); for M <= 2 weight rows one after the other, for M = 3-9 three or four
+// weight rows side by side (each stream prefetched into L2 8 KiB ahead), 4 x 6 blocks above.
 // Only built for x86-64.
 #include <algorithm>
 #include <cstdint>
@@ -41,32 +41,50 @@ DART_AVX512BF16 void pack_bf16_rows_t(const float* x, int64_t M, int64_t K, int6
   }
 }
 
-DART_AVX512BF16 inline __m512bh as_bh(__m512i v) { return reinterpret_cast<__m512bh&>(v); }
+DART_AVX512BF16 inline __m512bh as_bh(__m512i v) { return (__m512bh)v; }
+// 32 bf16 values from any address, loaded as the dot product's operand type. Not as_bh(_mm512_loadu_si512(p)):
+// GCC 12 sends that value through the stack (a 64-byte store and reload in front of each VDPBF16PS but a step's
+// first), which held the 3-4 row kernels to 0.4x the one-row kernel's in-cache rate.
+typedef __m512bh m512bh_unaligned __attribute__((__aligned__(1)));
+DART_AVX512BF16 inline __m512bh load_bh(const uint16_t* p) { return (__m512bh)_mm512_loadu_epi16(p); }
+
+// How far ahead of its loads a weight row's stream prefetches (bytes) and how: PREFETCHT1, which on AMD CPUs fills
+// L2, not L1. Measured on a 2-vCPU Zen 4 EPYC (the decoder's matrices, 2 threads, 9-11 interleaved sweeps in one
+// process): one row 7.3 ms against 7.9 without a prefetch and 8.6 with the rows two ahead in L1 (PREFETCHT0); with
+// the rows one after the other (as M = 3-7 ran before rows_side_bf16dp) 4 rows 8.7 against 10.4 ms, 5 rows 8.6-9.1
+// against 11.0-12.8; 2 KiB ahead measured the same at one row and 1.2x slower at 4-5 rows.
+constexpr int64_t kStreamAhead = 4096;
+// The same for each of the streams of rows side by side (rows_side_bf16dp): they compute less per byte than a row's
+// chain, so they run further ahead. On the Zen 4 EPYC (the model's 269 MB, 2 threads, 10 interleaved sweeps a
+// process, four processes in which the VM read 58-61 GB/s) 3 rows read 39-43 GB/s of weights at 8 KiB ahead against
+// 35-36 at one group of rows ahead and 33-35 for the rows one after the other (one row 46-51); 5 rows 38-40 against
+// 36-38. Where the VM read ~36 GB/s every choice ran at 31-36.
+constexpr int64_t kSideAhead = 8192;
 
 // R weight rows x C activation rows: R * C accumulators + R weight vectors + 1 activation vector <= 32 registers.
+// prefetch: each weight row's stream kSideAhead bytes on, into L2 (the first group of activation rows to meet a block
+// of weight rows reads it from memory; the later groups find it in L1).
 template <int R, int C>
 DART_AVX512BF16 void block_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_t* w, float* y, int64_t N,
-                                  int64_t K, int64_t n, int64_t m, const char* prefetch = nullptr,
-                                  int64_t prefetch_lines = 0) {
+                                  int64_t K, int64_t n, int64_t m, bool prefetch = false) {
   __m512 acc[R][C];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   const int64_t body = K - K % 32;
-  const int64_t lines_per_step = prefetch ? (prefetch_lines * 32 + body - 1) / std::max<int64_t>(body, 32) : 0;
-  int64_t line = 0;
   const uint16_t* xr = xb + m * ldb;
   const uint16_t* wr = w + n * K;
   for (int64_t k = 0; k < body; k += 32) {
-    for (int64_t p = 0; p < lines_per_step && line < prefetch_lines; ++p, ++line)
-      _mm_prefetch(prefetch + line * 64, _MM_HINT_T1);
+    if (prefetch)
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(wr + r * K + k) + kSideAhead, _MM_HINT_T1);
     __m512i wv[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_si512(wr + r * K + k);
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) {
-      const __m512bh xv = as_bh(_mm512_loadu_si512(xr + c * ldb + k));
+      const __m512bh xv = load_bh(xr + c * ldb + k);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, as_bh(wv[r]));
     }
@@ -78,7 +96,7 @@ DART_AVX512BF16 void block_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_
     for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_epi16(mask, wr + r * K + body);
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) {
-      const __m512bh xv = as_bh(_mm512_loadu_si512(xr + c * ldb + body));   // zeros past K (packed)
+      const __m512bh xv = load_bh(xr + c * ldb + body);   // zeros past K (packed)
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, as_bh(wv[r]));
     }
@@ -97,12 +115,6 @@ DART_AVX512BF16 void block_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_
   }
 }
 
-// How far ahead of its loads a streaming kernel prefetches its weights (bytes) and how: PREFETCHT1, which on AMD
-// CPUs fills L2, not L1. Measured on a 2-vCPU Zen 4 EPYC (the decoder's matrices, 2 threads, 9-11 interleaved
-// sweeps in one process): one row 7.3 ms against 7.9 without a prefetch and 8.6 with the rows two ahead in L1 (the
-// PREFETCHT0 this kernel used before); 4 rows 8.7 against 10.4, 5 rows 8.6-9.1 against 11.0-12.8, 7 rows 9.0-10.0
-// against 13-15; 2 KiB ahead measured the same at one row and 1.2x slower at 4-5 rows.
-constexpr int64_t kStreamAhead = 4096;
 
 // One weight row (wr, K elements) into C lane sums against the C packed activation rows: the 32-wide steps of the
 // body, then the K % 32 tail as one masked step (the activations are zero past K). prefetch: each step's weight line
@@ -119,13 +131,13 @@ DART_AVX512BF16 __attribute__((always_inline)) inline void row_sums_bf16dp(const
     const __m512i wv = _mm512_loadu_si512(wr + k);
 #pragma GCC unroll 16
     for (int c = 0; c < C; ++c)
-      acc[c] = _mm512_dpbf16_ps(acc[c], as_bh(_mm512_loadu_si512(xb + c * ldb + k)), as_bh(wv));
+      acc[c] = _mm512_dpbf16_ps(acc[c], load_bh(xb + c * ldb + k), as_bh(wv));
   }
   if (body < K) {
     const __m512i wv = _mm512_maskz_loadu_epi16(static_cast<__mmask32>((1ull << (K - body)) - 1ull), wr + body);
 #pragma GCC unroll 16
     for (int c = 0; c < C; ++c)
-      acc[c] = _mm512_dpbf16_ps(acc[c], as_bh(_mm512_loadu_si512(xb + c * ldb + body)), as_bh(wv));
+      acc[c] = _mm512_dpbf16_ps(acc[c], load_bh(xb + c * ldb + body), as_bh(wv));
   }
 }
 
@@ -153,62 +165,117 @@ DART_AVX512BF16 void row1_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_t
   for (int c = 0; c < C; ++c) y[c * N + n] = hsum16(acc[c]);
 }
 
-// All M packed activation rows against weight rows [n0, n1): M <= 7 streams the weight rows one after the other, four
-// at a time (rows4_bf16dp), M = 8-9 one at a time (row1_bf16dp), M >= 10 runs 4 weight rows side by side against
-// groups of 6 activation rows (the block stays in L1 while the groups pass).
+// R weight rows side by side (their k loops interleaved), C activation rows against each: R * C independent sums
+// a step, so the VDPBF16PS latency is hidden once a step's products are too many for one row's chain (M >= 3). Each
+// row's stream is prefetched into L2 kSideAhead bytes on. The sums are the ones rows4_bf16dp / row1_bf16dp form, in
+// the same order (same bits).
+// R * C + R + 1 registers: 4 x 7 needs 33 (one spills; in cache still 1.17x the rate of 3 x 7 plus a row).
+template <int R, int C>
+DART_AVX512BF16 void rows_side_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_t* w, float* y, int64_t N,
+                                      int64_t K, int64_t n) {
+  __m512 acc[R][C];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  const uint16_t* wr = w + n * K;
+  const int64_t body = K - K % 32;
+  for (int64_t k = 0; k < body; k += 32) {
+    __m512i wv[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(wr + r * K + k) + kSideAhead, _MM_HINT_T1);
+      wv[r] = _mm512_loadu_si512(wr + r * K + k);
+    }
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) {
+      const __m512bh xv = load_bh(xb + c * ldb + k);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, as_bh(wv[r]));
+    }
+  }
+  if (body < K) {   // the K % 32 tail: one masked step (the activations are zero past K)
+    const __mmask32 mask = static_cast<__mmask32>((1ull << (K - body)) - 1ull);
+    __m512i wv[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_epi16(mask, wr + r * K + body);
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) {
+      const __m512bh xv = load_bh(xb + c * ldb + body);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, as_bh(wv[r]));
+    }
+  }
+  if constexpr (R == 4) {
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) _mm_storeu_ps(y + c * N + n, hsum16x4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]));
+  } else {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+      for (int c = 0; c < C; ++c) y[c * N + n + r] = hsum16(acc[r][c]);
+  }
+}
+
+// All M packed activation rows against weight rows [n0, n1): M <= 2 streams the weight rows one after the other, four
+// at a time (rows4_bf16dp), M = 3-7 four weight rows side by side and M = 8-9 three (rows_side_bf16dp; the rows a
+// range leaves over one at a time, row1_bf16dp), M >= 10 runs 4 weight rows side by side against groups of 6
+// activation rows (the block stays in L1 while the groups pass).
 DART_AVX512BF16 void rows_avx512bf16_t(const uint16_t* xb, int64_t ldb, const uint16_t* w, float* y, int64_t M,
                                      int64_t N, int64_t K, int64_t n0, int64_t n1, bool gemv_prefetch) {
   int64_t n = n0;
-  if (M <= 7) {
-    // A plain step or a small tree: one sequential run of weights per thread, prefetched into L2 (at M = 1-2 where
-    // the load-time measurement keeps gemv_prefetch: in place on a Zen 4 EPYC both ran 2-3% faster without it, 3
-    // rows 5% faster with it). Measured there, 2 threads: at M = 1 rows one by one took 6.8-7.1 ms against 8.1-8.4
-    // ms for blocks of 8 rows (the decoder's weights); at M = 3-7 with the L2 prefetch 0.85-0.93x the time of the
-    // 4 x C blocks prefetching alike, whose four weight streams the hardware follows less well. Figures:
-    // docs/benchmarks.md (issue 39).
+  if (M <= 2) {
+    // A plain step: one sequential run of weights per thread, prefetched into L2 where the load-time measurement
+    // keeps gemv_prefetch (in place on a Zen 4 EPYC both ran 2-3% faster without it). Measured there, 2 threads: at
+    // M = 1 rows one by one took 6.8-7.1 ms against 8.1-8.4 ms for blocks of 8 rows (the decoder's weights).
+    for (; n + 4 <= n1; n += 4) {
+      if (M == 1) rows4_bf16dp<1>(xb, ldb, w, y, N, K, n, gemv_prefetch);
+      else rows4_bf16dp<2>(xb, ldb, w, y, N, K, n, gemv_prefetch);
+    }
+  } else if (M <= 7) {
+    // A small tree. One row's chain of VDPBF16PS (K / 32 steps, each waiting ~6 cycles for the last) does not leave
+    // the CPU enough independent work once a step holds 3+ products: on a Zen 4 EPYC (2 threads, 14 MB of
+    // [1536, 576] matrices in cache, 15 interleaved sweeps) rows one after the other read 56 / 56 / 54 / 42 GB/s of
+    // weights at M = 3 / 4 / 5 / 7, four side by side 94 / 85 / 72 / 53 (one row 110); from memory see kSideAhead.
+    // Figures: docs/benchmarks.md (issue 39).
     for (; n + 4 <= n1; n += 4) {
       switch (M) {
-        case 1: rows4_bf16dp<1>(xb, ldb, w, y, N, K, n, gemv_prefetch); break;
-        case 2: rows4_bf16dp<2>(xb, ldb, w, y, N, K, n, gemv_prefetch); break;
-        case 3: rows4_bf16dp<3>(xb, ldb, w, y, N, K, n, true); break;
-        case 4: rows4_bf16dp<4>(xb, ldb, w, y, N, K, n, true); break;
-        case 5: rows4_bf16dp<5>(xb, ldb, w, y, N, K, n, true); break;
-        case 6: rows4_bf16dp<6>(xb, ldb, w, y, N, K, n, true); break;
-        default: rows4_bf16dp<7>(xb, ldb, w, y, N, K, n, true); break;
+        case 3: rows_side_bf16dp<4, 3>(xb, ldb, w, y, N, K, n); break;
+        case 4: rows_side_bf16dp<4, 4>(xb, ldb, w, y, N, K, n); break;
+        case 5: rows_side_bf16dp<4, 5>(xb, ldb, w, y, N, K, n); break;
+        case 6: rows_side_bf16dp<4, 6>(xb, ldb, w, y, N, K, n); break;
+        default: rows_side_bf16dp<4, 7>(xb, ldb, w, y, N, K, n); break;
       }
     }
   } else if (M <= 9) {
-    // 8-9 rows: still one run of weights, a row at a time (measured 0.90-0.93x the time of the blocks; from 10 rows
-    // the blocks win, each activation load there feeding four products against one here).
+    // 8-9 rows: three weight rows side by side (in cache 34 / 30 GB/s against 28 / 26 for one row at a time; four
+    // would not fit the registers), the rest of the range a row at a time. From 10 rows the blocks win, each
+    // activation load there feeding four products.
+    for (; n + 3 <= n1; n += 3) {
+      if (M == 8) rows_side_bf16dp<3, 8>(xb, ldb, w, y, N, K, n);
+      else rows_side_bf16dp<3, 9>(xb, ldb, w, y, N, K, n);
+    }
     for (; n < n1; ++n) {
       if (M == 8) row1_bf16dp<8>(xb, ldb, w, y, N, K, n);
       else row1_bf16dp<9>(xb, ldb, w, y, N, K, n);
     }
   } else {
-    const int64_t block_lines = (4 * K * 2 + 63) / 64;
-    // The next block's prefetches go out during the first group of 6 activation rows; with exactly two groups
-    // (M = 10-12 here) half during each. Measured on a Zen 5 EPYC sweeping the decoder's weights, 120 interleaved pairs,
-    // three runs: M = 9 0.94-0.96x, 10 0.96-0.98x, 7-8 and 11-12 0.98-1.01x; spread over three groups (M = 13-17) it
-    // measured 1.02-1.06x, so those keep them in the first. PREFETCHT1 (into L2 on AMD), not T0: on a Zen 4 EPYC
-    // 17 rows took 0.76x the time and 10-12 rows 0.87-0.96x (the same sweeps as the row kernels' figures above).
-    const int64_t split = M <= 12 ? block_lines / 2 : block_lines;
+    // The first group of 6 activation rows streams each block of 4 weight rows from memory, prefetching each row's
+    // stream kSideAhead bytes on; the other groups read the block from L1. On the Zen 4 EPYC (the model's 269 MB,
+    // 2 threads, 10 interleaved sweeps a process, seven processes) 10 rows read 25-30 GB/s of weights against 23-26
+    // with the next block's lines prefetched in address order, spread over the first one or two groups (as before
+    // 2026-12-05); 12 rows 22-27 against 22-26, 17 rows the same (19-20, compute-bound). PREFETCHT1 (into L2 on AMD),
+    // not T0: with the earlier scheme on a Zen 4 EPYC 17 rows took 0.76x the time and 10-12 rows 0.87-0.96x.
     for (; n + 4 <= n1; n += 4) {
-      const char* next = n + 8 <= n1 ? reinterpret_cast<const char*>(w + (n + 4) * K) : nullptr;
-      // The group starting at activation row m prefetches lines [first_line(m), end_line(m)) of the next block.
-      auto first_line = [&](int64_t m) { return m == 0 ? 0 : m == 6 ? split : block_lines; };
-      auto end_line = [&](int64_t m) { return m == 0 ? split : block_lines; };
-      auto from = [&](int64_t m) { return next && end_line(m) > first_line(m) ? next + first_line(m) * 64 : nullptr; };
-      auto count = [&](int64_t m) { return from(m) ? end_line(m) - first_line(m) : 0; };
       int64_t m = 0;
-      for (; m + 6 <= M; m += 6) block_bf16dp<4, 6>(xb, ldb, w, y, N, K, n, m, from(m), count(m));
-      const char* p = from(m);
-      const int64_t pl = count(m);
+      for (; m + 6 <= M; m += 6) block_bf16dp<4, 6>(xb, ldb, w, y, N, K, n, m, m == 0);
+      const bool first = m == 0;
       switch (M - m) {
-        case 5: block_bf16dp<4, 5>(xb, ldb, w, y, N, K, n, m, p, pl); break;
-        case 4: block_bf16dp<4, 4>(xb, ldb, w, y, N, K, n, m, p, pl); break;
-        case 3: block_bf16dp<4, 3>(xb, ldb, w, y, N, K, n, m, p, pl); break;
-        case 2: block_bf16dp<4, 2>(xb, ldb, w, y, N, K, n, m, p, pl); break;
-        case 1: block_bf16dp<4, 1>(xb, ldb, w, y, N, K, n, m, p, pl); break;
+        case 5: block_bf16dp<4, 5>(xb, ldb, w, y, N, K, n, m, first); break;
+        case 4: block_bf16dp<4, 4>(xb, ldb, w, y, N, K, n, m, first); break;
+        case 3: block_bf16dp<4, 3>(xb, ldb, w, y, N, K, n, m, first); break;
+        case 2: block_bf16dp<4, 2>(xb, ldb, w, y, N, K, n, m, first); break;
+        case 1: block_bf16dp<4, 1>(xb, ldb, w, y, N, K, n, m, first); break;
         default: break;
       }
     }
