@@ -12,12 +12,12 @@ defaults (paper: about 2 ms); "end to end" includes building the DraftTree and t
 ScoredCandidates lists of all 4,025 candidates. Chains: the vLLM plugin's chain picking for a batch of 1, 4 and
 16 requests, one native call against a call a request.
 
-    python benchmarks/bench_native.py --gemm [--threads 2] [--reps 21] [--cold] [--paths avx512,avx2]
+    python benchmarks/bench_native.py --gemm [--threads 2] [--reps 21] [--cold] [--paths avx512,avx2] [--rows 1,3,9]
 
 times only the small-GEMM kernel: G multiply-adds/s of every vector kernel path this CPU runs
 (avx512 / avx2; --paths portable for the plain loop) at the SmolLM2-135M target's shapes with bf16
 weights (--cold: read from memory on every call, as when decoding a model larger than the caches), for the row
-counts of a plain step (1), draft trees (4..33) and a prompt chunk (64), beside torch's float32
+counts of a plain step (1), draft trees (4..33) and a prompt chunk (64) (--rows: others), beside torch's float32
 GEMM on a large product (2048 x 576 @ 576 x 1536) timed in the same loop. The arms alternate
 rep by rep (order reversed every other rep), so load drifts on a shared machine hit all alike;
 the ratios are medians of per-rep ratios.
@@ -298,9 +298,17 @@ def main() -> None:
                                                          "(as in decoding a model larger than the caches)")
     ap.add_argument("--paths", default=None, help="--gemm: kernel paths, comma-separated, best first "
                                                   "(default: every vector path this CPU runs)")
+    ap.add_argument("--rows", default=None, help="--gemm: activation row counts, comma-separated (default "
+                                                 + ",".join(map(str, GEMM_ROWS)) + ")")
     args = ap.parse_args()
     if args.gemm:
-        bench_gemm(args.threads, args.reps, args.paths.split(",") if args.paths else None, args.cold)
+        try:
+            rows = tuple(int(r) for r in args.rows.split(",")) if args.rows else GEMM_ROWS
+        except ValueError:
+            raise SystemExit(f"--rows: comma-separated row counts, e.g. 1,3,9 (got {args.rows!r})")
+        if any(r < 1 for r in rows):
+            raise SystemExit(f"--rows: every row count must be >= 1 (got {args.rows!r})")
+        bench_gemm(args.threads, args.reps, args.paths.split(",") if args.paths else None, args.cold, rows)
         return
     rng = np.random.default_rng(0)
     store = NgramStore.open(args.table)

@@ -33,6 +33,12 @@ buffer by the native streaming loop (``_native.stream_read``, the same threads),
 decoder weight matrix of the target in turn (``_native.gemm_sweep``, timed natively: bytes / time), (c) the whole
 one-token step (the decoder weights and the LM head's bytes / the step's time, prefix ``--prefix``). Each as GB/s
 (1e9 bytes/s) and as a share of (a).
+
+``--sweep-rows 1,3,5,9`` times the small GEMM alone at each row count, interleaved rep by rep in one process: every
+weight matrix of the target (decoder layers and LM head) in turn, read from memory (``_native.gemm_sweep``, one sweep),
+and the first decoder matrices that fit in ``--cache-mib`` MiB (default 14: L3 on the CPUs we run) swept five times
+(the fastest), so that only the kernel's own rate counts; with a plain read of ``--read-mib`` MiB beside them. Each
+as GB/s of weights and against one row (M = 1, always timed): how much a tree of M nodes costs in the GEMM alone.
 """
 from __future__ import annotations
 
@@ -300,6 +306,75 @@ def measure_bandwidth(model: str | None, dtype: str, device: str, prefix: int, r
     return out
 
 
+SWEEP_WARM_SWEEPS = 5   # in-cache sweeps per rep (the fastest counts): the kernel's rate without the memory's
+
+
+def measure_sweeps(model: str | None, dtype: str, device: str, rows: list[int], reps: int, warmup: int,
+                   read_mib: int, cache_mib: int) -> dict:
+    """The small GEMM alone by row count (see the module docstring, ``--sweep-rows``): medians of ``reps``."""
+    from dart_core import _native
+    target = load_target(model, dtype=dtype, device=device)
+    target.set_fast_forward(True)
+    if target.fast is None:
+        raise SystemExit(f"--sweep-rows needs the native path: {target.fast_unavailable_reason}")
+    threads = torch.get_num_threads()
+    cold = list(target.fast.decoder_matrices) + [target.fast.lm_head_array]
+    warm, warm_bytes = [], 0
+    for w in target.fast.decoder_matrices:
+        if warm and warm_bytes + w.nbytes > cache_mib << 20:
+            break
+        warm.append(w)
+        warm_bytes += w.nbytes
+    cold_bytes = sum(w.nbytes for w in cold)
+    buf, _ = huge_page_buffer(read_mib << 20)
+    read: list[float] = []
+    t_cold: dict[int, list[float]] = {r: [] for r in rows}
+    t_warm: dict[int, list[float]] = {r: [] for r in rows}
+    for rep in range(warmup + reps):
+        t0 = time.perf_counter()
+        _native.stream_read(buf, threads)
+        dt = time.perf_counter() - t0
+        for r in rows:   # interleaved: load drifts and the VM's memory speed hit every row count alike
+            c = _native.gemm_sweep(cold, threads, 1, r)[0]
+            w = min(_native.gemm_sweep(warm, threads, SWEEP_WARM_SWEEPS, r))
+            if rep >= warmup:
+                t_cold[r].append(c)
+                t_warm[r].append(w)
+        if rep >= warmup:
+            read.append(dt)
+    out = {"dtype": dtype_name(target.dtype), "gemm_path": _native.small_gemm_path(),
+           "gemm_split": _native.small_gemm_split(), "threads": threads, "read_gbs": buf.nbytes / statistics.median(read) / 1e9,
+           "cold_mb": cold_bytes / 1e6, "warm_mb": warm_bytes / 1e6, "rows": {}}
+    for r in rows:
+        c, w = statistics.median(t_cold[r]), statistics.median(t_warm[r])
+        out["rows"][r] = {"cold_ms": 1000 * c, "cold_gbs": cold_bytes / c / 1e9, "warm_gbs": warm_bytes / w / 1e9,
+                          "cold_vs_one": c / statistics.median(t_cold[1]), "warm_vs_one": w / statistics.median(t_warm[1])}
+    del target
+    return out
+
+
+def sweeps_main(args, machine: dict, rows: list[int]) -> int:
+    print(f"# the small GEMM alone by row count: {machine['cpu_model']}, {torch.get_num_threads()} threads, load "
+          f"average {machine['load_average']}, {args.reps} reps interleaved (medians)")
+    print("| dtype | GEMM path | split | read GB/s | rows | from memory ms | GB/s | time vs 1 row | in cache GB/s "
+          "| time vs 1 row |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    results = []
+    for dtype in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
+        r = measure_sweeps(args.base_model_name_or_path, dtype, args.device, rows, args.reps, args.warmup,
+                           args.read_mib, args.cache_mib)
+        results.append(r)
+        split = "chunks" if r["gemm_split"] == 0 else r["gemm_split"]
+        for m, t in r["rows"].items():
+            print(f"| {r['dtype']} | {r['gemm_path']} | {split} | {r['read_gbs']:.1f} | {m} | {t['cold_ms']:.2f} | "
+                  f"{t['cold_gbs']:.1f} | {t['cold_vs_one']:.2f}x | {t['warm_gbs']:.1f} | {t['warm_vs_one']:.2f}x |",
+                  flush=True)
+        print(f"# {r['dtype']}: from memory {r['cold_mb']:.0f} MB a sweep (every matrix), in cache {r['warm_mb']:.1f} MB")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": machine, "sweeps": results}, indent=1) + "\n")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base-model-name-or-path", default=None,
@@ -339,7 +414,13 @@ def main(argv=None) -> int:
     p.add_argument("--before", action="store_true",
                    help="--bandwidth: also time each path as before the thread pool (an OpenMP region per GEMM call; "
                         "one row with 256-bit blocks; the attention keeps the pool), interleaved in the same run")
-    p.add_argument("--read-mib", type=int, default=512, help="--bandwidth: MiB of the plain read (default 512)")
+    p.add_argument("--read-mib", type=int, default=512,
+                   help="--bandwidth, --sweep-rows: MiB of the plain read (default 512)")
+    p.add_argument("--sweep-rows", default=None,
+                   help="only time the small GEMM alone at these comma-separated row counts (1 is always timed), "
+                        "from memory and in cache, e.g. 1,3,5,9")
+    p.add_argument("--cache-mib", type=int, default=14,
+                   help="--sweep-rows: MiB of the first decoder matrices swept in cache (default 14)")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
     many_rows = [m.strip() for m in args.many_rows.split(",") if m.strip()] if args.many_rows else None
@@ -369,9 +450,21 @@ def main(argv=None) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
+    sweep_rows = None
+    if args.sweep_rows:
+        try:
+            sweep_rows = sorted({1, *(int(x) for x in args.sweep_rows.split(",") if x.strip())})
+        except ValueError:
+            p.error(f"--sweep-rows must be comma-separated row counts, got {args.sweep_rows!r}")
+        if sweep_rows[0] < 1:
+            p.error(f"--sweep-rows: every row count must be >= 1, got {args.sweep_rows!r}")
+        if args.cache_mib < 1:
+            p.error("--cache-mib must be >= 1")
     machine = describe_machine(args.device)
     if args.bandwidth:
         return bandwidth_main(args, machine)
+    if sweep_rows:
+        return sweeps_main(args, machine, sweep_rows)
     print(f"# tree verification cost: {machine['cpu_model']}"
           + (f", {machine['gpu']}" if machine.get("gpu") else "")
           + f", {machine['torch_threads']} threads, load average {machine['load_average']}, prefix {args.prefix}"

@@ -410,6 +410,28 @@ def test_tree_cost_prefill_times_each_many_rows_arm(tiny_dir, tmp_path, capsys):
     assert "row count >= 1 or off" in capsys.readouterr().err
 
 
+def test_tree_cost_sweep_rows_times_the_gemm_alone(tiny_dir, tmp_path, capsys):
+    """benchmarks/tree_cost.py --sweep-rows: the small GEMM alone at each row count (one row always), from memory over
+    every matrix and in cache over the first ones within --cache-mib, beside the read; bad row counts refused."""
+    tree_cost = _bench_script("tree_cost")
+    out = tmp_path / "sweeps.json"
+    assert tree_cost.main(["--base-model-name-or-path", str(tiny_dir), "--dtypes", "float32", "--sweep-rows", "3,2",
+                           "--reps", "2", "--warmup", "0", "--read-mib", "8", "--cache-mib", "1",
+                           "--json", str(out)]) == 0
+    (r,) = json.loads(out.read_text())["sweeps"]
+    assert list(r["rows"]) == ["1", "2", "3"]
+    assert r["read_gbs"] > 0 and 0 < r["warm_mb"] <= r["cold_mb"]
+    assert r["rows"]["1"]["cold_vs_one"] == 1.0 and r["rows"]["1"]["warm_vs_one"] == 1.0
+    for t in r["rows"].values():
+        assert t["cold_ms"] > 0 and t["cold_gbs"] > 0 and t["warm_gbs"] > 0
+    printed = capsys.readouterr().out
+    assert "| float32 |" in printed and "in cache" in printed
+    for bad in ("0,3", "1,x"):
+        with pytest.raises(SystemExit):
+            tree_cost.main(["--base-model-name-or-path", str(tiny_dir), "--sweep-rows", bad])
+    assert "--sweep-rows" in capsys.readouterr().err
+
+
 def test_tree_cost_bandwidth_reports_every_path(tiny_dir, tmp_path, capsys):
     """benchmarks/tree_cost.py --bandwidth: per small-GEMM path, with the one-row kernel's prefetch on and off (the
     load-time choice marked), the read bandwidth, the one-row GEMV over the decoder weights and the one-token step,
