@@ -42,10 +42,10 @@ DART_AVX512BF16 void pack_bf16_rows_t(const float* x, int64_t M, int64_t K, int6
 }
 
 DART_AVX512BF16 inline __m512bh as_bh(__m512i v) { return (__m512bh)v; }
-// 32 bf16 values from any address, loaded as the dot product's operand type. Not as_bh(_mm512_loadu_si512(p)):
-// GCC 12 sends that value through the stack (a 64-byte store and reload in front of each VDPBF16PS but a step's
-// first), which held the 3-4 row kernels to 0.4x the one-row kernel's in-cache rate.
-typedef __m512bh m512bh_unaligned __attribute__((__aligned__(1)));
+// 32 bf16 values from any address as the dot product's operand. Not as_bh(_mm512_loadu_si512(p)) with as_bh a
+// reinterpret_cast through a reference (as it was): GCC 12 sent such values through the stack (a 64-byte store and
+// reload in front of each VDPBF16PS but a step's first), which held the 3-4 row kernels to 0.4x the one-row kernel's
+// in-cache rate.
 DART_AVX512BF16 inline __m512bh load_bh(const uint16_t* p) { return (__m512bh)_mm512_loadu_epi16(p); }
 
 // How far ahead of its loads a weight row's stream prefetches (bytes) and how: PREFETCHT1, which on AMD CPUs fills
@@ -114,7 +114,6 @@ DART_AVX512BF16 void block_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_
       for (int c = 0; c < C; ++c) y[(m + c) * N + n + r] = hsum16(acc[r][c]);
   }
 }
-
 
 // One weight row (wr, K elements) into C lane sums against the C packed activation rows: the 32-wide steps of the
 // body, then the K % 32 tail as one masked step (the activations are zero past K). prefetch: each step's weight line
