@@ -51,66 +51,69 @@ DART_AVX512BF16 inline __m512bh load_bh(const uint16_t* p) { return (__m512bh)_m
 // How far ahead of its loads a weight row's stream prefetches (bytes) and how: PREFETCHT1, which on AMD CPUs fills
 // L2, not L1. Measured on a 2-vCPU Zen 4 EPYC (the decoder's matrices, 2 threads, 9-11 interleaved sweeps in one
 // process): one row 7.3 ms against 7.9 without a prefetch and 8.6 with the rows two ahead in L1 (PREFETCHT0); with
-// the rows one after the other (as M = 3-7 ran before rows_side_bf16dp) 4 rows 8.7 against 10.4 ms, 5 rows 8.6-9.1
+// the rows one after the other (as M = 3-7 ran before 2026-12-05) 4 rows 8.7 against 10.4 ms, 5 rows 8.6-9.1
 // against 11.0-12.8; 2 KiB ahead measured the same at one row and 1.2x slower at 4-5 rows.
 constexpr int64_t kStreamAhead = 4096;
-// The same for each of the streams of rows side by side (rows_side_bf16dp): they compute less per byte than a row's
+// The same for each of the streams of rows side by side (block_bf16dp): they compute less per byte than a row's
 // chain, so they run further ahead. On the Zen 4 EPYC (the model's 269 MB, 2 threads, 10 interleaved sweeps a
 // process, four processes in which the VM read 58-61 GB/s) 3 rows read 39-43 GB/s of weights at 8 KiB ahead against
 // 35-36 at one group of rows ahead and 33-35 for the rows one after the other (one row 46-51); 5 rows 38-40 against
 // 36-38. Where the VM read ~36 GB/s every choice ran at 31-36.
 constexpr int64_t kSideAhead = 8192;
 
-// R weight rows x C activation rows: R * C accumulators + R weight vectors + 1 activation vector <= 32 registers.
-// prefetch: each weight row's stream kSideAhead bytes on, into L2 (the first group of activation rows to meet a block
-// of weight rows reads it from memory; the later groups find it in L1).
+// R weight rows side by side (their k loops interleaved) x C activation rows from row m: R * C independent sums a
+// step, so the VDPBF16PS latency (~6 cycles on Zen 4) is hidden once a step holds more products than one row's
+// chain overlaps (M >= 3). R * C accumulators + R weight vectors + 1 activation vector registers: 4 x 7 needs 33 (one
+// spills; in cache still 1.17x the rate of 3 x 7 plus a row). prefetch: each weight row's stream kSideAhead bytes on,
+// into L2 (the first group of activation rows to meet the weight rows reads them from memory; later groups of a
+// block find them in L1). The sums are the ones rows4_bf16dp / row1_bf16dp form, in the same order (same bits).
 template <int R, int C>
 DART_AVX512BF16 void block_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_t* w, float* y, int64_t N,
                                   int64_t K, int64_t n, int64_t m, bool prefetch = false) {
   __m512 acc[R][C];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   const int64_t body = K - K % 32;
   const uint16_t* xr = xb + m * ldb;
   const uint16_t* wr = w + n * K;
   for (int64_t k = 0; k < body; k += 32) {
     if (prefetch)
-#pragma GCC unroll 8
+#pragma GCC unroll 16
       for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(wr + r * K + k) + kSideAhead, _MM_HINT_T1);
     __m512i wv[R];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_si512(wr + r * K + k);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int c = 0; c < C; ++c) {
       const __m512bh xv = load_bh(xr + c * ldb + k);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
       for (int r = 0; r < R; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, as_bh(wv[r]));
     }
   }
   if (body < K) {   // the K % 32 tail: one masked step, the same lanes for every row
     const __mmask32 mask = static_cast<__mmask32>((1ull << (K - body)) - 1ull);
     __m512i wv[R];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_epi16(mask, wr + r * K + body);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int c = 0; c < C; ++c) {
       const __m512bh xv = load_bh(xr + c * ldb + body);   // zeros past K (packed)
-#pragma GCC unroll 8
+#pragma GCC unroll 16
       for (int r = 0; r < R; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, as_bh(wv[r]));
     }
   }
   if constexpr (R % 4 == 0) {
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int c = 0; c < C; ++c)
-#pragma GCC unroll 8
+#pragma GCC unroll 16
       for (int r = 0; r < R; r += 4)
         _mm_storeu_ps(y + (m + c) * N + n + r, hsum16x4(acc[r][c], acc[r + 1][c], acc[r + 2][c], acc[r + 3][c]));
   } else {
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
+#pragma GCC unroll 16
       for (int c = 0; c < C; ++c) y[(m + c) * N + n + r] = hsum16(acc[r][c]);
   }
 }
@@ -164,62 +167,10 @@ DART_AVX512BF16 void row1_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_t
   for (int c = 0; c < C; ++c) y[c * N + n] = hsum16(acc[c]);
 }
 
-// R weight rows side by side (their k loops interleaved), C activation rows against each: R * C independent sums
-// a step, so the VDPBF16PS latency is hidden once a step's products are too many for one row's chain (M >= 3). Each
-// row's stream is prefetched into L2 kSideAhead bytes on. The sums are the ones rows4_bf16dp / row1_bf16dp form, in
-// the same order (same bits).
-// R * C + R + 1 registers: 4 x 7 needs 33 (one spills; in cache still 1.17x the rate of 3 x 7 plus a row).
-template <int R, int C>
-DART_AVX512BF16 void rows_side_bf16dp(const uint16_t* xb, int64_t ldb, const uint16_t* w, float* y, int64_t N,
-                                      int64_t K, int64_t n) {
-  __m512 acc[R][C];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 16
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-  const uint16_t* wr = w + n * K;
-  const int64_t body = K - K % 32;
-  for (int64_t k = 0; k < body; k += 32) {
-    __m512i wv[R];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(wr + r * K + k) + kSideAhead, _MM_HINT_T1);
-      wv[r] = _mm512_loadu_si512(wr + r * K + k);
-    }
-#pragma GCC unroll 16
-    for (int c = 0; c < C; ++c) {
-      const __m512bh xv = load_bh(xb + c * ldb + k);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, as_bh(wv[r]));
-    }
-  }
-  if (body < K) {   // the K % 32 tail: one masked step (the activations are zero past K)
-    const __mmask32 mask = static_cast<__mmask32>((1ull << (K - body)) - 1ull);
-    __m512i wv[R];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_epi16(mask, wr + r * K + body);
-#pragma GCC unroll 16
-    for (int c = 0; c < C; ++c) {
-      const __m512bh xv = load_bh(xb + c * ldb + body);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, as_bh(wv[r]));
-    }
-  }
-  if constexpr (R == 4) {
-#pragma GCC unroll 16
-    for (int c = 0; c < C; ++c) _mm_storeu_ps(y + c * N + n, hsum16x4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]));
-  } else {
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 16
-      for (int c = 0; c < C; ++c) y[c * N + n + r] = hsum16(acc[r][c]);
-  }
-}
-
 // All M packed activation rows against weight rows [n0, n1): M <= 2 streams the weight rows one after the other, four
-// at a time (rows4_bf16dp), M = 3-7 four weight rows side by side and M = 8-9 three (rows_side_bf16dp; the rows a
-// range leaves over one at a time, row1_bf16dp), M >= 10 runs 4 weight rows side by side against groups of 6
-// activation rows (the block stays in L1 while the groups pass).
+// at a time (rows4_bf16dp); M = 3-7 runs four weight rows side by side and M = 8-9 three, every activation row in one
+// group (block_bf16dp; the rows a range leaves over one at a time, row1_bf16dp); M >= 10 runs 4 weight rows side by
+// side against groups of 6 activation rows (the block stays in L1 while the groups pass).
 DART_AVX512BF16 void rows_avx512bf16_t(const uint16_t* xb, int64_t ldb, const uint16_t* w, float* y, int64_t M,
                                      int64_t N, int64_t K, int64_t n0, int64_t n1, bool gemv_prefetch) {
   int64_t n = n0;
@@ -239,11 +190,11 @@ DART_AVX512BF16 void rows_avx512bf16_t(const uint16_t* xb, int64_t ldb, const ui
     // Figures: docs/benchmarks.md (issue 39).
     for (; n + 4 <= n1; n += 4) {
       switch (M) {
-        case 3: rows_side_bf16dp<4, 3>(xb, ldb, w, y, N, K, n); break;
-        case 4: rows_side_bf16dp<4, 4>(xb, ldb, w, y, N, K, n); break;
-        case 5: rows_side_bf16dp<4, 5>(xb, ldb, w, y, N, K, n); break;
-        case 6: rows_side_bf16dp<4, 6>(xb, ldb, w, y, N, K, n); break;
-        default: rows_side_bf16dp<4, 7>(xb, ldb, w, y, N, K, n); break;
+        case 3: block_bf16dp<4, 3>(xb, ldb, w, y, N, K, n, 0, true); break;
+        case 4: block_bf16dp<4, 4>(xb, ldb, w, y, N, K, n, 0, true); break;
+        case 5: block_bf16dp<4, 5>(xb, ldb, w, y, N, K, n, 0, true); break;
+        case 6: block_bf16dp<4, 6>(xb, ldb, w, y, N, K, n, 0, true); break;
+        default: block_bf16dp<4, 7>(xb, ldb, w, y, N, K, n, 0, true); break;
       }
     }
   } else if (M <= 9) {
@@ -251,8 +202,8 @@ DART_AVX512BF16 void rows_avx512bf16_t(const uint16_t* xb, int64_t ldb, const ui
     // would not fit the registers), the rest of the range a row at a time. From 10 rows the blocks win, each
     // activation load there feeding four products.
     for (; n + 3 <= n1; n += 3) {
-      if (M == 8) rows_side_bf16dp<3, 8>(xb, ldb, w, y, N, K, n);
-      else rows_side_bf16dp<3, 9>(xb, ldb, w, y, N, K, n);
+      if (M == 8) block_bf16dp<3, 8>(xb, ldb, w, y, N, K, n, 0, true);
+      else block_bf16dp<3, 9>(xb, ldb, w, y, N, K, n, 0, true);
     }
     for (; n < n1; ++n) {
       if (M == 8) row1_bf16dp<8>(xb, ldb, w, y, N, K, n);
