@@ -69,6 +69,16 @@ def best_of(fn, repeats: int = 5):
     return min(results)
 
 
+def per_call(fn, n: int = 200):
+    """A timing of ``n`` calls of fn() for best_of: seconds a call, wall and this thread's CPU."""
+    def run():
+        w0, c0 = time.perf_counter(), time.thread_time()
+        for _ in range(n):
+            fn()
+        return {"wall": (time.perf_counter() - w0) / n, "cpu": (time.thread_time() - c0) / n}
+    return run
+
+
 def make_queries(store: NgramStore, docs: list[list[int]], n: int, rng) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Contexts from real text; 'likely' candidates = the 25 most frequent continuations of the
     context's last token (hits at several back-off levels), 'random' = uniform ids (mostly misses)."""
@@ -148,17 +158,10 @@ def bench_chains(store: NgramStore, contexts, likely, rng) -> list[tuple[str, st
         logits = np.sort(rng.normal(size=(B, 3, 25)).astype(np.float32) * 3, axis=2)[:, :, ::-1].copy()
         tokens = likely[rng.integers(len(likely), size=(B, 3))]
         tails = contexts[rng.integers(len(contexts), size=B)]
-        def timed(fn, n=200):
-            def run():
-                w0, c0 = time.perf_counter(), time.thread_time()
-                for _ in range(n):
-                    fn()
-                return {"wall": (time.perf_counter() - w0) / n, "cpu": (time.thread_time() - c0) / n}
-            return run
         one = lambda: best_chains(builder, logits, tokens, tails, cfg)  # noqa: E731
         each = lambda: [best_chain(builder, logits[b], tokens[b], context_from_tail(tails[b]), cfg)  # noqa: E731
                         for b in range(B)]
-        t_one, t_each = best_of(timed(one)), best_of(timed(each))
+        t_one, t_each = best_of(per_call(one)), best_of(per_call(each))
         rows.append((f"Chains of a batch of {B} (3 x 25, the vLLM plugin's): one native call / a call a request",
                      f"{t_one['wall'] * 1e6:.0f} / {t_each['wall'] * 1e6:.0f} us wall"))
     return rows

@@ -219,11 +219,19 @@ def measure(model: str | None, dtype: str, device: str, prefix: int, sizes: list
     return out
 
 
+def load_native_target(model: str | None, dtype: str, device: str, flag: str):
+    """The target on its native forward path, for the modes that time the native kernels alone (``flag`` names the
+    mode in the refusal where this machine has no such path)."""
+    target = load_target(model, dtype=dtype, device=device)
+    target.set_fast_forward(True)
+    if target.fast is None:
+        raise SystemExit(f"{flag} needs the native path: {target.fast_unavailable_reason}")
+    return target
+
+
 def measure_lm_head(model: str | None, dtype: str, device: str, rows: list[int], reps: int) -> dict[int, float]:
     """Median ms of the native LM head alone (final-normed hidden rows -> logits) by row count, interleaved."""
-    target = load_target(model, dtype=dtype, device=device)
-    if target.fast is None:
-        raise SystemExit(f"--lm-head needs the native path: {target.fast_unavailable_reason}")
+    target = load_native_target(model, dtype, device, "--lm-head")
     hidden = {r: torch.randn(r, target.hidden_size) for r in rows}
     times: dict[int, list[float]] = {r: [] for r in rows}
     for rep in range(reps + 2):
@@ -240,10 +248,7 @@ def measure_bandwidth(model: str | None, dtype: str, device: str, prefix: int, r
     """Per small-GEMM path: the plain read bandwidth, the one-row GEMV sweep over the decoder weights and the
     one-token step, interleaved rep by rep (see the module docstring). Medians of ``reps``."""
     from dart_core import _native
-    target = load_target(model, dtype=dtype, device=device)
-    target.set_fast_forward(True)
-    if target.fast is None:
-        raise SystemExit(f"--bandwidth needs the native path: {target.fast_unavailable_reason}")
+    target = load_native_target(model, dtype, device, "--bandwidth")
     ws = target.fast.decoder_matrices   # q, k, v, o, gate, up, down of every layer, in the decoder's order
     gemv_bytes = sum(w.nbytes for w in ws)
     step_bytes = gemv_bytes + target.fast.lm_head_array.nbytes
@@ -313,10 +318,7 @@ def measure_sweeps(model: str | None, dtype: str, device: str, rows: list[int], 
                    read_mib: int, cache_mib: int) -> dict:
     """The small GEMM alone by row count (see the module docstring, ``--sweep-rows``): medians of ``reps``."""
     from dart_core import _native
-    target = load_target(model, dtype=dtype, device=device)
-    target.set_fast_forward(True)
-    if target.fast is None:
-        raise SystemExit(f"--sweep-rows needs the native path: {target.fast_unavailable_reason}")
+    target = load_native_target(model, dtype, device, "--sweep-rows")
     threads = torch.get_num_threads()
     cold = list(target.fast.decoder_matrices) + [target.fast.lm_head_array]
     warm, warm_bytes = [], 0
@@ -343,12 +345,14 @@ def measure_sweeps(model: str | None, dtype: str, device: str, rows: list[int], 
         if rep >= warmup:
             read.append(dt)
     out = {"dtype": dtype_name(target.dtype), "gemm_path": _native.small_gemm_path(),
-           "gemm_split": _native.small_gemm_split(), "threads": threads, "read_gbs": buf.nbytes / statistics.median(read) / 1e9,
-           "cold_mb": cold_bytes / 1e6, "warm_mb": warm_bytes / 1e6, "rows": {}}
+           "gemm_split": _native.small_gemm_split(), "threads": threads,
+           "read_gbs": buf.nbytes / statistics.median(read) / 1e9, "cold_mb": cold_bytes / 1e6,
+           "warm_mb": warm_bytes / 1e6, "rows": {}}
+    one_cold, one_warm = statistics.median(t_cold[1]), statistics.median(t_warm[1])
     for r in rows:
         c, w = statistics.median(t_cold[r]), statistics.median(t_warm[r])
         out["rows"][r] = {"cold_ms": 1000 * c, "cold_gbs": cold_bytes / c / 1e9, "warm_gbs": warm_bytes / w / 1e9,
-                          "cold_vs_one": c / statistics.median(t_cold[1]), "warm_vs_one": w / statistics.median(t_warm[1])}
+                          "cold_vs_one": c / one_cold, "warm_vs_one": w / one_warm}
     del target
     return out
 
@@ -369,7 +373,8 @@ def sweeps_main(args, machine: dict, rows: list[int]) -> int:
             print(f"| {r['dtype']} | {r['gemm_path']} | {split} | {r['read_gbs']:.1f} | {m} | {t['cold_ms']:.2f} | "
                   f"{t['cold_gbs']:.1f} | {t['cold_vs_one']:.2f}x | {t['warm_gbs']:.1f} | {t['warm_vs_one']:.2f}x |",
                   flush=True)
-        print(f"# {r['dtype']}: from memory {r['cold_mb']:.0f} MB a sweep (every matrix), in cache {r['warm_mb']:.1f} MB")
+        print(f"# {r['dtype']}: from memory {r['cold_mb']:.0f} MB a sweep (every matrix), in cache "
+              f"{r['warm_mb']:.1f} MB")
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": machine, "sweeps": results}, indent=1) + "\n")
     return 0

@@ -212,23 +212,23 @@ def cut_at_eos(tokens, eos) -> list[int]:
 
 def our_answers(target, prompts, max_new_tokens: int, max_length: int, chain: dict | None = None) -> dict:
     """dart_core's vanilla greedy answers (the engine without a drafter) and their speed; with ``chain`` ({"head":
-    HEAD_DIR, "k": K, "target": TARGET_DIR}) also our engine's DART drafting the plugin's chain of k tokens (method ``dart_chain``, the N-gram
-    table the plugin reads), with its acceptance counted as vLLM counts it."""
+    HEAD_DIR, "k": K, "target": TARGET_DIR}) also our engine's DART drafting the plugin's chain of k tokens (method
+    ``dart_chain``, the N-gram table the plugin reads), with its acceptance counted as vLLM counts it."""
     from dart_core.config import GenerationConfig
     from dart_core.methods import build_engine
 
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, max_length=max_length)
 
     def run(engine) -> dict:
-        answers, new, steps, t0 = [], 0, [], time.perf_counter()
+        answers, new, accepted, t0 = [], 0, [], time.perf_counter()
         for p in prompts:
             out = engine.generate(p["prompt_ids"], cfg)
             answers.append(cut_at_eos(out.tokens, set(target.eos_token_ids)))
             new += len(out.tokens)
-            steps += [t.accepted_drafts for t in out.traces if len(t.tree) > 1]    # the steps that drafted
+            accepted += [t.accepted_drafts for t in out.traces if len(t.tree) > 1]    # a count a step that drafted
         wall = time.perf_counter() - t0
         return {"answers": answers, "new_tokens": new, "wall_s": round(wall, 3),
-                "tokens_per_s": round(new / wall, 3) if wall > 0 else None, "accepted": steps}
+                "tokens_per_s": round(new / wall, 3) if wall > 0 else None, "accepted": accepted}
 
     ours = run(build_engine(target, "vanilla"))
     del ours["accepted"]
