@@ -97,10 +97,25 @@ __attribute__((target("avx2,fma"))) void silu_mul_avx2(float* g, const float* u,
   }
   for (; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
+
+// The same on 16 lanes (exp16 is exp8's steps per lane), the last 8 of a multiple of 8 and the scalar tail as
+// silu_mul_avx2 takes them: every element the same bits. Half the instructions of the AVX2 loop: a prompt chunk's
+// SiLU was 1.5% of its prefill.
+__attribute__((target("avx512f,avx2,fma"))) void silu_mul_avx512(float* g, const float* u, int64_t n) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(g + i);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), v));
+    _mm512_storeu_ps(g + i, _mm512_mul_ps(_mm512_div_ps(v, _mm512_add_ps(one, e)), _mm512_loadu_ps(u + i)));
+  }
+  silu_mul_avx2(g + i, u + i, n - i);
+}
 #endif
 
 void silu_mul(float* g, const float* u, int64_t n) {
 #ifdef DART_X86
+  if (avx512_helpers()) return silu_mul_avx512(g, u, n);
   if (avx2_helpers()) return silu_mul_avx2(g, u, n);
 #endif
   for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
