@@ -178,11 +178,12 @@ void for_row_ranges(int threads, int64_t q, F&& f) {
 void decoder_layers(const DecoderShape& s, const std::vector<LayerWeights>& layers,
                     const std::vector<LayerCache>& caches, int64_t capacity, int64_t begin, int64_t end, float* h,
                     int64_t q, const float* cos, const float* sin, const uint8_t* allowed, int64_t start,
-                    int threads) {
+                    int threads, int64_t tail_from) {
   if (begin < 0 || end > static_cast<int64_t>(layers.size()) || begin > end || caches.size() != layers.size())
     throw std::invalid_argument("decoder_layers: layer range or cache count does not match the model");
   if (q < 0 || start < 0 || start > capacity || q > capacity - start)   // no start + q: it can wrap
     throw std::invalid_argument("decoder_layers: positions outside the cache");
+  if (tail_from < 0 || tail_from > q) throw std::invalid_argument("decoder_layers: tail_from outside 0..q");
   if (q == 0 || begin == end) return;   // nothing to run (an empty prompt chunk)
   if (s.head_dim % 2 != 0) throw std::invalid_argument("decoder_layers: RoPE needs an even head_dim");
   const int64_t H = s.heads, KV = s.kv_heads, D = s.head_dim, hid = s.hidden, I = s.intermediate;
@@ -236,21 +237,26 @@ void decoder_layers(const DecoderShape& s, const std::vector<LayerWeights>& laye
           std::copy_n(vs + (i * KV + kvh) * D, D, c.values + slot);
         }
     });
-    ops::attention(s, qs, c, capacity, attn, q, start, allowed, threads);
-    project(s, attn, w.o, nullptr, tmp, q, hid, H * D, threads);
-    for_row_ranges(threads, q, [&](int64_t r0, int64_t r1) {
+    // The last layer's rows past their K/V: from tail_from there (the rows a caller reads), every row elsewhere.
+    const int64_t t = l == end - 1 ? tail_from : 0, n = q - t;
+    if (n == 0) break;
+    ops::attention(s, qs + t * qd, c, capacity, attn + t * qd, n, start + t, allowed ? allowed + t * (start + q) : nullptr,
+                   threads);
+    project(s, attn + t * qd, w.o, nullptr, tmp + t * hid, n, hid, H * D, threads);
+    for_row_ranges(threads, n, [&](int64_t r0, int64_t r1) {
+      r0 += t, r1 += t;
       for (int64_t i = r0 * hid; i < r1 * hid; ++i) h[i] += tmp[i];
       rms_norm(h + r0 * hid, w.post_norm, x + r0 * hid, r1 - r0, hid, s.eps);
     });
     if (w.gate_up_adjacent) {   // one call for gate and up: row i holds its gate then its up
-      project(s, x, w.gate, nullptr, fused, q, 2 * I, hid, threads);
+      project(s, x + t * hid, w.gate, nullptr, fused + t * 2 * I, n, 2 * I, hid, threads);
     } else {
-      project(s, x, w.gate, nullptr, gate, q, I, hid, threads);
-      project(s, x, w.up, nullptr, up, q, I, hid, threads);
+      project(s, x + t * hid, w.gate, nullptr, gate + t * I, n, I, hid, threads);
+      project(s, x + t * hid, w.up, nullptr, up + t * I, n, I, hid, threads);
     }
     // row by row: a row's tail (I not a multiple of the vector) runs as in a one-row step, whatever q is
-    for_row_ranges(threads, q, [&](int64_t r0, int64_t r1) {
-      for (int64_t i = r0; i < r1; ++i) {
+    for_row_ranges(threads, n, [&](int64_t r0, int64_t r1) {
+      for (int64_t i = r0 + t; i < r1 + t; ++i) {
         if (w.gate_up_adjacent) {
           float* row = fused + i * 2 * I;
           silu_mul(row, row + I, I);
@@ -260,10 +266,11 @@ void decoder_layers(const DecoderShape& s, const std::vector<LayerWeights>& laye
         }
       }
     });
-    project(s, gate, w.down, nullptr, tmp, q, hid, I, threads);
+    project(s, gate + t * I, w.down, nullptr, tmp + t * hid, n, hid, I, threads);
     // The residual, and with it the next layer's input norm (one pass over the rows for both).
     const float* next_norm = l + 1 < end ? layers[l + 1].in_norm : nullptr;
-    for_row_ranges(threads, q, [&](int64_t r0, int64_t r1) {
+    for_row_ranges(threads, n, [&](int64_t r0, int64_t r1) {
+      r0 += t, r1 += t;
       for (int64_t i = r0 * hid; i < r1 * hid; ++i) h[i] += tmp[i];
       if (next_norm) rms_norm(h + r0 * hid, next_norm, x + r0 * hid, r1 - r0, hid, s.eps);
     });

@@ -43,10 +43,13 @@ struct LayerCache {
 // Runs layers [begin, end) on h [q, hidden] in place (q = 0: nothing to do); head_dim is even. The q new positions are start..start+q-1;
 // cos/sin [q, head_dim] are their RoPE tables. allowed [q, start + q] (1 = may attend) or
 // null for causal attention. capacity: slots per cache buffer (start + q <= capacity).
+// tail_from (0..q): in layer end - 1, rows [0, tail_from) stop once their K/V are in the cache: their hidden states
+// stay as they entered that layer, for a caller that reads only the last rows (a prompt's last chunk) or none (its
+// inner chunks). The rows that run are the same bits either way.
 void decoder_layers(const DecoderShape& shape, const std::vector<LayerWeights>& layers,
                     const std::vector<LayerCache>& caches, int64_t capacity, int64_t begin, int64_t end, float* h,
                     int64_t q, const float* cos, const float* sin, const uint8_t* allowed, int64_t start,
-                    int threads);
+                    int threads, int64_t tail_from = 0);
 
 // The pieces of a layer, for the draft heads' native step (head_step.cpp): the same arithmetic as above.
 namespace ops {

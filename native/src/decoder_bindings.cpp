@@ -319,11 +319,16 @@ struct PyDecoder {
     stops.push_back(L);
     std::sort(stops.begin(), stops.end());
     stops.erase(std::unique(stops.begin(), stops.end()), stops.end());
+    // The rows whose last-layer output anyone reads: none for a prompt's inner chunk (out is None), the last for
+    // its last chunk (out of one row), every row for a tree or aux features after the last layer. The others stop
+    // in the last layer once their K/V are written (a 600-token prompt: 1/30 of its layers' work).
+    const bool aux_after_last = std::find(aux_layers.begin(), aux_layers.end(), L) != aux_layers.end();
+    const int64_t tail_from = aux_after_last ? 0 : !outp ? q : out_rows == 1 ? q - 1 : 0;
     int64_t begin = 0;
     for (int64_t stop : stops) {
       if (stop > begin) {
         dart::decoder_layers(shape, layers, cache.layers, cache.capacity, begin, stop, h.data(), q, cs.data(),
-                             sn.data(), mp, start, threads);
+                             sn.data(), mp, start, threads, stop == L ? tail_from : 0);
         begin = stop;
       }
       for (size_t k = 0; k < aux_layers.size(); ++k)

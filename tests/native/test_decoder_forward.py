@@ -227,3 +227,30 @@ def test_a_prompt_chunk_equals_its_tokens_one_at_a_time(gemm_path, q, bf16):
         assert np.array_equal(bits(h[0]), bits(h_chunk[i])), f"row {i} of {q}"
     for got, want in zip(keys_b + values_b, keys_a + values_a):
         assert np.array_equal(bits(got), bits(want))
+
+
+@pytest.mark.parametrize("q", [1, 2, 33, 70])
+@pytest.mark.parametrize("bf16", [False, True])
+def test_a_prompt_chunk_that_returns_fewer_rows_writes_the_same_cache(gemm_path, q, bf16):
+    """A prompt's inner chunk (out=None) and its last chunk (out of one row) stop their other rows in the last layer
+    once their K/V are written: the cache gets the bits a chunk returning every row writes, and the last row is
+    the same bits."""
+    dec, *_ = make(bf16, seed=q + 7)
+    start = 4
+    ids = np.random.default_rng(q + 1).integers(0, VOCAB, size=q).astype(np.int64)
+    pos = (start + np.arange(q)).astype(np.int64)
+    cos_t, sin_t = rope_tables(np.arange(start + q + 2), D)
+
+    def run(out):
+        keys, values = fresh_cache(start, q)
+        dec.forward(ids, pos, cos_t, sin_t, None, start, _native.DecoderCache(keys, values), [], None, out, [], None,
+                    2)
+        return keys + values
+
+    every = np.empty((q, HIDDEN), np.float32)
+    want = run(every)
+    last = np.empty((1, HIDDEN), np.float32)
+    for got in (run(None), run(last)):
+        for g, w in zip(got, want):
+            assert np.array_equal(bits(g), bits(w))
+    assert np.array_equal(bits(last[0]), bits(every[-1]))
