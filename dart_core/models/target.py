@@ -28,8 +28,10 @@ logger = logging.getLogger(__name__)
 
 #: LM head rows a verify computes at once: the root and the likeliest nodes. On a CPU the LM head reads its
 #: weights (V x H, a fifth of a small model's) once per call whatever the row count, so its first few rows cost
-#: about the same as one: a walk that goes past them pays another call.
-LM_HEAD_FIRST_ROWS = 4
+#: about the same as one: a walk that goes past them pays another call. 5, not 4: DART + context's usual tree
+#: has 5 nodes (budget 4), and with 4 first rows 22% of its steps on context_dev paid a second pass over the
+#: head for the fifth; 5 rows read the weights as fast as 4 (docs/benchmarks.md, issue 38, tenth pass).
+LM_HEAD_FIRST_ROWS = 5
 
 
 @dataclass
