@@ -217,7 +217,7 @@ class SpeculativeEngine:
             emitted = [int(tree.tokens[n]) for n in acc.accepted_nodes[1:]] + [acc.bonus_token]
             session.commit(acc.accepted_nodes)
             if drafter is not None:
-                aux = vout.aux[acc.accepted_nodes] if want_aux else None
+                aux = _accepted_aux(vout.aux, acc.accepted_nodes) if want_aux else None
                 drafter.observe(AcceptedStep([int(tree.tokens[n]) for n in acc.accepted_nodes],
                                              acc.bonus_token, aux))
             self._sync(config)
@@ -290,6 +290,14 @@ class SpeculativeEngine:
         eos = set(self.target.eos_token_ids)
         cut = next((i for i, t in enumerate(tokens) if t in eos), len(tokens))
         return self.target.tokenizer.decode(list(tokens[:cut]), skip_special_tokens=True)
+
+
+def _accepted_aux(aux: torch.Tensor, nodes: list[int]) -> torch.Tensor:
+    """The aux rows of the accepted nodes. On a CPU in numpy: torch's indexing of these few rows took ~0.15 ms a
+    step in the loop (about 7 us alone), numpy's a third of that (DART + context on context_dev, Zen 4 EPYC)."""
+    if aux.device.type == "cpu" and aux.dtype == torch.float32:   # the lean path's (bf16 has no numpy type)
+        return torch.from_numpy(aux.numpy()[nodes])
+    return aux[nodes]
 
 
 # Each step's lists are made by a function of that step's logits (a lambda in the loop would read whichever

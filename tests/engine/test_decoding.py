@@ -287,3 +287,15 @@ def test_the_walk_runs_the_lm_head_only_where_it_reads(tiny_llama, monkeypatch):
         assert len(list(t.node_target_argmax)) == len(t.tree) and len(list(t.node_target_prob)) == len(t.tree)
         assert all(0.0 <= p <= 1.0 for p in t.node_target_prob)
     assert sum(rows) > during
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_accepted_nodes_aux_rows_are_torchs_rows(dtype):
+    """The loop takes the accepted nodes' aux rows through numpy where it can (float32 on a CPU): the same rows, in
+    the accepted order, as torch's indexing; bf16 (no numpy type) through torch."""
+    from dart_core.engine.decoding import _accepted_aux
+    aux = torch.randn(7, 12).to(dtype)
+    for nodes in ([0], [0, 3, 5], [0, 1, 2, 3, 4, 5, 6], []):
+        got = _accepted_aux(aux, nodes)
+        assert got.dtype == dtype and got.shape == (len(nodes), 12) and got.is_contiguous()
+        assert torch.equal(got, aux[nodes])
