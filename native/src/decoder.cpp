@@ -162,17 +162,6 @@ float* grown(std::vector<float>& v, int64_t n) {
   return v.data();
 }
 
-// Runs f(r0, r1) over row ranges covering [0, q). From kParallelRows rows (a prompt chunk) the ranges go to the
-// pool's threads: the per-row work between the GEMMs (norms, RoPE, residuals, SiLU) was a tenth of a prompt's
-// prefill on one thread while the other waited. Each row is computed as it would be alone: the same bits either way.
-constexpr int64_t kParallelRows = 32;
-template <typename F>
-void for_row_ranges(int threads, int64_t q, F&& f) {
-  if (threads <= 1 || q < kParallelRows) return f(int64_t{0}, q);
-  const int64_t parts = std::min<int64_t>(q / 8, 4 * static_cast<int64_t>(threads));
-  parallel_for_items(threads, parts, [&](int64_t i) { f(q * i / parts, q * (i + 1) / parts); });
-}
-
 }  // namespace
 
 void decoder_layers(const DecoderShape& s, const std::vector<LayerWeights>& layers,
@@ -198,7 +187,9 @@ void decoder_layers(const DecoderShape& s, const std::vector<LayerWeights>& laye
   float* const gate = grown(scratch.gate, q * I);
   float* const up = grown(scratch.up, q * I);
   float* const fused = grown(scratch.fused, q * std::max(qkv_n, 2 * I));
-  for_row_ranges(threads, q, [&](int64_t r0, int64_t r1) {
+  // Per row (parallel_row_ranges: from 32 rows on the pool's threads; the per-row work between the GEMMs was a tenth
+  // of a prompt's prefill on one thread while the other waited).
+  parallel_row_ranges(threads, 0, q, [&](int64_t r0, int64_t r1) {
     rms_norm(h + r0 * hid, layers[begin].in_norm, x + r0 * hid, r1 - r0, hid, s.eps);
   });
   for (int64_t l = begin; l < end; ++l) {
@@ -212,8 +203,8 @@ void decoder_layers(const DecoderShape& s, const std::vector<LayerWeights>& laye
       project(s, x, w.v, w.v_bias, vs, q, kvd, hid, threads);
     }
     // Per row: its q, k, v (and biases), Qwen3's per-head norms, RoPE, and its K/V into the cache.
-    for_row_ranges(threads, q, [&](int64_t r0, int64_t r1) {
-      const int64_t n = r1 - r0;
+    parallel_row_ranges(threads, 0, q, [&](int64_t r0, int64_t r1) {
+      const int64_t rows = r1 - r0;
       float *qr = qs + r0 * qd, *kr = ks + r0 * kvd, *vr = vs + r0 * kvd;
       if (w.qkv_adjacent) {
         for (int64_t i = r0; i < r1; ++i) {
@@ -222,14 +213,14 @@ void decoder_layers(const DecoderShape& s, const std::vector<LayerWeights>& laye
           std::copy_n(row + qd, kvd, ks + i * kvd);
           std::copy_n(row + qd + kvd, kvd, vs + i * kvd);
         }
-        add_bias(qr, w.q_bias, n, qd);
-        add_bias(kr, w.k_bias, n, kvd);
-        add_bias(vr, w.v_bias, n, kvd);
+        add_bias(qr, w.q_bias, rows, qd);
+        add_bias(kr, w.k_bias, rows, kvd);
+        add_bias(vr, w.v_bias, rows, kvd);
       }
-      if (w.q_norm) rms_norm(qr, w.q_norm, qr, n * H, D, s.eps);
-      if (w.k_norm) rms_norm(kr, w.k_norm, kr, n * KV, D, s.eps);
-      rope(qr, n, H, D, cos + r0 * D, sin + r0 * D);
-      rope(kr, n, KV, D, cos + r0 * D, sin + r0 * D);
+      if (w.q_norm) rms_norm(qr, w.q_norm, qr, rows * H, D, s.eps);
+      if (w.k_norm) rms_norm(kr, w.k_norm, kr, rows * KV, D, s.eps);
+      rope(qr, rows, H, D, cos + r0 * D, sin + r0 * D);
+      rope(kr, rows, KV, D, cos + r0 * D, sin + r0 * D);
       for (int64_t i = r0; i < r1; ++i)
         for (int64_t kvh = 0; kvh < KV; ++kvh) {
           const size_t slot = static_cast<size_t>((kvh * capacity + start + i) * D);
@@ -243,8 +234,7 @@ void decoder_layers(const DecoderShape& s, const std::vector<LayerWeights>& laye
     ops::attention(s, qs + t * qd, c, capacity, attn + t * qd, n, start + t, allowed ? allowed + t * (start + q) : nullptr,
                    threads);
     project(s, attn + t * qd, w.o, nullptr, tmp + t * hid, n, hid, H * D, threads);
-    for_row_ranges(threads, n, [&](int64_t r0, int64_t r1) {
-      r0 += t, r1 += t;
+    parallel_row_ranges(threads, t, q, [&](int64_t r0, int64_t r1) {
       for (int64_t i = r0 * hid; i < r1 * hid; ++i) h[i] += tmp[i];
       rms_norm(h + r0 * hid, w.post_norm, x + r0 * hid, r1 - r0, hid, s.eps);
     });
@@ -255,8 +245,8 @@ void decoder_layers(const DecoderShape& s, const std::vector<LayerWeights>& laye
       project(s, x + t * hid, w.up, nullptr, up + t * I, n, I, hid, threads);
     }
     // row by row: a row's tail (I not a multiple of the vector) runs as in a one-row step, whatever q is
-    for_row_ranges(threads, n, [&](int64_t r0, int64_t r1) {
-      for (int64_t i = r0 + t; i < r1 + t; ++i) {
+    parallel_row_ranges(threads, t, q, [&](int64_t r0, int64_t r1) {
+      for (int64_t i = r0; i < r1; ++i) {
         if (w.gate_up_adjacent) {
           float* row = fused + i * 2 * I;
           silu_mul(row, row + I, I);
@@ -269,8 +259,7 @@ void decoder_layers(const DecoderShape& s, const std::vector<LayerWeights>& laye
     project(s, gate + t * I, w.down, nullptr, tmp + t * hid, n, hid, I, threads);
     // The residual, and with it the next layer's input norm (one pass over the rows for both).
     const float* next_norm = l + 1 < end ? layers[l + 1].in_norm : nullptr;
-    for_row_ranges(threads, n, [&](int64_t r0, int64_t r1) {
-      r0 += t, r1 += t;
+    parallel_row_ranges(threads, t, q, [&](int64_t r0, int64_t r1) {
       for (int64_t i = r0 * hid; i < r1 * hid; ++i) h[i] += tmp[i];
       if (next_norm) rms_norm(h + r0 * hid, next_norm, x + r0 * hid, r1 - r0, hid, s.eps);
     });

@@ -74,15 +74,9 @@ void run(const float* x, const W* w, float* y, int64_t M, int64_t N, int64_t K, 
     packed_bf16.resize(static_cast<size_t>(M * ldb + 32));
     const uintptr_t at = reinterpret_cast<uintptr_t>(packed_bf16.data());
     uint16_t* base = packed_bf16.data() + ((64 - at % 64) % 64) / sizeof(uint16_t);
-    if (threads > 1 && M >= 32) {   // a prompt chunk's rows: rounded by both threads (each row alone, same bits)
-      const int64_t parts = std::min<int64_t>(M / 8, 4 * static_cast<int64_t>(threads));
-      parallel_for_items(threads, parts, [&](int64_t i) {
-        const int64_t r0 = M * i / parts, r1 = M * (i + 1) / parts;
-        pack_bf16_rows(x + r0 * K, r1 - r0, K, ldb, base + r0 * ldb);
-      });
-    } else {
-      pack_bf16_rows(x, M, K, ldb, base);
-    }
+    parallel_row_ranges(threads, 0, M, [&](int64_t r0, int64_t r1) {   // a prompt chunk's rows on both threads
+      pack_bf16_rows(x + r0 * K, r1 - r0, K, ldb, base + r0 * ldb);
+    });
     xb = base;
   }
   if (amx) {   // and laid out as B tiles

@@ -17,4 +17,16 @@ void parallel_for_items(int threads, int64_t total, F&& f) {
   parallel_items(threads, total, [](void* c, int64_t i) { (*static_cast<F*>(c))(i); }, &f);
 }
 
+// Runs f(r0, r1) over row ranges covering [begin, end). From kParallelRows rows (a prompt chunk, a tree of 32+
+// nodes) the ranges go to the pool's threads, up to four a thread, at least 8 rows each; fewer rows run as one range
+// on the calling thread (a hand-off costs more than their per-row work). f must compute each row as it would alone.
+constexpr int64_t kParallelRows = 32;
+template <typename F>
+void parallel_row_ranges(int threads, int64_t begin, int64_t end, F&& f) {
+  const int64_t q = end - begin;
+  if (threads <= 1 || q < kParallelRows) return f(begin, end);
+  const int64_t parts = q / 8 < 4 * static_cast<int64_t>(threads) ? q / 8 : 4 * static_cast<int64_t>(threads);
+  parallel_for_items(threads, parts, [&](int64_t i) { f(begin + q * i / parts, begin + q * (i + 1) / parts); });
+}
+
 }  // namespace dart
