@@ -16,7 +16,9 @@ the tokens are exactly the target's greedy answer, only faster on repetitive tex
 
 Resumable: rows go to ``OUT.partial.jsonl`` as they finish (flushed per line); a rerun skips the
 ids already there (a torn last line is dropped). When every prompt is done the partial file
-becomes OUT (gzip-compressed when OUT ends in .gz) atomically.
+becomes OUT (gzip-compressed when OUT ends in .gz) atomically. A rerun over a finished OUT (a larger
+``--per-category`` pick, say) starts its partial file from OUT's rows, so it answers only the prompts
+OUT lacks and the new OUT holds both.
 """
 from __future__ import annotations
 
@@ -108,6 +110,10 @@ def regenerate(target, prompts: Sequence[dict], out: str | Path, *, max_prompt_t
     out = Path(out)
     partial = out.with_name(out.name + ".partial.jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)
+    if out.is_file() and not partial.exists():
+        # A finished corpus extended by a larger pick: greedy answers do not change, so keep them.
+        with (gzip.open(out, "rb") if out.suffix == ".gz" else open(out, "rb")) as src, open(partial, "wb") as dst:
+            shutil.copyfileobj(src, dst)
     done = _done_ids(partial)
     template = get_template(target.template_name)
     engine = build_engine(target, "prompt_lookup" if drafter == "prompt_lookup" else "vanilla")

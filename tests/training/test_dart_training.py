@@ -338,6 +338,12 @@ def test_regeneration_is_resumable_and_greedy(tiny, tmp_path):
         want = SpeculativeEngine(t).generate(r["prompt_ids"], GenerationConfig(max_new_tokens=12, max_length=200))
         assert r["response_ids"] == want.tokens
     assert load_distill_rows(out)[1].response_ids == rows[1]["response_ids"]
+    # A larger pick over the finished OUT answers only the new prompt and keeps the rows it had.
+    more = prompts + [{"id": "p3", "source": "alpaca", "prompt": "Name a colour"}]
+    stats = regenerate(t, more, out, max_new_tokens=12, progress=False)
+    assert stats["resumed"] == 3 and stats["written"] == 1 and not partial.exists()
+    again = [json.loads(x) for x in gzip.open(out, "rt")]
+    assert again[:3] == rows and again[3]["id"] == "p3"
 
 
 def test_init_head_fine_tunes_a_head_and_refuses_another_targets(tiny, tmp_path, capsys):
