@@ -106,13 +106,14 @@ def regenerate(target, prompts: Sequence[dict], out: str | Path, *, max_prompt_t
     from ..config import GenerationConfig
     from ..methods import build_engine
     from ..models.templates import encode_chat, get_template
+    from .data import open_text
 
     out = Path(out)
     partial = out.with_name(out.name + ".partial.jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.is_file() and not partial.exists():
         # A finished corpus extended by a larger pick: greedy answers do not change, so keep them.
-        with (gzip.open(out, "rb") if out.suffix == ".gz" else open(out, "rb")) as src, open(partial, "wb") as dst:
+        with open_text(out) as src, open(partial, "w", encoding="utf-8") as dst:
             shutil.copyfileobj(src, dst)
     done = _done_ids(partial)
     template = get_template(target.template_name)
